@@ -1,0 +1,49 @@
+// CFuse: libfuse3's low-level API made callable from Swift.
+// Typed wrappers for the macros and variadic parts of the API; no logic.
+#ifndef ZDC_CFUSE_H
+#define ZDC_CFUSE_H
+
+#ifndef FUSE_USE_VERSION
+#define FUSE_USE_VERSION 314
+#endif
+#include <fuse_lowlevel.h>
+#include <stddef.h>
+#include <sys/stat.h>
+
+/// The FUSE_USE_VERSION this shim was compiled against.
+int zdc_fuse_use_version(void);
+
+/// The runtime libfuse version (e.g. 314 for 3.14).
+int zdc_fuse_runtime_version(void);
+
+/// A heap-allocated `struct fuse_args`, as FUSE_ARGS_INIT(0, NULL) would make it.
+struct fuse_args *zdc_fuse_args_new(void);
+
+/// Appends one argument (copied). Returns 0 on success, -1 on failure.
+int zdc_fuse_args_add(struct fuse_args *args, const char *arg);
+
+/// Frees the arguments and the struct itself.
+void zdc_fuse_args_delete(struct fuse_args *args);
+
+/// fuse_session_new with `sizeof(*ops)` supplied.
+struct fuse_session *zdc_fuse_session_new(struct fuse_args *args,
+                                          const struct fuse_lowlevel_ops *ops,
+                                          void *userdata);
+
+/// Runs the multithreaded loop with `clone_fd` and a maximum number of idle threads.
+int zdc_fuse_session_loop_mt(struct fuse_session *se, int clone_fd, unsigned int max_idle_threads);
+
+/// fuse_entry_param zeroed, so that Swift need not spell every field.
+struct fuse_entry_param zdc_fuse_entry_param_zero(void);
+
+/// The `struct fuse_file_info` flags that are C bit-fields, readable and writable from Swift.
+void zdc_fi_set_direct_io(struct fuse_file_info *fi, int on);
+void zdc_fi_set_keep_cache(struct fuse_file_info *fi, int on);
+void zdc_fi_set_nonseekable(struct fuse_file_info *fi, int on);
+int zdc_fi_get_writepage(const struct fuse_file_info *fi);
+
+/// Capability flags offered by the kernel and requested by the filesystem.
+void zdc_conn_want(struct fuse_conn_info *conn, unsigned int flag);
+unsigned int zdc_conn_capable(const struct fuse_conn_info *conn);
+
+#endif

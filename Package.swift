@@ -1,0 +1,93 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+let strict: [SwiftSetting] = [
+  .enableUpcomingFeature("ExistentialAny"),
+  .enableUpcomingFeature("InternalImportsByDefault"),
+]
+
+let package = Package(
+  name: "zdcfs",
+  platforms: [.macOS(.v14)],
+  products: [
+    .executable(name: "zdc", targets: ["zdc"]),
+    .library(name: "ZDCCore", targets: ["ZDCCore"]),
+  ],
+  dependencies: [
+    .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+    .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+    .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+  ],
+  targets: [
+    // System libraries (Debian -dev packages, found through pkg-config).
+    .systemLibrary(
+      name: "CSodium", path: "Sources/CSodium", pkgConfig: "libsodium",
+      providers: [.apt(["libsodium-dev"])]),
+    .systemLibrary(
+      name: "CCurlSystem", path: "Sources/CCurlSystem", pkgConfig: "libcurl",
+      providers: [.apt(["libcurl4-openssl-dev"])]),
+    .target(name: "CCurl", dependencies: ["CCurlSystem"], path: "Sources/CCurl"),
+    .systemLibrary(
+      name: "CFuse3", path: "CFuse/system", pkgConfig: "fuse3",
+      providers: [.apt(["libfuse3-dev"])]),
+    .target(name: "CFuse", dependencies: ["CFuse3"], path: "CFuse/shim"),
+
+    // Layers, dependencies pointing one way (DESIGN §2).
+    .target(
+      name: "ZDCCore",
+      dependencies: [],
+      swiftSettings: strict),
+    .target(
+      name: "ZDCCrypto",
+      dependencies: ["ZDCCore", "CSodium"],
+      swiftSettings: strict),
+    .target(
+      name: "ZDCCatalog",
+      dependencies: ["ZDCCore", "ZDCCrypto", .product(name: "GRDB", package: "GRDB.swift")],
+      swiftSettings: strict),
+    .target(
+      name: "ZDCLocalStore",
+      dependencies: ["ZDCCore", "CSodium"],
+      swiftSettings: strict),
+    .target(
+      name: "ZDCAccount",
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore",
+        .product(name: "Logging", package: "swift-log"),
+      ],
+      swiftSettings: strict),
+    .executableTarget(
+      name: "zdc",
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "CFuse", "CCurl",
+        .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        .product(name: "Logging", package: "swift-log"),
+      ],
+      swiftSettings: strict),
+    .executableTarget(
+      name: "zdc-testhelper",
+      dependencies: ["ZDCCore", "ZDCLocalStore"],
+      swiftSettings: strict),
+    .executableTarget(
+      name: "zdc-bench",
+      dependencies: ["ZDCCore", "ZDCCrypto", "CSodium"],
+      swiftSettings: strict),
+
+    .testTarget(name: "ZDCCoreTests", dependencies: ["ZDCCore"], swiftSettings: strict),
+    .testTarget(
+      name: "ZDCCryptoTests", dependencies: ["ZDCCore", "ZDCCrypto"],
+      resources: [.copy("../Fixtures")], swiftSettings: strict),
+    .testTarget(
+      name: "ZDCCatalogTests", dependencies: ["ZDCCore", "ZDCCrypto", "ZDCCatalog"],
+      swiftSettings: strict),
+    .testTarget(
+      name: "ZDCStoreTests",
+      dependencies: ["ZDCCore", "ZDCLocalStore", "zdc-testhelper"],
+      swiftSettings: strict),
+    .testTarget(
+      name: "ZDCAccountTests",
+      dependencies: ["ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "zdc"],
+      swiftSettings: strict),
+  ],
+  swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,265 @@
+public import Foundation
+
+/// A node's local identifier: its catalog row id, also used as its inode number.
+public typealias NodeID = Int64
+
+/// What a node presents as through the mount.
+public enum NodeKind: String, Sendable, Hashable, Codable, CaseIterable {
+  /// A trunk (home, prefs, msgsIn, msgsOut).
+  case trunk
+  /// Created as a file; becomes a directory if it gains children.
+  case file
+  /// Created as a directory (or a file that gained children).
+  case directory
+  /// A symbolic link whose target is stored in the node's metadata.
+  case symlink
+}
+
+/// A POSIX timestamp with nanosecond precision.
+public struct FileTime: Sendable, Hashable, Codable, Comparable, CustomStringConvertible {
+  /// Seconds since the Unix epoch.
+  public var seconds: Int64
+  /// Nanoseconds, 0 ..< 1_000_000_000.
+  public var nanoseconds: Int32
+
+  public init(seconds: Int64, nanoseconds: Int32 = 0) {
+    self.seconds = seconds
+    self.nanoseconds = nanoseconds
+  }
+
+  /// The time as a `Date` (loses sub-microsecond precision).
+  public var date: Date {
+    Date(timeIntervalSince1970: Double(seconds) + Double(nanoseconds) / 1e9)
+  }
+
+  /// A time from a `Date`.
+  public init(_ date: Date) {
+    let t = date.timeIntervalSince1970
+    var s = t.rounded(.down)
+    var ns = ((t - s) * 1e9).rounded()
+    if ns >= 1e9 {
+      s += 1
+      ns -= 1e9
+    }
+    self.init(seconds: Int64(s), nanoseconds: Int32(ns))
+  }
+
+  /// Total nanoseconds since the epoch (fits until year 2262).
+  public var totalNanoseconds: Int64 { seconds &* 1_000_000_000 &+ Int64(nanoseconds) }
+
+  /// A time from total nanoseconds since the epoch.
+  public init(totalNanoseconds ns: Int64) {
+    var s = ns / 1_000_000_000
+    var r = ns % 1_000_000_000
+    if r < 0 {
+      s -= 1
+      r += 1_000_000_000
+    }
+    self.init(seconds: s, nanoseconds: Int32(r))
+  }
+
+  public static func < (a: FileTime, b: FileTime) -> Bool {
+    (a.seconds, a.nanoseconds) < (b.seconds, b.nanoseconds)
+  }
+
+  public var description: String { "\(seconds).\(String(format: "%09d", nanoseconds))" }
+}
+
+/// What was last learned about a node's DATA object in the cloud.
+public struct CloudDataInfo: Sendable, Hashable, Codable {
+  /// Size of the metadata section, in plaintext bytes.
+  public var metadataSize: UInt64
+  /// Size of the thumbnail section, in plaintext bytes.
+  public var thumbnailSize: UInt64
+  /// Size of the data section, in plaintext bytes.
+  public var dataSize: UInt64
+  /// The eTag of the DATA object these sizes were read from.
+  public var eTag: String
+  /// When that object was last modified.
+  public var lastModified: Date?
+
+  public init(
+    metadataSize: UInt64, thumbnailSize: UInt64, dataSize: UInt64, eTag: String,
+    lastModified: Date? = nil
+  ) {
+    self.metadataSize = metadataSize
+    self.thumbnailSize = thumbnailSize
+    self.dataSize = dataSize
+    self.eTag = eTag
+    self.lastModified = lastModified
+  }
+}
+
+/// Where a grafted subtree's root really lives: another user's or another tree's node.
+public struct NodeAnchor: Sendable, Hashable, Codable {
+  /// The owner of the foreign node.
+  public var userID: String
+  /// The treeID holding it.
+  public var treeID: String
+  /// Its dirPrefix (where its children live).
+  public var dirPrefix: String
+
+  public init(userID: String, treeID: String, dirPrefix: String) {
+    self.userID = userID
+    self.treeID = treeID
+    self.dirPrefix = dirPrefix
+  }
+}
+
+/// The metadata of one treesystem node: everything needed to sync it, except its content.
+public struct Node: Sendable, Hashable, Codable, Identifiable {
+  /// Catalog row id (the inode number); 0 until the node is stored.
+  public var id: NodeID
+  /// A random identifier, local only: never uploaded.
+  public var uuid: String
+  /// The local user this node belongs to.
+  public var localUserID: String
+  /// The parent node, or `nil` for a trunk.
+  public var parentID: NodeID?
+  /// The cleartext name (for a trunk, its raw value).
+  public var name: String
+  /// How the node presents.
+  public var kind: NodeKind
+  /// For trunk nodes, which trunk.
+  public var trunk: Trunk?
+  /// Who may do what.
+  public var shareList: ShareList
+  /// When the server should delete the node.
+  public var burnDate: Date?
+  /// The node's own random symmetric key (32 bytes) that encrypts its DATA and metadata.
+  public var encryptionKey: Data
+  /// Random 20 bytes keying the cloudNames of this node's children.
+  public var dirSalt: Data
+  /// Where this node's children live in the cloud (32 upper-case hex digits, or a trunk's).
+  public var dirPrefix: String
+  /// The immutable identity shared by every device; set by the creator.
+  public var cloudID: String
+  /// The eTag of the RCRD object, once uploaded or downloaded.
+  public var eTagRcrd: String?
+  /// The eTag of the DATA object, once uploaded or downloaded.
+  public var eTagData: String?
+  /// When the RCRD object was last modified in the cloud.
+  public var lastModifiedRcrd: Date?
+  /// When the DATA object was last modified in the cloud.
+  public var lastModifiedData: Date?
+  /// The sizes last read from the DATA object's header.
+  public var cloudDataInfo: CloudDataInfo?
+  /// Set when the node arrived under a cloudName that does not match the hash of its name.
+  public var explicitCloudName: String?
+  /// For a grafted subtree's root, where it really lives.
+  public var anchor: NodeAnchor?
+  /// For a pointer node, the node it points to.
+  public var pointeeID: NodeID?
+  /// POSIX permission bits (and setuid/setgid/sticky), without the file-type bits.
+  public var mode: UInt32
+  /// Content modification time.
+  public var mtime: FileTime
+  /// User extended attributes, by full name (e.g. `user.comment`).
+  public var xattrs: [String: Data]
+  /// For a symlink, its target.
+  public var symlinkTarget: String?
+  /// Plaintext size of the data section.
+  public var dataSize: UInt64
+
+  /// True when the node points to another node.
+  public var isPointer: Bool { pointeeID != nil }
+
+  /// The later of the RCRD's and the DATA's modification dates.
+  public var lastModified: Date? {
+    switch (lastModifiedRcrd, lastModifiedData) {
+    case (nil, nil): return nil
+    case (let a?, nil): return a
+    case (nil, let b?): return b
+    case (let a?, let b?): return max(a, b)
+    }
+  }
+
+  /// The key under which names are compared.
+  public var nameKey: NameKey { NameKey(name) }
+
+  /// A node with every field given. Use the catalog's `createNode` to make new nodes.
+  public init(
+    id: NodeID = 0, uuid: String, localUserID: String, parentID: NodeID?, name: String,
+    kind: NodeKind, trunk: Trunk? = nil, shareList: ShareList, burnDate: Date? = nil,
+    encryptionKey: Data, dirSalt: Data, dirPrefix: String, cloudID: String,
+    eTagRcrd: String? = nil, eTagData: String? = nil, lastModifiedRcrd: Date? = nil,
+    lastModifiedData: Date? = nil, cloudDataInfo: CloudDataInfo? = nil,
+    explicitCloudName: String? = nil, anchor: NodeAnchor? = nil, pointeeID: NodeID? = nil,
+    mode: UInt32, mtime: FileTime, xattrs: [String: Data] = [:], symlinkTarget: String? = nil,
+    dataSize: UInt64 = 0
+  ) {
+    self.id = id
+    self.uuid = uuid
+    self.localUserID = localUserID
+    self.parentID = parentID
+    self.name = name
+    self.kind = kind
+    self.trunk = trunk
+    self.shareList = shareList
+    self.burnDate = burnDate
+    self.encryptionKey = encryptionKey
+    self.dirSalt = dirSalt
+    self.dirPrefix = dirPrefix
+    self.cloudID = cloudID
+    self.eTagRcrd = eTagRcrd
+    self.eTagData = eTagData
+    self.lastModifiedRcrd = lastModifiedRcrd
+    self.lastModifiedData = lastModifiedData
+    self.cloudDataInfo = cloudDataInfo
+    self.explicitCloudName = explicitCloudName
+    self.anchor = anchor
+    self.pointeeID = pointeeID
+    self.mode = mode
+    self.mtime = mtime
+    self.xattrs = xattrs
+    self.symlinkTarget = symlinkTarget
+    self.dataSize = dataSize
+  }
+}
+
+/// What a pull found different about a node.
+public struct NodeChange: OptionSet, Sendable, Hashable, Codable {
+  public let rawValue: UInt32
+  public init(rawValue: UInt32) { self.rawValue = rawValue }
+
+  /// The name changed.
+  public static let name = NodeChange(rawValue: 1 << 0)
+  /// The parent changed (a move).
+  public static let parent = NodeChange(rawValue: 1 << 1)
+  /// The content (DATA object) changed.
+  public static let data = NodeChange(rawValue: 1 << 2)
+  /// Mode bits, mtime or extended attributes changed.
+  public static let attributes = NodeChange(rawValue: 1 << 3)
+  /// The share list changed.
+  public static let permissions = NodeChange(rawValue: 1 << 4)
+  /// The kind changed (e.g. a file gained children).
+  public static let kind = NodeChange(rawValue: 1 << 5)
+  /// The burn date changed.
+  public static let burnDate = NodeChange(rawValue: 1 << 6)
+}
+
+/// The kinds of conflict sync resolves without losing either side.
+public enum ConflictKind: String, Sendable, Hashable, Codable, CaseIterable {
+  /// Both devices changed the content: the remote keeps the name, the local is a conflicted copy.
+  case data
+  /// Two devices created the same name: the later is renamed `name 2.ext`.
+  case path
+  /// Deleted remotely while dirty locally: the local subtree is kept and re-uploaded.
+  case deletedWhileDirty
+  /// Moved remotely while edited locally: both apply.
+  case movedWhileEdited
+}
+
+/// The push operations the catalog enqueues with each change (DESIGN §4).
+public enum PushOperationKind: String, Sendable, Hashable, Codable, CaseIterable {
+  /// Upload the node's RCRD (create or update).
+  case putRcrd
+  /// Upload the node's DATA.
+  case putData
+  /// Move the node's objects from an old location to its current one.
+  case move
+  /// Delete the objects of a node without descendants in the cloud.
+  case deleteLeaf
+  /// Delete the objects of a node and all its descendants.
+  case deleteNode
+}

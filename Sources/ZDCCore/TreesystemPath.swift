@@ -1,0 +1,117 @@
+public import Foundation
+
+/// The top-level containers of a user's treesystem.
+public enum Trunk: String, Sendable, Hashable, Codable, CaseIterable, Comparable {
+  /// The user's files; the mount shows this container.
+  case home
+  /// Application preferences.
+  case prefs
+  /// Incoming messages.
+  case msgsIn
+  /// Outgoing messages.
+  case msgsOut
+
+  /// The fixed dirPrefix under which the trunk's children live in the cloud.
+  public var dirPrefix: String {
+    switch self {
+    case .home: return "00000000000000000000000000000000"
+    case .prefs: return "prefs"
+    case .msgsIn: return "msgsIn"
+    case .msgsOut: return "msgsOut"
+    }
+  }
+
+  public static func < (lhs: Trunk, rhs: Trunk) -> Bool {
+    allCases.firstIndex(of: lhs)! < allCases.firstIndex(of: rhs)!
+  }
+}
+
+/// A location in a treesystem: a trunk and a list of node names below it.
+///
+/// Any valid Unicode string except the empty string is a legal name; there are no separator
+/// characters and no escaping.
+public struct TreesystemPath: Sendable, Hashable, Codable, Comparable, CustomStringConvertible {
+  /// The trunk the path starts at.
+  public let trunk: Trunk
+  /// The names of the nodes from the trunk down to the node, in order.
+  public let components: [String]
+
+  /// A path from its components. Throws `CoreError.invalidName` for an empty component.
+  public init(_ components: [String], trunk: Trunk = .home) throws {
+    for c in components where c.isEmpty { throw CoreError.invalidName(c) }
+    self.trunk = trunk
+    self.components = components
+  }
+
+  /// The trunk itself.
+  public init(trunk: Trunk) {
+    self.trunk = trunk
+    self.components = []
+  }
+
+  /// True for the path of a trunk.
+  public var isTrunk: Bool { components.isEmpty }
+
+  /// The last component, or `nil` for a trunk.
+  public var name: String? { components.last }
+
+  /// The path of the parent, or `nil` for a trunk.
+  public var parent: TreesystemPath? {
+    guard !components.isEmpty else { return nil }
+    return TreesystemPath(trusted: Array(components.dropLast()), trunk: trunk)
+  }
+
+  /// This path with one more component.
+  public func appending(_ component: String) throws -> TreesystemPath {
+    guard !component.isEmpty else { throw CoreError.invalidName(component) }
+    return TreesystemPath(trusted: components + [component], trunk: trunk)
+  }
+
+  /// This path with several more components.
+  public func appending(contentsOf more: [String]) throws -> TreesystemPath {
+    try TreesystemPath(components + more, trunk: trunk)
+  }
+
+  /// True when `self` is `other` or lies below it (names compared as the treesystem does:
+  /// case-insensitively after NFC normalisation).
+  public func isDescendant(of other: TreesystemPath) -> Bool {
+    guard trunk == other.trunk, components.count >= other.components.count else { return false }
+    for (a, b) in zip(components, other.components) where NameKey(a) != NameKey(b) {
+      return false
+    }
+    return true
+  }
+
+  /// A readable form for logs and messages: `/home/a/b`. Not a parseable format.
+  public var description: String {
+    "/" + ([trunk.rawValue] + components).joined(separator: "/")
+  }
+
+  public static func < (lhs: TreesystemPath, rhs: TreesystemPath) -> Bool {
+    if lhs.trunk != rhs.trunk { return lhs.trunk < rhs.trunk }
+    for (a, b) in zip(lhs.components, rhs.components) where a != b {
+      return Array(a.utf8).lexicographicallyPrecedes(Array(b.utf8))
+    }
+    return lhs.components.count < rhs.components.count
+  }
+
+  private init(trusted components: [String], trunk: Trunk) {
+    self.trunk = trunk
+    self.components = components
+  }
+}
+
+/// The form of a name that the treesystem compares: Unicode lower case, then NFC.
+///
+/// Two names with the same key cannot be siblings, and they hash to the same cloudName.
+public struct NameKey: Sendable, Hashable, Codable, CustomStringConvertible {
+  /// The normalised string.
+  public let value: String
+
+  /// The key of a node name.
+  public init(_ name: String) {
+    value = name.lowercased().precomposedStringWithCanonicalMapping
+  }
+
+  public var description: String { value }
+}

@@ -1,0 +1,80 @@
+import CSodium
+public import Foundation
+
+/// libsodium initialisation, done once before any other call.
+enum Sodium {
+  /// Calls `sodium_init` exactly once; traps if libsodium cannot initialise (no entropy source).
+  static let ready: Bool = {
+    let rc = sodium_init()
+    precondition(rc >= 0, "libsodium failed to initialise")
+    return true
+  }()
+
+  @inline(__always) static func ensure() { _ = ready }
+}
+
+/// Cryptographically secure random values.
+public enum SecureRandom {
+  /// `count` random bytes.
+  public static func bytes(_ count: Int) -> Data {
+    Sodium.ensure()
+    var d = Data(count: count)
+    d.withUnsafeMutableBytes { randombytes_buf($0.baseAddress!, count) }
+    return d
+  }
+
+  /// A new node key: 32 random bytes (XChaCha20-Poly1305 key size).
+  public static func nodeKey() -> Data { bytes(32) }
+
+  /// A new dirSalt: 20 random bytes.
+  public static func dirSalt() -> Data { bytes(20) }
+
+  /// A new dirPrefix: 128 random bits as 32 upper-case hex digits.
+  public static func dirPrefix() -> String { Hex.encode(bytes(16), uppercase: true) }
+
+  /// A new cloudID: 128 random bits as 32 lower-case hex digits.
+  public static func cloudID() -> String { Hex.encode(bytes(16)) }
+
+  /// A new local node uuid (RFC 4122 form).
+  public static func uuid() -> String { UUID().uuidString.lowercased() }
+
+  /// A new userID: 160 random bits in zBase32 (32 characters).
+  public static func userID() -> String { ZBase32.encode(bytes(20)) }
+}
+
+/// Hexadecimal encoding.
+public enum Hex {
+  /// Encodes bytes as hex digits.
+  public static func encode(_ data: Data, uppercase: Bool = false) -> String {
+    let digits = Array((uppercase ? "0123456789ABCDEF" : "0123456789abcdef").utf8)
+    var out = [UInt8]()
+    out.reserveCapacity(data.count * 2)
+    for b in data {
+      out.append(digits[Int(b >> 4)])
+      out.append(digits[Int(b & 0x0f)])
+    }
+    return String(decoding: out, as: UTF8.self)
+  }
+
+  /// Decodes hex digits (either case); `nil` on odd length or a non-hex character.
+  public static func decode(_ string: String) -> Data? {
+    let chars = Array(string.utf8)
+    guard chars.count % 2 == 0 else { return nil }
+    func nibble(_ c: UInt8) -> UInt8? {
+      switch c {
+      case 48...57: return c - 48
+      case 65...70: return c - 55
+      case 97...102: return c - 87
+      default: return nil
+      }
+    }
+    var out = Data(capacity: chars.count / 2)
+    var i = 0
+    while i < chars.count {
+      guard let hi = nibble(chars[i]), let lo = nibble(chars[i + 1]) else { return nil }
+      out.append(hi << 4 | lo)
+      i += 2
+    }
+    return out
+  }
+}
