@@ -76,7 +76,7 @@ let package = Package(
     .testTarget(name: "ZDCCoreTests", dependencies: ["ZDCCore"], swiftSettings: strict),
     .testTarget(
       name: "ZDCCryptoTests", dependencies: ["ZDCCore", "ZDCCrypto"],
-      resources: [.copy("../Fixtures")], swiftSettings: strict),
+      swiftSettings: strict),
     .testTarget(
       name: "ZDCCatalogTests", dependencies: ["ZDCCore", "ZDCCrypto", "ZDCCatalog"],
       swiftSettings: strict),

@@ -18,7 +18,8 @@ public enum CryptoError: Error, Sendable, Equatable, CustomStringConvertible {
   public var description: String {
     switch self {
     case .invalidKey(let m): return "invalid key: \(m)"
-    case .authenticationFailed(let m): return "authentication failed (wrong key or tampered data): \(m)"
+    case .authenticationFailed(let m):
+      return "authentication failed (wrong key or tampered data): \(m)"
     case .malformed(let m): return "malformed encrypted object: \(m)"
     case .truncated(let m): return "truncated encrypted object: \(m)"
     case .unsupportedVersion(let v): return "unsupported format version \(v)"
