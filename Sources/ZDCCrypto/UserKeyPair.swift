@@ -64,7 +64,7 @@ public struct UserKeyPair: Sendable, Hashable, Codable {
     guard publicKey.count == Int(crypto_box_PUBLICKEYBYTES) else {
       throw CryptoError.invalidKey("X25519 public key must be 32 bytes")
     }
-    var out = [UInt8](repeating: 0, count: secret.count + Int(crypto_box_SEALBYTES))
+    var out = [UInt8](repeating: 0, count: secret.count + crypto_box_sealbytes())
     let m = [UInt8](secret)
     let pk = [UInt8](publicKey)
     guard crypto_box_seal(&out, m, UInt64(m.count), pk) == 0 else {
@@ -76,10 +76,10 @@ public struct UserKeyPair: Sendable, Hashable, Codable {
   /// Opens a secret sealed to this key pair.
   public func open(sealed: Data) throws -> Data {
     Sodium.ensure()
-    guard sealed.count >= Int(crypto_box_SEALBYTES) else {
+    guard sealed.count >= crypto_box_sealbytes() else {
       throw CryptoError.malformed("sealed box too short")
     }
-    var out = [UInt8](repeating: 0, count: sealed.count - Int(crypto_box_SEALBYTES))
+    var out = [UInt8](repeating: 0, count: sealed.count - crypto_box_sealbytes())
     let c = [UInt8](sealed)
     guard
       crypto_box_seal_open(&out, c, UInt64(c.count), [UInt8](boxPublicKey), [UInt8](boxSecretKey))
