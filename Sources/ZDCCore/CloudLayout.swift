@@ -44,6 +44,12 @@ public struct CloudLayout: Sendable, Hashable {
   /// The user's private keys, sealed under a passphrase and a recovery key.
   public static func privkeyKey(userID: String) -> String { "\(userID)/privkey" }
 
+  /// The prefix of the user registry, one object per user, so a new device can find its user.
+  public static let usersPrefix = "users/"
+
+  /// The registry object of one user (its content is the public key document).
+  public static func userRegistryKey(userID: String) -> String { "\(usersPrefix)\(userID)" }
+
   /// Splits an object key of this tree into (dirPrefix, cloudName, extension), or `nil`.
   public func parse(key: String) -> (dirPrefix: String, cloudName: String, isRcrd: Bool)? {
     guard key.hasPrefix(treePrefix) else { return nil }

@@ -1,0 +1,210 @@
+public import Foundation
+public import ZDCCore
+public import ZDCCrypto
+import ZDCLocalStore
+
+/// How a new device proves it is the user when joining an existing account.
+public enum JoinCredential: Sendable {
+  /// The account passphrase (opens the sealed keys kept in the store).
+  case passphrase(String)
+  /// The recovery key printed at `zdc init`.
+  case recoveryKey(RecoveryKey)
+}
+
+/// An unlocked account on this device: its settings, its keys and its store.
+public final class Account: Sendable {
+  /// The state directory.
+  public let stateDirectory: StateDirectory
+  /// Public settings.
+  public let config: AccountConfig
+  /// The private keys.
+  public let keys: PrivateKeyBundle
+  /// The store holding the treesystem.
+  public let store: any CloudStore
+
+  /// The tree's object layout.
+  public var layout: CloudLayout { CloudLayout(userID: config.userID, treeID: config.treeID) }
+
+  init(
+    stateDirectory: StateDirectory, config: AccountConfig, keys: PrivateKeyBundle,
+    store: any CloudStore
+  ) {
+    self.stateDirectory = stateDirectory
+    self.config = config
+    self.keys = keys
+    self.store = store
+  }
+
+  /// The default tree ID of the files treesystem.
+  public static let defaultTreeID = "zdcfs"
+
+  /// Opens the store at a location.
+  public static func makeStore(_ location: StoreLocation) throws -> any CloudStore {
+    switch location {
+    case .localFolder(let path):
+      return try LocalFolderStore(root: URL(fileURLWithPath: path))
+    }
+  }
+
+  /// Creates a new user: keys, a recovery key, the sealed keys and public key in the store,
+  /// and this device's state directory.
+  ///
+  /// - Parameters:
+  ///   - passphrase: seals the keys (in the store and locally). May be empty.
+  ///   - storeKDF: Argon2id cost for the copy in the store (default `.moderate`).
+  ///   - localKDF: Argon2id cost for the local keystore (default `.interactive`).
+  /// - Returns: the account and its recovery key (shown to the user once).
+  public static func create(
+    stateDirectory: StateDirectory, store location: StoreLocation, passphrase: String,
+    deviceName: String = ProcessInfo.processInfo.hostName, treeID: String = defaultTreeID,
+    storeKDF: KDFParameters = .moderate, localKDF: KDFParameters = .interactive
+  ) throws -> (Account, RecoveryKey) {
+    guard !stateDirectory.isInitialized else {
+      throw AccountError.alreadyInitialized(stateDirectory.url.path)
+    }
+    let store = try makeStore(location)
+    let userID = SecureRandom.userID()
+    let bundle = PrivateKeyBundle(userID: userID, keyPair: .generate())
+    let recovery = try RecoveryKey.generate(userID: userID)
+    let pubkey = try PublicKeyDocument(bundle: bundle).encoded()
+    let sealedForStore = try Keystore.seal(
+      bundle, passphrase: passphrase, recoveryKey: recovery, kdf: storeKDF)
+    do {
+      _ = try store.put(
+        key: CloudLayout.privkeyKey(userID: userID), body: .data(sealedForStore),
+        condition: .ifNoneMatch)
+      _ = try store.put(
+        key: CloudLayout.pubkeyKey(userID: userID), body: .data(pubkey), condition: .ifNoneMatch)
+      _ = try store.put(
+        key: CloudLayout.userRegistryKey(userID: userID), body: .data(pubkey),
+        condition: .ifNoneMatch)
+    } catch StoreError.preconditionFailed {
+      throw AccountError.userExistsInStore(userID)
+    }
+    let account = try install(
+      stateDirectory: stateDirectory, bundle: bundle, location: location, store: store,
+      localPassphrase: passphrase, localKDF: localKDF, deviceName: deviceName, treeID: treeID)
+    return (account, recovery)
+  }
+
+  /// Adds this device to an existing user found in the store.
+  ///
+  /// - Parameters:
+  ///   - userID: which user, when the store holds several and the credential does not say.
+  ///   - localPassphrase: seals the local keystore; defaults to the passphrase used to join
+  ///     (required when joining with a recovery key).
+  public static func join(
+    stateDirectory: StateDirectory, store location: StoreLocation, credential: JoinCredential,
+    userID: String? = nil, localPassphrase: String? = nil,
+    deviceName: String = ProcessInfo.processInfo.hostName, treeID: String = defaultTreeID,
+    localKDF: KDFParameters = .interactive
+  ) throws -> Account {
+    guard !stateDirectory.isInitialized else {
+      throw AccountError.alreadyInitialized(stateDirectory.url.path)
+    }
+    let store = try makeStore(location)
+    let bundle: PrivateKeyBundle
+    let sealLocal: String
+    switch credential {
+    case .recoveryKey(let rk):
+      if let u = userID, u != rk.userID { throw AccountError.userNotFound(u) }
+      let sealed = try fetch(store, CloudLayout.privkeyKey(userID: rk.userID), user: rk.userID)
+      bundle = try Keystore.open(sealed, recoveryKey: rk)
+      guard let lp = localPassphrase else {
+        throw AccountError.io("a passphrase for this device's keystore is required")
+      }
+      sealLocal = lp
+    case .passphrase(let pass):
+      let candidates: [String]
+      if let u = userID {
+        candidates = [u]
+      } else {
+        candidates = try store.listAll(prefix: CloudLayout.usersPrefix).map {
+          String($0.key.dropFirst(CloudLayout.usersPrefix.count))
+        }
+      }
+      guard !candidates.isEmpty else { throw AccountError.noUserInStore }
+      var opened: [PrivateKeyBundle] = []
+      for u in candidates {
+        let sealed = try fetch(store, CloudLayout.privkeyKey(userID: u), user: u)
+        do {
+          opened.append(try Keystore.open(sealed, passphrase: pass))
+        } catch CryptoError.wrongPassphrase {
+          continue
+        }
+      }
+      guard let first = opened.first else { throw CryptoError.wrongPassphrase }
+      guard opened.count == 1 else { throw AccountError.ambiguousUser(opened.map(\.userID)) }
+      bundle = first
+      sealLocal = localPassphrase ?? pass
+    }
+    let doc = try PublicKeyDocument.decode(
+      try fetch(store, CloudLayout.pubkeyKey(userID: bundle.userID), user: bundle.userID))
+    guard doc.userID == bundle.userID, doc.boxPublicKey == bundle.keyPair.boxPublicKey,
+      doc.signPublicKey == bundle.keyPair.signPublicKey
+    else { throw AccountError.inconsistentKeys("public key document does not match the keys") }
+    return try install(
+      stateDirectory: stateDirectory, bundle: bundle, location: location, store: store,
+      localPassphrase: sealLocal, localKDF: localKDF, deviceName: deviceName, treeID: treeID)
+  }
+
+  /// Unlocks the account of a state directory.
+  public static func open(stateDirectory: StateDirectory, passphrase: String) throws -> Account {
+    guard stateDirectory.isInitialized else {
+      throw AccountError.notInitialized(stateDirectory.url.path)
+    }
+    let config = try readConfig(stateDirectory)
+    let sealed: Data
+    do {
+      sealed = try Data(contentsOf: stateDirectory.keystoreURL)
+    } catch {
+      throw AccountError.io("cannot read \(stateDirectory.keystoreURL.path)")
+    }
+    let bundle = try Keystore.open(sealed, passphrase: passphrase)
+    guard bundle.userID == config.userID else {
+      throw AccountError.inconsistentKeys("keystore is for another user than config.json")
+    }
+    return Account(
+      stateDirectory: stateDirectory, config: config, keys: bundle,
+      store: try makeStore(config.store))
+  }
+
+  /// Reads `config.json` without unlocking anything.
+  public static func readConfig(_ stateDirectory: StateDirectory) throws -> AccountConfig {
+    do {
+      let dec = JSONDecoder()
+      dec.dateDecodingStrategy = .iso8601
+      return try dec.decode(AccountConfig.self, from: Data(contentsOf: stateDirectory.configURL))
+    } catch {
+      throw AccountError.io("cannot read \(stateDirectory.configURL.path): \(error)")
+    }
+  }
+
+  private static func fetch(_ store: any CloudStore, _ key: String, user: String) throws -> Data {
+    do {
+      return try store.get(key: key)
+    } catch StoreError.notFound {
+      throw AccountError.userNotFound(user)
+    }
+  }
+
+  private static func install(
+    stateDirectory: StateDirectory, bundle: PrivateKeyBundle, location: StoreLocation,
+    store: any CloudStore, localPassphrase: String, localKDF: KDFParameters, deviceName: String,
+    treeID: String
+  ) throws -> Account {
+    try stateDirectory.create()
+    try stateDirectory.writePrivate(
+      try Keystore.seal(bundle, passphrase: localPassphrase, recoveryKey: nil, kdf: localKDF),
+      to: stateDirectory.keystoreURL)
+    let config = AccountConfig(
+      userID: bundle.userID, treeID: treeID,
+      deviceID: ZBase32.encode(SecureRandom.bytes(10)), deviceName: deviceName, store: location,
+      createdAt: Date())
+    let enc = JSONEncoder()
+    enc.outputFormatting = [.sortedKeys, .prettyPrinted]
+    enc.dateEncodingStrategy = .iso8601
+    try stateDirectory.writePrivate(try enc.encode(config), to: stateDirectory.configURL)
+    return Account(stateDirectory: stateDirectory, config: config, keys: bundle, store: store)
+  }
+}

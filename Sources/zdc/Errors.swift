@@ -1,0 +1,72 @@
+import ArgumentParser
+import Foundation
+import ZDCAccount
+import ZDCCore
+import ZDCCrypto
+
+/// Errors of the CLI itself (bad arguments, missing input).
+enum CLIError: Error, CustomStringConvertible {
+  case usage(String)
+
+  var description: String {
+    switch self {
+    case .usage(let m): return m
+    }
+  }
+}
+
+/// The CLI's stable exit codes (sysexits.h values), documented in the CLI reference.
+enum ExitStatus: Int32 {
+  case ok = 0
+  case failure = 1
+  case usage = 64
+  case dataError = 65
+  case notInitialized = 66
+  case storeUnavailable = 69
+  case alreadyExists = 73
+  case ioError = 74
+  case temporaryFailure = 75
+  case permissionDenied = 77
+}
+
+/// Maps any error to a one-line message and an exit code.
+func classify(_ error: any Error) -> (String, ExitStatus) {
+  switch error {
+  case let e as CLIError: return (e.description, .usage)
+  case let e as AccountError:
+    switch e {
+    case .alreadyInitialized, .userExistsInStore: return (e.description, .alreadyExists)
+    case .notInitialized, .noUserInStore, .userNotFound: return (e.description, .notInitialized)
+    case .ambiguousUser, .unsupportedStore: return (e.description, .usage)
+    case .inconsistentKeys: return (e.description, .dataError)
+    case .io: return (e.description, .ioError)
+    }
+  case let e as CryptoError:
+    switch e {
+    case .wrongPassphrase: return (e.description, .permissionDenied)
+    default: return (e.description, .dataError)
+    }
+  case let e as StoreError:
+    switch e {
+    case .transient: return (e.description, .temporaryFailure)
+    case .accessDenied: return (e.description, .permissionDenied)
+    case .io: return (e.description, .ioError)
+    case .malformedResponse: return (e.description, .dataError)
+    default: return (e.description, .storeUnavailable)
+    }
+  default: return ("\(error)", .failure)
+  }
+}
+
+/// Runs a command body, printing `zdc: message` and exiting with the mapped code on failure.
+func runReportingErrors(_ body: () throws -> Void) throws {
+  do {
+    try body()
+  } catch let e as ExitCode {
+    throw e
+  } catch let e where e is CLIError || e is AccountError || e is CryptoError || e is StoreError {
+    let (message, status) = classify(e)
+    FileHandle.standardError.write(Data("zdc: \(message)\n".utf8))
+    throw ExitCode(status.rawValue)
+  }
+}
