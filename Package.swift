@@ -73,6 +73,9 @@ let package = Package(
       dependencies: ["ZDCCore", "ZDCCrypto", "CSodium"],
       swiftSettings: strict),
 
+    .target(
+      name: "ZDCTestSupport", dependencies: ["ZDCCore"], path: "Tests/ZDCTestSupport",
+      swiftSettings: strict),
     .testTarget(name: "ZDCCoreTests", dependencies: ["ZDCCore"], swiftSettings: strict),
     .testTarget(
       name: "ZDCCryptoTests", dependencies: ["ZDCCore", "ZDCCrypto"],
@@ -86,7 +89,9 @@ let package = Package(
       swiftSettings: strict),
     .testTarget(
       name: "ZDCAccountTests",
-      dependencies: ["ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "zdc"],
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "ZDCTestSupport", "zdc",
+      ],
       swiftSettings: strict),
   ],
   swiftLanguageModes: [.v6]

@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 
 /// The top-level containers of a user's treesystem.
 public enum Trunk: String, Sendable, Hashable, Codable, CaseIterable, Comparable {

@@ -1,0 +1,239 @@
+import Foundation
+import Testing
+import ZDCAccount
+import ZDCCore
+import ZDCCrypto
+import ZDCLocalStore
+import ZDCTestSupport
+
+@Suite struct KeystoreTests {
+  let bundle = PrivateKeyBundle(userID: SecureRandom.userID(), keyPair: .generate())
+
+  @Test func passphraseAndRecoveryOpenWrongOnesDoNot() throws {
+    let rk = try RecoveryKey.generate(userID: bundle.userID)
+    let sealed = try Keystore.seal(
+      bundle, passphrase: "correct horse", recoveryKey: rk, kdf: .minimum)
+    #expect(try Keystore.open(sealed, passphrase: "correct horse") == bundle)
+    #expect(try Keystore.open(sealed, recoveryKey: rk) == bundle)
+    #expect(throws: CryptoError.wrongPassphrase) { try Keystore.open(sealed, passphrase: "wrong") }
+    let other = try RecoveryKey.generate(userID: bundle.userID)
+    #expect(throws: CryptoError.wrongPassphrase) { try Keystore.open(sealed, recoveryKey: other) }
+    #expect(try Keystore.userID(of: sealed) == bundle.userID)
+  }
+
+  @Test func emptyPassphraseWorks() throws {
+    let sealed = try Keystore.seal(bundle, passphrase: "", recoveryKey: nil, kdf: .minimum)
+    #expect(try Keystore.open(sealed, passphrase: "") == bundle)
+    #expect(throws: (any Error).self) {
+      try Keystore.open(sealed, recoveryKey: try RecoveryKey.generate(userID: bundle.userID))
+    }
+  }
+
+  @Test func noSecretInTheSealedFile() throws {
+    let sealed = try Keystore.seal(bundle, passphrase: "pw", recoveryKey: nil, kdf: .minimum)
+    #expect(sealed.range(of: bundle.keyPair.boxSecretKey) == nil)
+    #expect(sealed.range(of: Data(bundle.keyPair.boxSecretKey.base64EncodedString().utf8)) == nil)
+    #expect(sealed.range(of: Data("pw\"".utf8)) == nil)
+  }
+
+  @Test func tamperedKeystoreIsRejected() throws {
+    let sealed = try Keystore.seal(bundle, passphrase: "pw", recoveryKey: nil, kdf: .minimum)
+    var json = try #require(try JSONSerialization.jsonObject(with: sealed) as? [String: Any])
+    var b = try #require(json["bundle"] as? [String: Any])
+    var ct = try #require(Data(base64Encoded: try #require(b["ciphertext"] as? String)))
+    ct[ct.count / 2] ^= 1
+    b["ciphertext"] = ct.base64EncodedString()
+    json["bundle"] = b
+    let tampered = try JSONSerialization.data(withJSONObject: json)
+    #expect(throws: CryptoError.self) { try Keystore.open(tampered, passphrase: "pw") }
+    #expect(throws: CryptoError.self) { try Keystore.open(Data("garbage".utf8), passphrase: "pw") }
+  }
+
+  @Test func recoveryKeyTextRoundTrip() throws {
+    let rk = try RecoveryKey.generate(userID: bundle.userID)
+    let text = rk.description
+    #expect(text.split(separator: "-").count == 21)
+    #expect(try RecoveryKey(text: text) == rk)
+    #expect(
+      try RecoveryKey(text: " " + text.uppercased().replacingOccurrences(of: "-", with: " ")) == rk)
+    #expect(throws: CryptoError.self) { try RecoveryKey(text: "not-a-key") }
+  }
+
+  @Test func publicKeyDocumentIsSelfSigned() throws {
+    let doc = try PublicKeyDocument(bundle: bundle)
+    let data = try doc.encoded()
+    #expect(try PublicKeyDocument.decode(data) == doc)
+    var forged = doc
+    forged.boxPublicKey = UserKeyPair.generate().boxPublicKey
+    #expect(throws: CryptoError.self) { try PublicKeyDocument.decode(try forged.encoded()) }
+  }
+}
+
+@Suite struct AccountTests {
+  @Test func createJoinOpen() throws {
+    let tmp = try TemporaryDirectory("account")
+    let storeDir = tmp.path("store")
+    let dev1 = StateDirectory(url: tmp.path("dev1"))
+    let (a1, recovery) = try Account.create(
+      stateDirectory: dev1, store: .localFolder(path: storeDir.path), passphrase: "pw",
+      deviceName: "laptop", storeKDF: .minimum, localKDF: .minimum)
+    #expect(dev1.isInitialized)
+    let mode = try FileManager.default.attributesOfItem(atPath: dev1.url.path)[.posixPermissions]
+    #expect((mode as? NSNumber)?.intValue == 0o700)
+    let ksMode = try FileManager.default.attributesOfItem(atPath: dev1.keystoreURL.path)[
+      .posixPermissions]
+    #expect((ksMode as? NSNumber)?.intValue == 0o600)
+
+    // Same user again on this state dir: refused.
+    #expect(throws: AccountError.alreadyInitialized(dev1.url.path)) {
+      _ = try Account.create(
+        stateDirectory: dev1, store: .localFolder(path: storeDir.path), passphrase: "pw",
+        storeKDF: .minimum, localKDF: .minimum)
+    }
+
+    // Second device joins with the passphrase, third with the recovery key.
+    let dev2 = StateDirectory(url: tmp.path("dev2"))
+    let a2 = try Account.join(
+      stateDirectory: dev2, store: .localFolder(path: storeDir.path),
+      credential: .passphrase("pw"), deviceName: "desktop", localKDF: .minimum)
+    #expect(a2.config.userID == a1.config.userID)
+    #expect(a2.keys == a1.keys)
+    #expect(a2.config.deviceID != a1.config.deviceID)
+
+    let dev3 = StateDirectory(url: tmp.path("dev3"))
+    let a3 = try Account.join(
+      stateDirectory: dev3, store: .localFolder(path: storeDir.path),
+      credential: .recoveryKey(recovery), localPassphrase: "newpw", localKDF: .minimum)
+    #expect(a3.keys == a1.keys)
+    #expect(try Account.open(stateDirectory: dev3, passphrase: "newpw").keys == a1.keys)
+    #expect(throws: CryptoError.wrongPassphrase) {
+      _ = try Account.open(stateDirectory: dev3, passphrase: "pw")
+    }
+
+    // Wrong passphrase cannot join.
+    #expect(throws: CryptoError.wrongPassphrase) {
+      _ = try Account.join(
+        stateDirectory: StateDirectory(url: tmp.path("dev4")),
+        store: .localFolder(path: storeDir.path), credential: .passphrase("nope"),
+        localKDF: .minimum)
+    }
+
+    // The store never holds a private key or the passphrase in the clear.
+    let secrets = [
+      a1.keys.keyPair.boxSecretKey, a1.keys.keyPair.signSecretKey,
+      Data(a1.keys.keyPair.boxSecretKey.base64EncodedString().utf8),
+      Data(a1.keys.keyPair.signSecretKey.base64EncodedString().utf8),
+      recovery.secret, Data(recovery.secret.base64EncodedString().utf8),
+    ]
+    #expect(try findPlaintext(secrets, under: storeDir).isEmpty)
+    #expect(try findPlaintext(secrets, under: dev1.url).isEmpty)
+  }
+
+  @Test func joinWithoutUserInStoreFails() throws {
+    let tmp = try TemporaryDirectory("account")
+    #expect(throws: AccountError.noUserInStore) {
+      _ = try Account.join(
+        stateDirectory: StateDirectory(url: tmp.path("dev")),
+        store: .localFolder(path: tmp.path("store").path), credential: .passphrase("pw"),
+        localKDF: .minimum)
+    }
+  }
+
+  @Test func stateDirectoryResolution() {
+    #expect(
+      StateDirectory.resolve(explicit: "/x", environment: ["ZDC_STATE_DIR": "/y"]).url.path == "/x")
+    #expect(
+      StateDirectory.resolve(explicit: nil, environment: ["ZDC_STATE_DIR": "/y"]).url.path == "/y")
+    #expect(
+      StateDirectory.resolve(explicit: nil, environment: ["XDG_STATE_HOME": "/s", "HOME": "/h"]).url
+        .path == "/s/zdcfs")
+    #expect(
+      StateDirectory.resolve(explicit: nil, environment: ["HOME": "/h"]).url.path
+        == "/h/.local/state/zdcfs")
+  }
+}
+
+/// The `zdc` binary, driven as a user would.
+@Suite struct CLITests {
+  let zdc = BuiltProducts.executable("zdc")
+
+  @Test func versionAndHelp() throws {
+    let v = try runProcess(zdc, ["--version"])
+    #expect(v.status == 0)
+    #expect(v.stdout.hasPrefix("zdc "))
+    #expect(v.stdout.contains("libfuse 3."))
+    let h = try runProcess(zdc, ["--help"])
+    #expect(h.status == 0)
+    #expect(h.stdout.contains("encrypted"))
+    #expect(h.stdout.contains("init"))
+  }
+
+  @Test func initJoinAndExitCodes() throws {
+    let tmp = try TemporaryDirectory("cli")
+    let store = tmp.path("store").path
+    let env = ["HOME": tmp.url.path]
+    let passFile = tmp.path("pass")
+    try "s3cret\n".write(to: passFile, atomically: true, encoding: .utf8)
+
+    let created = try runProcess(
+      zdc,
+      [
+        "init", "--state-dir", tmp.path("d1").path, "--store", store, "--passphrase-file",
+        passFile.path, "--kdf", "minimum", "--device-name", "one",
+      ], environment: env)
+    #expect(created.status == 0, "\(created.stderr)")
+    let line = try #require(
+      created.stdout.split(separator: "\n").first { $0.hasPrefix("  ") && $0.contains("-") })
+    let recovery = try RecoveryKey(text: String(line))
+
+    // Same state dir again: 73 (already exists).
+    let again = try runProcess(
+      zdc, ["init", "--state-dir", tmp.path("d1").path, "--store", store, "--kdf", "minimum"],
+      environment: env.merging(["ZDC_PASSPHRASE": "s3cret"]) { $1 })
+    #expect(again.status == 73)
+    #expect(again.stderr.contains("already exists"))
+
+    // Join with the passphrase from the environment.
+    let joined = try runProcess(
+      zdc, ["init", "--join", "--store", store, "--kdf", "minimum"],
+      environment: env.merging(["ZDC_PASSPHRASE": "s3cret", "ZDC_STATE_DIR": tmp.path("d2").path]) {
+        $1
+      })
+    #expect(joined.status == 0, "\(joined.stderr)")
+    #expect(joined.stdout.contains(recovery.userID))
+
+    // Join with a wrong passphrase: 77.
+    let wrong = try runProcess(
+      zdc,
+      ["init", "--join", "--state-dir", tmp.path("d3").path, "--store", store, "--kdf", "minimum"],
+      environment: env.merging(["ZDC_PASSPHRASE": "nope"]) { $1 })
+    #expect(wrong.status == 77)
+    #expect(wrong.stderr.contains("wrong passphrase"))
+
+    // Join with the recovery key.
+    let rkFile = tmp.path("rk")
+    try recovery.description.write(to: rkFile, atomically: true, encoding: .utf8)
+    let viaRecovery = try runProcess(
+      zdc,
+      [
+        "init", "--join", "--state-dir", tmp.path("d4").path, "--store", store,
+        "--recovery-key-file", rkFile.path, "--kdf", "minimum",
+      ],
+      environment: env.merging(["ZDC_PASSPHRASE": "device4"]) { $1 })
+    #expect(viaRecovery.status == 0, "\(viaRecovery.stderr)")
+
+    // No passphrase source and no terminal: a usage error, not a hang.
+    let noPass = try runProcess(
+      zdc, ["init", "--state-dir", tmp.path("d5").path, "--store", store], environment: env)
+    #expect(noPass.status == 64)
+    #expect(noPass.stderr.contains("ZDC_PASSPHRASE"))
+
+    // Default state dir and store follow HOME (XDG defaults).
+    let defaults = try runProcess(
+      zdc, ["init", "--kdf", "minimum"], environment: env.merging(["ZDC_PASSPHRASE": ""]) { $1 })
+    #expect(defaults.status == 0, "\(defaults.stderr)")
+    #expect(defaults.stderr.contains("empty passphrase"))
+    #expect(FileManager.default.fileExists(atPath: tmp.path(".local/state/zdcfs/config.json").path))
+    #expect(FileManager.default.fileExists(atPath: tmp.path(".local/share/zdcfs/store/users").path))
+  }
+}
