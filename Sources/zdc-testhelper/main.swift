@@ -1,1 +1,59 @@
-print("helper")
+// Test helper for the store tests: races conditional writes against other processes.
+//
+//   zdc-testhelper race-create ROOT PREFIX ROUNDS ID
+//     `.ifNoneMatch` puts of PREFIX/0 … PREFIX/ROUNDS-1 with content ID; prints each key won.
+//   zdc-testhelper race-update ROOT KEY ROUNDS ID
+//     ROUNDS attempts at read-then-`.ifMatch` increments of a decimal counter at KEY (content
+//     "COUNTER ID"); prints "WIN <new eTag>" for each update that succeeded.
+import Foundation
+import ZDCCore
+import ZDCLocalStore
+
+func fail(_ message: String) -> Never {
+  FileHandle.standardError.write(Data((message + "\n").utf8))
+  exit(2)
+}
+
+let args = CommandLine.arguments
+guard args.count == 6, let rounds = Int(args[4]) else {
+  fail("usage: zdc-testhelper race-create|race-update ROOT KEY-OR-PREFIX ROUNDS ID")
+}
+let id = args[5]
+
+do {
+  let store = try LocalFolderStore(root: URL(fileURLWithPath: args[2]))
+  var output = ""
+  switch args[1] {
+  case "race-create":
+    for i in 0..<rounds {
+      let key = "\(args[3])/\(i)"
+      do {
+        _ = try store.put(key: key, body: .data(Data(id.utf8)), condition: .ifNoneMatch)
+        output += key + "\n"
+      } catch StoreError.preconditionFailed {
+        continue
+      }
+    }
+  case "race-update":
+    let key = args[3]
+    for _ in 0..<rounds {
+      let eTag = try store.head(key: key).eTag
+      let text = String(decoding: try store.get(key: key), as: UTF8.self)
+      guard let counter = Int(text.split(separator: " ").first ?? "") else {
+        fail("bad counter content \(text.debugDescription)")
+      }
+      do {
+        let newTag = try store.put(
+          key: key, body: .data(Data("\(counter + 1) \(id)".utf8)), condition: .ifMatch(eTag))
+        output += "WIN \(newTag)\n"
+      } catch StoreError.preconditionFailed {
+        continue
+      }
+    }
+  default:
+    fail("unknown command \(args[1])")
+  }
+  FileHandle.standardOutput.write(Data(output.utf8))
+} catch {
+  fail("error: \(error)")
+}

@@ -1,0 +1,145 @@
+import CSodium
+import Foundation
+import ZDCCore
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// The on-disk object format: `ZDCLOBJ1` + 32 lower-case hex digits of eTag, then the content.
+enum ObjectFile {
+  /// The 8-byte magic.
+  static let magic: [UInt8] = Array("ZDCLOBJ1".utf8)
+  /// Header size: magic + eTag.
+  static let headerSize = 40
+  /// Size of the blocks in which content is streamed.
+  static let blockSize = 1 << 20
+
+  /// The header for an eTag.
+  static func header(eTag: String) -> [UInt8] { magic + Array(eTag.utf8) }
+
+  /// The eTag of a header, or `nil` if it is not a valid header.
+  static func eTag(header: some Collection<UInt8>) -> String? {
+    guard header.count == headerSize, header.prefix(8).elementsEqual(magic) else { return nil }
+    let tag = header.dropFirst(8)
+    guard Hex.isLower(tag, count: 32) else { return nil }
+    return String(decoding: tag, as: UTF8.self)
+  }
+}
+
+/// Streaming BLAKE2b-128 of object content (the eTag).
+final class ContentHasher {
+  private let memory: UnsafeMutableRawPointer
+  private var state: OpaquePointer { OpaquePointer(memory) }
+
+  init() {
+    _ = LocalFolderStore.sodiumReady
+    // The C state type is 64-byte aligned, which Swift does not import: allocate it raw.
+    memory = UnsafeMutableRawPointer.allocate(
+      byteCount: crypto_generichash_statebytes(), alignment: 64)
+    crypto_generichash_init(state, nil, 0, 16)
+  }
+
+  deinit { memory.deallocate() }
+
+  func update(_ bytes: UnsafeRawBufferPointer) {
+    guard let base = bytes.baseAddress, bytes.count > 0 else { return }
+    crypto_generichash_update(
+      state, base.assumingMemoryBound(to: UInt8.self), UInt64(bytes.count))
+  }
+
+  /// The eTag: 32 lower-case hex digits.
+  func finish() -> String {
+    var out = [UInt8](repeating: 0, count: 16)
+    crypto_generichash_final(state, &out, 16)
+    return Hex.lower(out)
+  }
+}
+
+/// An object file open for reading, validated.
+struct OpenObject {
+  let fd: Int32
+  let path: String
+  let info: ObjectInfo
+
+  func close() { Posix.close(fd) }
+
+  /// Streams `range` of the content (already clamped) to `sink` in bounded blocks.
+  func stream(_ range: ByteRange, to sink: (UnsafeRawBufferPointer) throws -> Void) throws {
+    try streamFile(
+      fd: fd, path: path, from: UInt64(ObjectFile.headerSize) + range.lowerBound,
+      count: range.count, to: sink)
+  }
+}
+
+/// Streams `count` bytes of a descriptor from `offset` to `sink` in bounded blocks; a file that
+/// turns out shorter is reported as `StoreError.malformedResponse`.
+func streamFile(
+  fd: Int32, path: String, from offset: UInt64, count: UInt64,
+  to sink: (UnsafeRawBufferPointer) throws -> Void
+) throws {
+  guard count > 0 else { return }
+  let size = Int(min(UInt64(ObjectFile.blockSize), count))
+  let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 16)
+  defer { buffer.deallocate() }
+  guard let base = buffer.baseAddress else { return }
+  var done: UInt64 = 0
+  while done < count {
+    let want = Int(min(UInt64(size), count - done))
+    let n = try Posix.pread(fd, base, want, offset + done, path: path)
+    guard n == want else { throw StoreError.malformedResponse("\(path) is shorter than expected") }
+    try sink(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
+    done += UInt64(n)
+  }
+}
+
+/// A temporary object file being written under `root/.zdc-tmp/`.
+final class TempObject {
+  let path: String
+  private var fd: Int32
+  private let hasher = ContentHasher()
+  private var offset = UInt64(ObjectFile.headerSize)
+  private var committed = false
+
+  init(directory: String) throws {
+    path = "\(directory)/\(getpid())-\(Posix.randomHex(12))"
+    var fd = Posix.open(path, O_WRONLY | O_CREAT | O_EXCL)
+    if fd == -ENOENT {
+      try Posix.mkdirs(directory)
+      fd = Posix.open(path, O_WRONLY | O_CREAT | O_EXCL)
+    }
+    guard fd >= 0 else { throw Posix.error("create", path, -fd) }
+    self.fd = fd
+  }
+
+  deinit {
+    if fd >= 0 { Posix.close(fd) }
+    if !committed { unlink(path) }
+  }
+
+  /// Content size so far.
+  var size: UInt64 { offset - UInt64(ObjectFile.headerSize) }
+
+  /// Appends content.
+  func append(_ bytes: UnsafeRawBufferPointer) throws {
+    try Posix.pwrite(fd, bytes, offset, path: path)
+    hasher.update(bytes)
+    offset += UInt64(bytes.count)
+  }
+
+  /// Writes the header, syncs and closes the file; returns the eTag.
+  func finish() throws -> String {
+    let eTag = hasher.finish()
+    try ObjectFile.header(eTag: eTag).withUnsafeBytes {
+      try Posix.pwrite(fd, $0, 0, path: path)
+    }
+    try Posix.fsync(fd, path: path)
+    let rc = Glibc.close(fd)
+    fd = -1
+    if rc != 0 { throw Posix.error("close", path, errno) }
+    return eTag
+  }
+
+  /// The file has been renamed into place: keep it.
+  func markCommitted() { committed = true }
+}

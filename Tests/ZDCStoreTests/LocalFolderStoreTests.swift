@@ -1,0 +1,236 @@
+import Foundation
+import Testing
+import ZDCCore
+import ZDCLocalStore
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// What is particular to the local-folder store: its file format, crash leftovers, and several
+/// processes sharing one folder.
+@Suite("LocalFolderStore")
+struct LocalFolderStoreTests {
+  @Test func objectFileFormat() throws {
+    let parent = try makeTemporaryDirectory()
+    defer { removeDirectory(parent) }
+    let dir = parent.appendingPathComponent("store")
+    let store = try LocalFolderStore(root: dir)
+    let eTag = try store.put(key: "u/t/obj", body: .data(Data("abc".utf8)), condition: .none)
+    // BLAKE2b-128("abc"), as 32 lower-case hex digits.
+    #expect(eTag == "cf4ab791c62b8d2b2109c90275287816")
+    let raw = try Data(contentsOf: dir.appendingPathComponent("u/t/obj"))
+    #expect(raw == Data("ZDCLOBJ1\(eTag)abc".utf8))
+    let mode = try FileManager.default.attributesOfItem(atPath: dir.path)[.posixPermissions] as? Int
+    #expect(mode == 0o700)
+
+    // The eTag lives in the file, so it survives copying the folder.
+    let copy = parent.appendingPathComponent("copy")
+    try FileManager.default.copyItem(at: dir, to: copy)
+    let copied = try LocalFolderStore(root: copy)
+    #expect(try copied.head(key: "u/t/obj").eTag == eTag)
+    _ = try copied.put(key: "u/t/obj", body: .data(Data("d".utf8)), condition: .ifMatch(eTag))
+
+    // Deleting the last object of a directory removes the empty directories.
+    try store.delete(key: "u/t/obj", condition: .none)
+    #expect(!FileManager.default.fileExists(atPath: dir.appendingPathComponent("u").path))
+  }
+
+  @Test func temporaryFilesAreHiddenAndCleaned() throws {
+    let dir = try makeTemporaryDirectory()
+    defer { removeDirectory(dir) }
+    let store = try LocalFolderStore(root: dir)
+    _ = try store.put(key: "k", body: .data(Data("v".utf8)), condition: .none)
+    let tmp = dir.appendingPathComponent(".zdc-tmp")
+    let stale = tmp.appendingPathComponent("1234-stale")
+    let fresh = tmp.appendingPathComponent("1234-fresh")
+    try Data("ZDCLOBJ1".utf8).write(to: stale)
+    try Data("ZDCLOBJ1".utf8).write(to: fresh)
+    let old = Date().addingTimeInterval(-2 * 24 * 3600)
+    try FileManager.default.setAttributes([.modificationDate: old], ofItemAtPath: stale.path)
+    #expect(try store.listAll(prefix: "").map(\.key) == ["k"])
+
+    _ = try LocalFolderStore(root: dir)
+    #expect(!FileManager.default.fileExists(atPath: stale.path))
+    #expect(FileManager.default.fileExists(atPath: fresh.path))
+    #expect(try store.listAll(prefix: "").map(\.key) == ["k"])
+  }
+
+  @Test func corruptObjectsAreReportedNotListed() throws {
+    let dir = try makeTemporaryDirectory()
+    defer { removeDirectory(dir) }
+    let store = try LocalFolderStore(root: dir)
+    _ = try store.put(key: "a/good", body: .data(Data("fine".utf8)), condition: .none)
+    let eTag = try store.put(
+      key: "a/truncated", body: .data(Data("content".utf8)), condition: .none)
+    let truncated = dir.appendingPathComponent("a/truncated")
+    try Data("ZDCLOBJ1\(eTag.prefix(10))".utf8).write(to: truncated)
+    try Data("NOTMAGIC\(eTag)content".utf8).write(to: dir.appendingPathComponent("a/badmagic"))
+    try Data().write(to: dir.appendingPathComponent("a/empty"))
+    try Data("ZDCLOBJ1\(String(repeating: "Z", count: 32))x".utf8).write(
+      to: dir.appendingPathComponent("a/badtag"))
+
+    for key in ["a/truncated", "a/badmagic", "a/empty", "a/badtag"] {
+      for call in [{ _ = try store.get(key: key) }, { _ = try store.head(key: key) }] {
+        let error = storeError(call)
+        guard case .malformedResponse = error else {
+          Issue.record("\(key): expected malformedResponse, got \(String(describing: error))")
+          continue
+        }
+      }
+      #expect(
+        isPreconditionFailed(
+          storeError {
+            _ = try store.put(key: key, body: .data(Data()), condition: .ifMatch(eTag))
+          }))
+    }
+    #expect(try store.listAll(prefix: "").map(\.key) == ["a/good"])
+    // A corrupt object can be overwritten and deleted.
+    _ = try store.put(key: "a/truncated", body: .data(Data("again".utf8)), condition: .none)
+    #expect(try store.get(key: "a/truncated") == Data("again".utf8))
+    try store.delete(key: "a/badmagic", condition: .none)
+    #expect(try store.listAll(prefix: "").map(\.key) == ["a/good", "a/truncated"])
+  }
+
+  @Test func longComponentsAreInvalid() throws {
+    let dir = try makeTemporaryDirectory()
+    defer { removeDirectory(dir) }
+    let store = try LocalFolderStore(root: dir)
+    let key = "a/" + String(repeating: "k", count: 256)
+    guard case .invalidKey = storeError({ _ = try store.head(key: key) }) else {
+      Issue.record("expected invalidKey for a 256-byte component")
+      return
+    }
+    _ = try store.put(key: String(key.dropLast()), body: .data(Data()), condition: .none)
+  }
+
+  @Test func objectAndPrefixConflictIsAnError() throws {
+    let dir = try makeTemporaryDirectory()
+    defer { removeDirectory(dir) }
+    let store = try LocalFolderStore(root: dir)
+    _ = try store.put(key: "x/y", body: .data(Data()), condition: .none)
+    for key in ["x", "x/y/z"] {
+      let error = storeError { _ = try store.put(key: key, body: .data(Data()), condition: .none) }
+      guard case .unsupported = error else {
+        Issue.record("\(key): expected unsupported, got \(String(describing: error))")
+        continue
+      }
+    }
+    #expect(isNotFound(storeError { _ = try store.get(key: "x") }))
+    try store.delete(key: "x", condition: .none)
+    #expect(try store.listAll(prefix: "").map(\.key) == ["x/y"])
+    #expect(try FileManager.default.contentsOfDirectory(atPath: dir.path + "/.zdc-tmp").isEmpty)
+  }
+
+  // MARK: Several processes
+
+  /// The helper executable, built next to the test bundle.
+  static func helperURL() throws -> URL {
+    var candidates: [URL] = []
+    candidates.append(URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent())
+    if let exe = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
+      candidates.append(URL(fileURLWithPath: exe).deletingLastPathComponent())
+    }
+    var dir = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+    while dir.path != "/" {
+      let build = dir.appendingPathComponent(".build")
+      if let triples = try? FileManager.default.contentsOfDirectory(atPath: build.path) {
+        candidates += triples.map {
+          build.appendingPathComponent($0).appendingPathComponent("debug")
+        }
+        break
+      }
+      dir.deleteLastPathComponent()
+    }
+    for candidate in candidates {
+      let url = candidate.appendingPathComponent("zdc-testhelper")
+      if FileManager.default.isExecutableFile(atPath: url.path) { return url }
+    }
+    throw StoreError.notFound(key: "zdc-testhelper (looked in \(candidates.map(\.path)))")
+  }
+
+  /// Runs the helper in `count` processes at once; returns each one's standard output.
+  static func runHelpers(_ count: Int, arguments: (Int) -> [String]) throws -> [String] {
+    let helper = try helperURL()
+    var processes: [(Process, Pipe, URL)] = []
+    defer {
+      for (process, _, errURL) in processes {
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        process.waitUntilExit()
+        try? FileManager.default.removeItem(at: errURL)
+      }
+    }
+    for i in 0..<count {
+      let process = Process()
+      process.executableURL = helper
+      process.arguments = arguments(i)
+      let out = Pipe()
+      process.standardOutput = out
+      let errURL = FileManager.default.temporaryDirectory.appendingPathComponent(
+        "zdc-helper-\(UUID().uuidString).err")
+      _ = FileManager.default.createFile(atPath: errURL.path, contents: nil)
+      process.standardError = try FileHandle(forWritingTo: errURL)
+      try process.run()
+      processes.append((process, out, errURL))
+    }
+    var outputs: [String] = []
+    for (process, out, errURL) in processes {
+      // Read to the end first, so that a full pipe cannot block the helper.
+      let data = out.fileHandleForReading.readDataToEndOfFile()
+      process.waitUntilExit()
+      let err = (try? String(contentsOf: errURL, encoding: .utf8)) ?? ""
+      #expect(process.terminationStatus == 0, "helper failed: \(err)")
+      outputs.append(String(decoding: data, as: UTF8.self))
+    }
+    return outputs
+  }
+
+  @Test func processesRacingCreatesHaveOneWinnerPerKey() throws {
+    let dir = try makeTemporaryDirectory()
+    defer { removeDirectory(dir) }
+    let rounds = 300
+    let ids = ["p0", "p1", "p2", "p3"]
+    let outputs = try Self.runHelpers(ids.count) {
+      ["race-create", dir.path, "race/keys", String(rounds), ids[$0]]
+    }
+    let store = try LocalFolderStore(root: dir)
+    var winner: [String: String] = [:]
+    for (i, output) in outputs.enumerated() {
+      for key in output.split(separator: "\n").map(String.init) {
+        #expect(winner[key] == nil, "\(key) won by \(winner[key] ?? "") and \(ids[i])")
+        winner[key] = ids[i]
+      }
+    }
+    #expect(winner.count == rounds)
+    for round in 0..<rounds {
+      let key = "race/keys/\(round)"
+      guard let id = winner[key] else {
+        Issue.record("nobody won \(key)")
+        continue
+      }
+      #expect(try store.get(key: key) == Data(id.utf8))
+    }
+    #expect(try store.listAll(prefix: "race/").count == rounds)
+  }
+
+  @Test func processesRacingUpdatesLoseNothing() throws {
+    let dir = try makeTemporaryDirectory()
+    defer { removeDirectory(dir) }
+    let store = try LocalFolderStore(root: dir)
+    let key = "race/counter"
+    _ = try store.put(key: key, body: .data(Data("0 init".utf8)), condition: .ifNoneMatch)
+    let rounds = 300
+    let outputs = try Self.runHelpers(4) {
+      ["race-update", dir.path, key, String(rounds), "p\($0)"]
+    }
+    let eTags = outputs.flatMap { $0.split(separator: "\n") }.compactMap { line -> String? in
+      line.hasPrefix("WIN ") ? String(line.dropFirst(4)) : nil
+    }
+    #expect(!eTags.isEmpty)
+    // Every successful update produced a distinct version, and none was lost.
+    #expect(Set(eTags).count == eTags.count)
+    let text = String(decoding: try store.get(key: key), as: UTF8.self)
+    #expect(Int(text.split(separator: " ").first ?? "") == eTags.count)
+    #expect(eTags.contains(try store.head(key: key).eTag))
+  }
+}
