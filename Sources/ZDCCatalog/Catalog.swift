@@ -1,0 +1,221 @@
+public import Foundation
+import GRDB
+public import ZDCCore
+import ZDCCrypto
+
+/// The local catalog: every local user's treesystem metadata and push queue, in one SQLite
+/// database.
+///
+/// Changes go through ``write(_:_:)``, which runs one SQLite transaction: the node changes and
+/// the push operations they cause commit together or not at all. Safe to use from any thread.
+public final class Catalog: Sendable {
+  /// How hard a commit waits for the disk.
+  public enum Durability: String, Sendable {
+    /// `synchronous=FULL`: an acknowledged commit survives a crash and a power loss.
+    case full = "FULL"
+    /// `synchronous=NORMAL`: survives a crash of the process; the last commits may be lost on
+    /// power loss.
+    case normal = "NORMAL"
+  }
+
+  /// Open options.
+  public struct Options: Sendable {
+    /// Commit durability; `.full` by default.
+    public var durability: Durability
+    /// How long a writer waits for a lock held by another process, in seconds.
+    public var busyTimeout: Double
+
+    public init(durability: Durability = .full, busyTimeout: Double = 10) {
+      self.durability = durability
+      self.busyTimeout = busyTimeout
+    }
+  }
+
+  let writer: any DatabaseWriter
+  /// The database file, or `nil` in memory.
+  public let path: String?
+  private let temporaryDirectory: URL?
+  private let failpointBox = LockedBox<String?>(nil)
+
+  /// The names of the schema migrations this build knows, in order.
+  public static var knownMigrations: [String] { Schema.migrator.migrations }
+
+  /// Opens (creating if needed) the catalog at `path`, in WAL mode, and migrates it.
+  public convenience init(path: String, options: Options = Options()) throws {
+    let pool = try DatabasePool(path: path, configuration: Self.configuration(options))
+    try self.init(writer: pool, path: path, temporaryDirectory: nil)
+  }
+
+  /// A catalog in a fresh temporary directory, removed when the catalog is released (tests).
+  public static func temporary(options: Options = Options()) throws -> Catalog {
+    let dir = FileManager.default.temporaryDirectory.appendingPathComponent(
+      "zdc-catalog-\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+    let path = dir.appendingPathComponent("catalog.sqlite").path
+    let pool = try DatabasePool(path: path, configuration: configuration(options))
+    return try Catalog(writer: pool, path: path, temporaryDirectory: dir)
+  }
+
+  /// A catalog in memory (tests): one connection, nothing on disk.
+  public static func inMemory() throws -> Catalog {
+    let queue = try DatabaseQueue(configuration: configuration(Options(durability: .normal)))
+    return try Catalog(writer: queue, path: nil, temporaryDirectory: nil)
+  }
+
+  private init(writer: any DatabaseWriter, path: String?, temporaryDirectory: URL?) throws {
+    self.writer = writer
+    self.path = path
+    self.temporaryDirectory = temporaryDirectory
+    try Schema.migrator.migrate(writer)
+  }
+
+  deinit {
+    if let temporaryDirectory {
+      try? FileManager.default.removeItem(at: temporaryDirectory)
+    }
+  }
+
+  private static func configuration(_ options: Options) -> Configuration {
+    var config = Configuration()
+    config.foreignKeysEnabled = true
+    config.busyMode = .timeout(options.busyTimeout)
+    let sync = options.durability.rawValue
+    config.prepareDatabase { db in
+      try db.execute(sql: "PRAGMA synchronous = \(sync)")
+    }
+    return config
+  }
+
+  /// The migrations applied to the database, in order.
+  public func appliedMigrations() throws -> [String] {
+    try writer.read { db in
+      let applied = try Schema.migrator.appliedIdentifiers(db)
+      return Schema.migrator.migrations.filter { applied.contains($0) }
+    }
+  }
+
+  /// The current value of a pragma (diagnostics and tests), e.g. `journal_mode`.
+  public func pragma(_ name: String) throws -> String? {
+    guard name.allSatisfy({ $0.isLetter || $0 == "_" }) else {
+      throw CatalogError.invalidOperation("bad pragma name")
+    }
+    return try writer.read { db in try String.fetchOne(db, sql: "PRAGMA \(name)") }
+  }
+
+  // MARK: Failpoints
+
+  /// Test seam: when set, the mutation that reaches the named point throws
+  /// ``CatalogError/injectedFailure(_:)`` there, in the middle of its transaction.
+  @_spi(Testing) public var failpoint: String? {
+    get { failpointBox.value }
+    set { failpointBox.value = newValue }
+  }
+
+  // MARK: Transactions
+
+  /// Runs `body` in one read-write transaction for a local user's treesystem.
+  ///
+  /// Everything `body` does (node changes, the push operations they enqueue, tags, links) is
+  /// committed together when it returns, and rolled back if it throws.
+  public func write<T>(_ userID: String, _ body: (CloudTransaction) throws -> T) throws -> T {
+    let failpoint = failpointBox.value
+    return try writer.write { db in
+      let tx = try CloudTransaction(db: db, userID: userID, readOnly: false, failpoint: failpoint)
+      return try body(tx)
+    }
+  }
+
+  /// Runs `body` with a read-only, consistent view of a local user's treesystem.
+  public func read<T>(_ userID: String, _ body: (CloudTransaction) throws -> T) throws -> T {
+    try writer.read { db in
+      let tx = try CloudTransaction(db: db, userID: userID, readOnly: true, failpoint: nil)
+      return try body(tx)
+    }
+  }
+
+  // MARK: Local users
+
+  /// Adds a local user and creates its four trunk nodes; returns them by trunk.
+  @discardableResult
+  public func createLocalUser(_ user: LocalUser) throws -> [Trunk: Node] {
+    try writer.write { db in
+      if try Bool.fetchOne(db, sql: "SELECT 1 FROM localUsers WHERE id = ?", arguments: [user.id])
+        ?? false
+      {
+        throw CatalogError.userExists(user.id)
+      }
+      try db.execute(
+        sql: """
+          INSERT INTO localUsers (id, treeID, boxPublicKey, signPublicKey, createdAt, settings)
+          VALUES (?, ?, ?, ?, ?, ?)
+          """,
+        arguments: [
+          user.id, user.treeID, user.boxPublicKey, user.signPublicKey,
+          user.createdAt.timeIntervalSinceReferenceDate, String(decoding: user.settings, as: UTF8.self),
+        ])
+      let tx = try CloudTransaction(db: db, userID: user.id, readOnly: false, failpoint: nil)
+      var trunks: [Trunk: Node] = [:]
+      for trunk in Trunk.allCases {
+        trunks[trunk] = try tx.insertTrunk(trunk)
+      }
+      return trunks
+    }
+  }
+
+  /// One local user, or `nil`.
+  public func localUser(id: String) throws -> LocalUser? {
+    try writer.read { db in
+      try Row.fetchOne(db, sql: "SELECT * FROM localUsers WHERE id = ?", arguments: [id]).map(
+        Self.decodeUser)
+    }
+  }
+
+  /// Every local user, by creation order.
+  public func localUsers() throws -> [LocalUser] {
+    try writer.read { db in
+      try Row.fetchAll(db, sql: "SELECT * FROM localUsers ORDER BY createdAt, id").map(
+        Self.decodeUser)
+    }
+  }
+
+  /// Replaces a local user's settings document.
+  public func setSettings(_ settings: Data, forUserID userID: String) throws {
+    try writer.write { db in
+      try db.execute(
+        sql: "UPDATE localUsers SET settings = ? WHERE id = ?",
+        arguments: [String(decoding: settings, as: UTF8.self), userID])
+      if db.changesCount == 0 { throw CatalogError.userNotFound(userID) }
+    }
+  }
+
+  /// Removes a local user with its whole treesystem, tags, links and push queue.
+  public func deleteLocalUser(id: String) throws {
+    try writer.write { db in
+      let tx = try CloudTransaction(db: db, userID: id, readOnly: false, failpoint: nil)
+      try db.execute(sql: "DELETE FROM pushOperations WHERE localUserID = ?", arguments: [id])
+      for trunk in Trunk.allCases {
+        if let root = try tx.trunkNode(trunk) { try tx.deleteRows(subtreeOf: root.id) }
+      }
+      try db.execute(sql: "DELETE FROM localUsers WHERE id = ?", arguments: [id])
+    }
+  }
+
+  private static func decodeUser(_ row: Row) -> LocalUser {
+    LocalUser(
+      id: row["id"], treeID: row["treeID"], boxPublicKey: row["boxPublicKey"],
+      signPublicKey: row["signPublicKey"],
+      createdAt: Date(timeIntervalSinceReferenceDate: row["createdAt"]),
+      settings: Data((row["settings"] as String).utf8))
+  }
+}
+
+/// A value behind a lock.
+final class LockedBox<Value: Sendable>: @unchecked Sendable {
+  private let lock = NSLock()
+  private var stored: Value
+  init(_ value: Value) { stored = value }
+  var value: Value {
+    get { lock.withLock { stored } }
+    set { lock.withLock { stored = newValue } }
+  }
+}

@@ -1,0 +1,572 @@
+public import Foundation
+import GRDB
+public import ZDCCore
+import ZDCCrypto
+
+/// One transaction on one local user's treesystem: node queries and changes, the push
+/// operations the changes enqueue, tags and links.
+///
+/// Obtained from ``Catalog/write(_:_:)`` or ``Catalog/read(_:_:)``; valid only inside that
+/// closure. Every query sees only the transaction's local user's nodes. In a read transaction,
+/// mutations throw ``CatalogError/invalidOperation(_:)``.
+///
+/// Names compare as `NameKey` does: Unicode `lowercased()`, then NFC. So `Foo`/`foo` and the NFC
+/// and NFD spellings of `é` collide, while `ß` and `SS` do not (`"SS".lowercased()` is `"ss"`).
+public final class CloudTransaction {
+  let db: Database
+  /// The local user whose treesystem this transaction sees.
+  public let userID: String
+  /// Where that user's objects live in a store.
+  public let layout: CloudLayout
+  /// True for a read-only transaction.
+  public let isReadOnly: Bool
+  let failpoint: String?
+  private var shareListCache: [String: ShareList] = [:]
+  let encoder: JSONEncoder = {
+    let e = JSONEncoder()
+    e.outputFormatting = .sortedKeys
+    return e
+  }()
+  let decoder = JSONDecoder()
+
+  init(db: Database, userID: String, readOnly: Bool, failpoint: String?) throws {
+    self.db = db
+    self.userID = userID
+    self.isReadOnly = readOnly
+    self.failpoint = failpoint
+    let stmt = try db.cachedStatement(sql: "SELECT treeID FROM localUsers WHERE id = ?")
+    guard let treeID = try String.fetchOne(stmt, arguments: [userID]) else {
+      throw CatalogError.userNotFound(userID)
+    }
+    layout = CloudLayout(userID: userID, treeID: treeID)
+  }
+
+  func requireWritable() throws {
+    if isReadOnly { throw CatalogError.invalidOperation("read-only transaction") }
+  }
+
+  func check(_ point: String) throws {
+    if let failpoint, failpoint == point { throw CatalogError.injectedFailure(point) }
+  }
+
+  // MARK: Row coding
+
+  static let nodeColumns = """
+    id, uuid, localUserID, parentID, name, kind, trunk, shareList, burnDate, encryptionKey, \
+    dirSalt, dirPrefix, cloudID, eTagRcrd, eTagData, lastModifiedRcrd, lastModifiedData, \
+    cloudDataInfo, explicitCloudName, anchor, pointeeID, mode, mtime, xattrs, symlinkTarget, \
+    dataSize
+    """
+
+  func decodeNode(_ row: Row) throws -> Node {
+    guard let kind = NodeKind(rawValue: row[5]) else {
+      throw CatalogError.corrupt("node kind \(row[5] as String)")
+    }
+    let shareJSON: String = row[7]
+    let shareList: ShareList
+    if let cached = shareListCache[shareJSON] {
+      shareList = cached
+    } else {
+      shareList = try decoder.decode(ShareList.self, from: Data(shareJSON.utf8))
+      if shareListCache.count > 64 { shareListCache.removeAll() }
+      shareListCache[shareJSON] = shareList
+    }
+    let xattrs: [String: Data]
+    if let json = row[23] as String? {
+      xattrs = try decoder.decode([String: Data].self, from: Data(json.utf8))
+    } else {
+      xattrs = [:]
+    }
+    return Node(
+      id: row[0], uuid: row[1], localUserID: row[2], parentID: row[3], name: row[4], kind: kind,
+      trunk: (row[6] as String?).flatMap(Trunk.init(rawValue:)), shareList: shareList,
+      burnDate: (row[8] as Double?).map(Date.init(timeIntervalSinceReferenceDate:)),
+      encryptionKey: row[9], dirSalt: row[10], dirPrefix: row[11], cloudID: row[12],
+      eTagRcrd: row[13], eTagData: row[14],
+      lastModifiedRcrd: (row[15] as Double?).map(Date.init(timeIntervalSinceReferenceDate:)),
+      lastModifiedData: (row[16] as Double?).map(Date.init(timeIntervalSinceReferenceDate:)),
+      cloudDataInfo: try (row[17] as String?).map {
+        try decoder.decode(CloudDataInfo.self, from: Data($0.utf8))
+      },
+      explicitCloudName: row[18],
+      anchor: try (row[19] as String?).map { try decoder.decode(NodeAnchor.self, from: Data($0.utf8)) },
+      pointeeID: row[20], mode: UInt32(truncatingIfNeeded: row[21] as Int64),
+      mtime: FileTime(totalNanoseconds: row[22]), xattrs: xattrs, symlinkTarget: row[24],
+      dataSize: UInt64(bitPattern: row[25] as Int64))
+  }
+
+  func json<T: Encodable>(_ value: T) throws -> String {
+    String(decoding: try encoder.encode(value), as: UTF8.self)
+  }
+
+  private func attributeArguments(_ node: Node) throws -> [(any DatabaseValueConvertible)?] {
+    [
+      node.kind.rawValue, try json(node.shareList),
+      node.burnDate?.timeIntervalSinceReferenceDate, try node.anchor.map { try json($0) },
+      node.pointeeID, Int64(node.mode), node.mtime.totalNanoseconds,
+      node.xattrs.isEmpty ? nil : try json(node.xattrs), node.symlinkTarget,
+      Int64(bitPattern: node.dataSize),
+    ]
+  }
+
+  func insertNodeRow(_ node: Node, cloudName: String) throws -> NodeID {
+    let stmt = try db.cachedStatement(
+      sql: """
+        INSERT INTO nodes (uuid, localUserID, parentID, name, kind, trunk, shareList, burnDate,
+          encryptionKey, dirSalt, dirPrefix, cloudID, eTagRcrd, eTagData, lastModifiedRcrd,
+          lastModifiedData, cloudDataInfo, explicitCloudName, anchor, pointeeID, mode, mtime,
+          xattrs, symlinkTarget, dataSize, nameKey, cloudName)
+        VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+        """)
+    let args: [(any DatabaseValueConvertible)?] = [
+      node.uuid, node.localUserID, node.parentID, node.name, node.kind.rawValue,
+      node.trunk?.rawValue, try json(node.shareList),
+      node.burnDate?.timeIntervalSinceReferenceDate, node.encryptionKey, node.dirSalt,
+      node.dirPrefix, node.cloudID, node.eTagRcrd, node.eTagData,
+      node.lastModifiedRcrd?.timeIntervalSinceReferenceDate,
+      node.lastModifiedData?.timeIntervalSinceReferenceDate,
+      try node.cloudDataInfo.map { try json($0) }, node.explicitCloudName,
+      try node.anchor.map { try json($0) }, node.pointeeID, Int64(node.mode),
+      node.mtime.totalNanoseconds, node.xattrs.isEmpty ? nil : try json(node.xattrs),
+      node.symlinkTarget, Int64(bitPattern: node.dataSize), node.nameKey.value, cloudName,
+    ]
+    try stmt.execute(arguments: StatementArguments(args))
+    return db.lastInsertedRowID
+  }
+
+  func insertTrunk(_ trunk: Trunk) throws -> Node {
+    var node = Node(
+      uuid: SecureRandom.uuid(), localUserID: userID, parentID: nil, name: trunk.rawValue,
+      kind: .trunk, trunk: trunk, shareList: .owner(userID), encryptionKey: SecureRandom.nodeKey(),
+      dirSalt: SecureRandom.dirSalt(), dirPrefix: trunk.dirPrefix,
+      cloudID: SecureRandom.cloudID(), mode: 0o755, mtime: FileTime(Date()))
+    node.id = try insertNodeRow(node, cloudName: trunk.rawValue)
+    return node
+  }
+
+  // MARK: Lookups
+
+  /// The node with this id, or `nil`.
+  public func node(id: NodeID) throws -> Node? {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT \(Self.nodeColumns) FROM nodes WHERE id = ? AND localUserID = ?")
+    guard let row = try Row.fetchOne(stmt, arguments: [id, userID]) else { return nil }
+    return try decodeNode(row)
+  }
+
+  /// The node with this id; throws ``CatalogError/nodeNotFound(_:)`` when missing.
+  public func existingNode(id: NodeID) throws -> Node {
+    guard let node = try node(id: id) else { throw CatalogError.nodeNotFound(id) }
+    return node
+  }
+
+  /// The node with this cloudID, or `nil`.
+  public func node(cloudID: String) throws -> Node? {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT \(Self.nodeColumns) FROM nodes WHERE cloudID = ? AND localUserID = ? LIMIT 1")
+    guard let row = try Row.fetchOne(stmt, arguments: [cloudID, userID]) else { return nil }
+    return try decodeNode(row)
+  }
+
+  /// The node stored under a parent with `parentDirPrefix` as `cloudName`, or `nil`
+  /// (pull side: object key → node).
+  public func node(parentDirPrefix: String, cloudName: String) throws -> Node? {
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT \(Self.nodeColumns) FROM nodes
+        WHERE parentID IN (SELECT id FROM nodes WHERE dirPrefix = ? AND localUserID = ?)
+          AND cloudName = ? LIMIT 1
+        """)
+    guard let row = try Row.fetchOne(stmt, arguments: [parentDirPrefix, userID, cloudName])
+    else { return nil }
+    return try decodeNode(row)
+  }
+
+  /// The trunk node of one of the user's trunks.
+  public func trunkNode(_ trunk: Trunk) throws -> Node? {
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT \(Self.nodeColumns) FROM nodes
+        WHERE localUserID = ? AND trunk = ? AND parentID IS NULL
+        """)
+    guard let row = try Row.fetchOne(stmt, arguments: [userID, trunk.rawValue]) else { return nil }
+    return try decodeNode(row)
+  }
+
+  /// The child of `parentID` whose name has the same `NameKey` as `name`, or `nil`.
+  public func child(of parentID: NodeID, named name: String) throws -> Node? {
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT \(Self.nodeColumns) FROM nodes
+        WHERE parentID = ? AND nameKey = ? AND localUserID = ?
+        """)
+    guard let row = try Row.fetchOne(stmt, arguments: [parentID, NameKey(name).value, userID])
+    else { return nil }
+    return try decodeNode(row)
+  }
+
+  /// The children of `parentID` in ascending id order (stable: readdir offsets may be ids),
+  /// optionally only those with an id above `afterID`, at most `limit`.
+  public func children(of parentID: NodeID, afterID: NodeID = 0, limit: Int = -1) throws -> [Node]
+  {
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT \(Self.nodeColumns) FROM nodes
+        WHERE parentID = ? AND id > ? AND localUserID = ? ORDER BY id LIMIT ?
+        """)
+    var out: [Node] = []
+    let cursor = try Row.fetchCursor(stmt, arguments: [parentID, afterID, userID, limit])
+    while let row = try cursor.next() { out.append(try decodeNode(row)) }
+    return out
+  }
+
+  /// The number of children of `parentID`.
+  public func childCount(of parentID: NodeID) throws -> Int {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT COUNT(*) FROM nodes WHERE parentID = ? AND localUserID = ?")
+    return try Int.fetchOne(stmt, arguments: [parentID, userID]) ?? 0
+  }
+
+  /// The node at a path, or `nil`.
+  public func node(path: TreesystemPath) throws -> Node? {
+    guard var node = try trunkNode(path.trunk) else { return nil }
+    for name in path.components {
+      guard let next = try child(of: node.id, named: name) else { return nil }
+      node = next
+    }
+    return node
+  }
+
+  /// The path of a node (names as stored).
+  public func path(of id: NodeID) throws -> TreesystemPath {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT parentID, name, trunk FROM nodes WHERE id = ? AND localUserID = ?")
+    var names: [String] = []
+    var current = id
+    var steps = 0
+    while true {
+      guard let row = try Row.fetchOne(stmt, arguments: [current, userID]) else {
+        throw CatalogError.nodeNotFound(current)
+      }
+      if let parent = row[0] as NodeID? {
+        names.append(row[1])
+        current = parent
+      } else {
+        guard let trunk = (row[2] as String?).flatMap(Trunk.init(rawValue:)) else {
+          throw CatalogError.corrupt("root node \(current) is not a trunk")
+        }
+        return try TreesystemPath(names.reversed(), trunk: trunk)
+      }
+      steps += 1
+      if steps > 1_000_000 { throw CatalogError.corrupt("parent loop at node \(id)") }
+    }
+  }
+
+  /// The cloudName of a node's objects (under its parent's dirPrefix); a trunk's raw value.
+  public func cloudName(of id: NodeID) throws -> String {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT cloudName FROM nodes WHERE id = ? AND localUserID = ?")
+    guard let name = try String.fetchOne(stmt, arguments: [id, userID]) else {
+      throw CatalogError.nodeNotFound(id)
+    }
+    return name
+  }
+
+  /// Where a node's RCRD and DATA objects live now, with their last known eTags; `nil` for a
+  /// trunk (trunks have no objects).
+  public func objectLocation(of id: NodeID) throws -> CloudObjectRef? {
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT n.cloudID, n.cloudName, n.eTagRcrd, n.eTagData, p.dirPrefix
+        FROM nodes n JOIN nodes p ON p.id = n.parentID
+        WHERE n.id = ? AND n.localUserID = ?
+        """)
+    guard let row = try Row.fetchOne(stmt, arguments: [id, userID]) else {
+      if try node(id: id) == nil { throw CatalogError.nodeNotFound(id) }
+      return nil
+    }
+    return objectRef(
+      nodeID: id, cloudID: row[0], dirPrefix: row[4], cloudName: row[1], eTagRcrd: row[2],
+      eTagData: row[3])
+  }
+
+  func objectRef(
+    nodeID: NodeID, cloudID: String, dirPrefix: String, cloudName: String, eTagRcrd: String?,
+    eTagData: String?
+  ) -> CloudObjectRef {
+    CloudObjectRef(
+      nodeID: nodeID, cloudID: cloudID, dirPrefix: dirPrefix, cloudName: cloudName,
+      rcrdKey: layout.rcrdKey(dirPrefix: dirPrefix, cloudName: cloudName),
+      dataKey: layout.dataKey(dirPrefix: dirPrefix, cloudName: cloudName), eTagRcrd: eTagRcrd,
+      eTagData: eTagData)
+  }
+
+  // MARK: Creating
+
+  /// Creates a node at `path` (its parent must exist) with fresh random keys, dirSalt,
+  /// dirPrefix, cloudID and uuid, and enqueues its upload.
+  ///
+  /// `mode` defaults to 0o755 for directories and symlinks and 0o644 for files; `mtime` to now.
+  @discardableResult
+  public func createNode(
+    path: TreesystemPath, kind: NodeKind = .file, mode: UInt32? = nil, mtime: FileTime? = nil,
+    symlinkTarget: String? = nil
+  ) throws -> Node {
+    try requireWritable()
+    guard let name = path.name, let parentPath = path.parent else {
+      throw CatalogError.invalidOperation("trunks are created with their local user")
+    }
+    guard let parent = try node(path: parentPath) else {
+      throw CatalogError.parentNotFound(parentPath)
+    }
+    let node = Node(
+      uuid: SecureRandom.uuid(), localUserID: userID, parentID: parent.id, name: name, kind: kind,
+      shareList: .owner(userID), encryptionKey: SecureRandom.nodeKey(),
+      dirSalt: SecureRandom.dirSalt(), dirPrefix: SecureRandom.dirPrefix(),
+      cloudID: SecureRandom.cloudID(),
+      mode: mode ?? (kind == .file ? 0o644 : 0o755), mtime: mtime ?? FileTime(Date()),
+      symlinkTarget: symlinkTarget)
+    return try insertNew(node, parent: parent)
+  }
+
+  /// Creates a node from a value whose `parentID` and `name` are set, filling in any missing
+  /// random field (empty `uuid`, `encryptionKey`, `dirSalt`, `dirPrefix`, `cloudID`) and an
+  /// empty `localUserID`, and enqueues its upload. Returns the stored node.
+  @discardableResult
+  public func createNode(_ node: Node) throws -> Node {
+    try requireWritable()
+    guard node.id == 0 else {
+      throw CatalogError.invalidOperation("createNode needs a node with id 0")
+    }
+    guard let parentID = node.parentID else {
+      throw CatalogError.invalidOperation("a new node needs a parentID")
+    }
+    guard node.kind != .trunk, node.trunk == nil else {
+      throw CatalogError.invalidOperation("trunks are created with their local user")
+    }
+    guard node.localUserID.isEmpty || node.localUserID == userID else {
+      throw CatalogError.invalidOperation("node belongs to another local user")
+    }
+    guard node.eTagRcrd == nil, node.eTagData == nil else {
+      throw CatalogError.invalidOperation("a new local node has no eTags")
+    }
+    let parent = try existingNode(id: parentID)
+    var n = node
+    n.localUserID = userID
+    if n.uuid.isEmpty { n.uuid = SecureRandom.uuid() }
+    if n.encryptionKey.isEmpty { n.encryptionKey = SecureRandom.nodeKey() }
+    if n.dirSalt.isEmpty { n.dirSalt = SecureRandom.dirSalt() }
+    if n.dirPrefix.isEmpty { n.dirPrefix = SecureRandom.dirPrefix() }
+    if n.cloudID.isEmpty { n.cloudID = SecureRandom.cloudID() }
+    return try insertNew(n, parent: parent)
+  }
+
+  private func validateName(_ name: String) throws {
+    if name.isEmpty { throw CatalogError.invalidOperation("empty name") }
+  }
+
+  private func insertNew(_ node: Node, parent: Node) throws -> Node {
+    try validateName(node.name)
+    if parent.kind == .symlink { throw CatalogError.notADirectory(parent.id) }
+    if let existing = try existingChildID(of: parent.id, nameKey: node.nameKey.value) {
+      throw CatalogError.nameTaken(parentID: parent.id, name: node.name, existingID: existing)
+    }
+    let cloudName = try node.explicitCloudName
+      ?? CloudName.compute(name: node.name, parentDirSalt: parent.dirSalt)
+    var stored = node
+    stored.id = try insertNodeRow(node, cloudName: cloudName)
+    try check("createNode.afterInsert")
+    var deps: [Int64] = []
+    if let parentUpload = try firstUploadOperation(of: parent) { deps.append(parentUpload) }
+    _ = try insertOperation(
+      kind: .putRcrd, nodeID: stored.id, cloudID: stored.cloudID, payload: nil, dependsOn: deps)
+    return stored
+  }
+
+  func existingChildID(of parentID: NodeID, nameKey: String) throws -> NodeID? {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT id FROM nodes WHERE parentID = ? AND nameKey = ?")
+    return try NodeID.fetchOne(stmt, arguments: [parentID, nameKey])
+  }
+
+  // MARK: Updating
+
+  /// Stores a local change of a node's attributes (kind, mode, mtime, xattrs, symlinkTarget,
+  /// dataSize, burnDate, shareList, anchor, pointeeID) and enqueues an RCRD upload, unless one is
+  /// already pending. Identity, placement and cloud-state fields must be unchanged: use
+  /// ``moveNode(_:toParent:name:)`` and ``setCloudState(nodeID:eTagRcrd:lastModifiedRcrd:eTagData:lastModifiedData:cloudDataInfo:)``.
+  @discardableResult
+  public func updateNode(_ node: Node) throws -> Node {
+    try requireWritable()
+    let stored = try existingNode(id: node.id)
+    func same<T: Equatable>(_ kp: KeyPath<Node, T>) -> Bool { node[keyPath: kp] == stored[keyPath: kp] }
+    let fixed: [(String, Bool)] = [
+      ("uuid", same(\.uuid)), ("localUserID", same(\.localUserID)),
+      ("parentID", same(\.parentID)), ("name", Array(node.name.utf8) == Array(stored.name.utf8)),
+      ("trunk", same(\.trunk)), ("encryptionKey", same(\.encryptionKey)),
+      ("dirSalt", same(\.dirSalt)), ("dirPrefix", same(\.dirPrefix)), ("cloudID", same(\.cloudID)),
+      ("eTagRcrd", same(\.eTagRcrd)), ("eTagData", same(\.eTagData)),
+      ("lastModifiedRcrd", same(\.lastModifiedRcrd)),
+      ("lastModifiedData", same(\.lastModifiedData)), ("cloudDataInfo", same(\.cloudDataInfo)),
+      ("explicitCloudName", same(\.explicitCloudName)),
+    ]
+    if let (field, _) = fixed.first(where: { !$0.1 }) {
+      throw CatalogError.invalidOperation("updateNode cannot change \(field)")
+    }
+    if (node.kind == .trunk) != (stored.kind == .trunk) {
+      throw CatalogError.invalidOperation("updateNode cannot change a node to or from a trunk")
+    }
+    if node == stored { return stored }
+    let stmt = try db.cachedStatement(
+      sql: """
+        UPDATE nodes SET kind = ?, shareList = ?, burnDate = ?, anchor = ?, pointeeID = ?,
+          mode = ?, mtime = ?, xattrs = ?, symlinkTarget = ?, dataSize = ?
+        WHERE id = ?
+        """)
+    try stmt.execute(arguments: StatementArguments(try attributeArguments(node) + [node.id]))
+    try check("updateNode.afterUpdate")
+    if node.trunk == nil { try enqueuePutRcrd(node) }
+    return node
+  }
+
+  /// Records what is known of a node's objects in the cloud (after an upload or a download).
+  /// Enqueues nothing.
+  public func setCloudState(
+    nodeID: NodeID, eTagRcrd: String?, lastModifiedRcrd: Date?, eTagData: String?,
+    lastModifiedData: Date?, cloudDataInfo: CloudDataInfo? = nil
+  ) throws {
+    try requireWritable()
+    let stmt = try db.cachedStatement(
+      sql: """
+        UPDATE nodes SET eTagRcrd = ?, lastModifiedRcrd = ?, eTagData = ?, lastModifiedData = ?,
+          cloudDataInfo = ?
+        WHERE id = ? AND localUserID = ?
+        """)
+    try stmt.execute(arguments: [
+      eTagRcrd, lastModifiedRcrd?.timeIntervalSinceReferenceDate, eTagData,
+      lastModifiedData?.timeIntervalSinceReferenceDate, try cloudDataInfo.map { try json($0) },
+      nodeID, userID,
+    ])
+    if db.changesCount == 0 { throw CatalogError.nodeNotFound(nodeID) }
+  }
+
+  // MARK: Moving
+
+  /// Renames and/or moves a node (with its subtree) and enqueues the move of its objects.
+  ///
+  /// Refuses trunks, a missing or foreign parent, a symlink parent, a new parent inside the
+  /// node's own subtree, and a name taken (by another node) in the new parent.
+  @discardableResult
+  public func moveNode(_ id: NodeID, toParent newParentID: NodeID, name newName: String) throws
+    -> Node
+  {
+    try requireWritable()
+    try validateName(newName)
+    let node = try existingNode(id: id)
+    guard node.trunk == nil, let oldParentID = node.parentID else {
+      throw CatalogError.invalidOperation("trunks cannot be moved or renamed")
+    }
+    let newParent = try existingNode(id: newParentID)
+    if newParent.kind == .symlink { throw CatalogError.notADirectory(newParentID) }
+    if try isAncestor(id, of: newParentID) {
+      throw CatalogError.cycle(nodeID: id, newParentID: newParentID)
+    }
+    if oldParentID == newParentID, Array(newName.utf8) == Array(node.name.utf8) { return node }
+    let newKey = NameKey(newName).value
+    if let existing = try existingChildID(of: newParentID, nameKey: newKey), existing != id {
+      throw CatalogError.nameTaken(parentID: newParentID, name: newName, existingID: existing)
+    }
+    let old = try objectLocation(of: id)!
+    let newCloudName = try CloudName.compute(name: newName, parentDirSalt: newParent.dirSalt)
+    let stmt = try db.cachedStatement(
+      sql: """
+        UPDATE nodes SET parentID = ?, name = ?, nameKey = ?, cloudName = ?,
+          explicitCloudName = NULL
+        WHERE id = ?
+        """)
+    try stmt.execute(arguments: [newParentID, newName, newKey, newCloudName, id])
+    try check("moveNode.afterUpdate")
+    var moved = node
+    moved.parentID = newParentID
+    moved.name = newName
+    moved.explicitCloudName = nil
+    try enqueueMove(moved, from: old, newParent: newParent)
+    return moved
+  }
+
+  /// True when `ancestor` is `id` or one of its ancestors.
+  func isAncestor(_ ancestor: NodeID, of id: NodeID) throws -> Bool {
+    let stmt = try db.cachedStatement(sql: "SELECT parentID FROM nodes WHERE id = ?")
+    var current: NodeID? = id
+    var steps = 0
+    while let c = current {
+      if c == ancestor { return true }
+      current = try NodeID?.fetchOne(stmt, arguments: [c]) ?? nil
+      steps += 1
+      if steps > 1_000_000 { throw CatalogError.corrupt("parent loop at node \(id)") }
+    }
+    return false
+  }
+
+  // MARK: Deleting
+
+  struct SubtreeEntry {
+    var id: NodeID
+    var depth: Int
+    var cloudID: String
+    var dirPrefix: String
+    var cloudName: String
+    var eTagRcrd: String?
+    var eTagData: String?
+    var parentDirPrefix: String?
+  }
+
+  /// The subtree rooted at `id`, root first, in breadth-first order.
+  func subtree(of id: NodeID) throws -> [SubtreeEntry] {
+    let stmt = try db.cachedStatement(
+      sql: """
+        WITH RECURSIVE sub(id, depth) AS (
+          SELECT id, 0 FROM nodes WHERE id = ?
+          UNION ALL
+          SELECT n.id, sub.depth + 1 FROM nodes n JOIN sub ON n.parentID = sub.id
+        )
+        SELECT n.id, sub.depth, n.cloudID, n.dirPrefix, n.cloudName, n.eTagRcrd, n.eTagData,
+          p.dirPrefix
+        FROM sub JOIN nodes n ON n.id = sub.id LEFT JOIN nodes p ON p.id = n.parentID
+        ORDER BY sub.depth, n.id
+        """)
+    var out: [SubtreeEntry] = []
+    let cursor = try Row.fetchCursor(stmt, arguments: [id])
+    while let row = try cursor.next() {
+      out.append(
+        SubtreeEntry(
+          id: row[0], depth: row[1], cloudID: row[2], dirPrefix: row[3], cloudName: row[4],
+          eTagRcrd: row[5], eTagData: row[6], parentDirPrefix: row[7]))
+    }
+    return out
+  }
+
+  /// Deletes the rows of a subtree, deepest first (so no cascade recurses).
+  func deleteRows(_ entries: [SubtreeEntry]) throws {
+    let stmt = try db.cachedStatement(sql: "DELETE FROM nodes WHERE id = ?")
+    for e in entries.reversed() { try stmt.execute(arguments: [e.id]) }
+  }
+
+  func deleteRows(subtreeOf id: NodeID) throws { try deleteRows(try subtree(of: id)) }
+
+  /// Deletes a node and its whole subtree, with their tags and links.
+  ///
+  /// Pending operations of the subtree are dropped; if any of it is (or may be, because an
+  /// upload is in flight) in the cloud, one `deleteLeaf` or `deleteNode` operation is enqueued
+  /// listing every object key to delete.
+  public func deleteNode(_ id: NodeID) throws {
+    try requireWritable()
+    let node = try existingNode(id: id)
+    guard node.trunk == nil else { throw CatalogError.invalidOperation("trunks cannot be deleted") }
+    let entries = try subtree(of: id)
+    let plan = try planDelete(entries)
+    try deleteRows(entries)
+    try check("deleteNode.afterDelete")
+    try enqueueDelete(root: node, plan: plan)
+  }
+}

@@ -1,0 +1,366 @@
+public import Foundation
+import GRDB
+public import ZDCCore
+
+/// Push operations: enqueued by the node changes, consumed by the push manager.
+extension CloudTransaction {
+  static let operationColumns = """
+    id, localUserID, kind, nodeID, cloudID, payload, state, attempts, nextAttemptAt, createdAt, \
+    generation, multipartState
+    """
+
+  func decodeOperation(_ row: Row) throws -> PushOperation {
+    guard let kind = PushOperationKind(rawValue: row[2]),
+      let state = PushOperationState(rawValue: row[6])
+    else { throw CatalogError.corrupt("push operation \(row[0] as Int64)") }
+    return PushOperation(
+      id: row[0], localUserID: row[1], kind: kind, nodeID: row[3], cloudID: row[4],
+      payload: try decodePayload(row[5]), state: state, attempts: row[7],
+      nextAttemptAt: Date(timeIntervalSinceReferenceDate: row[8]),
+      createdAt: Date(timeIntervalSinceReferenceDate: row[9]), generation: row[10],
+      multipartState: (row[11] as String?).map { Data($0.utf8) })
+  }
+
+  func decodePayload(_ json: String) throws -> PushPayload {
+    json == "{}" ? PushPayload() : try decoder.decode(PushPayload.self, from: Data(json.utf8))
+  }
+
+  /// An outstanding operation of one node, as the enqueue rules need it.
+  struct NodeOp {
+    var id: Int64
+    var kind: PushOperationKind
+    var state: PushOperationState
+    var payload: String
+  }
+
+  func outstandingOperations(ofNode id: NodeID) throws -> [NodeOp] {
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT id, kind, state, payload FROM pushOperations
+        WHERE nodeID = ? AND localUserID = ? ORDER BY id
+        """)
+    var out: [NodeOp] = []
+    let cursor = try Row.fetchCursor(stmt, arguments: [id, userID])
+    while let row = try cursor.next() {
+      guard let kind = PushOperationKind(rawValue: row[1]),
+        let state = PushOperationState(rawValue: row[2])
+      else { throw CatalogError.corrupt("push operation \(row[0] as Int64)") }
+      out.append(NodeOp(id: row[0], kind: kind, state: state, payload: row[3]))
+    }
+    return out
+  }
+
+  func insertOperation(
+    kind: PushOperationKind, nodeID: NodeID?, cloudID: String?, payload: PushPayload?,
+    dependsOn deps: [Int64]
+  ) throws -> Int64 {
+    let stmt = try db.cachedStatement(
+      sql: """
+        INSERT INTO pushOperations (localUserID, kind, nodeID, cloudID, payload, nextAttemptAt,
+          createdAt)
+        VALUES (?, ?, ?, ?, ?, ?, ?)
+        """)
+    let now = Date().timeIntervalSinceReferenceDate
+    try stmt.execute(arguments: [
+      userID, kind.rawValue, nodeID, cloudID, try payload.map { try json($0) } ?? "{}", now, now,
+    ])
+    let id = db.lastInsertedRowID
+    for dep in deps { try addDependency(id, dependsOn: dep) }
+    return id
+  }
+
+  func addDependency(_ opID: Int64, dependsOn other: Int64) throws {
+    guard opID != other else { return }
+    let stmt = try db.cachedStatement(
+      sql: "INSERT OR IGNORE INTO pushOperationDeps (opID, dependsOnOpID) VALUES (?, ?)")
+    try stmt.execute(arguments: [opID, other])
+  }
+
+  func deleteOperation(_ id: Int64) throws {
+    let stmt = try db.cachedStatement(sql: "DELETE FROM pushOperations WHERE id = ?")
+    try stmt.execute(arguments: [id])
+  }
+
+  /// The operation that first uploads `node`, while it has never been uploaded: its oldest
+  /// outstanding `putRcrd`. `nil` for trunks and uploaded nodes.
+  func firstUploadOperation(of node: Node) throws -> Int64? {
+    guard node.trunk == nil, node.eTagRcrd == nil else { return nil }
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT id FROM pushOperations WHERE nodeID = ? AND kind = 'putRcrd' ORDER BY id LIMIT 1
+        """)
+    return try Int64.fetchOne(stmt, arguments: [node.id])
+  }
+
+  // MARK: Enqueue rules
+
+  /// Enqueues an RCRD upload unless one is pending; waits for an RCRD upload in flight and for
+  /// moves of the node.
+  @discardableResult
+  func enqueuePutRcrd(_ node: Node) throws -> Int64 {
+    let ops = try outstandingOperations(ofNode: node.id)
+    if let pending = ops.first(where: { $0.kind == .putRcrd && $0.state == .pending }) {
+      return pending.id
+    }
+    let deps = ops.filter { ($0.kind == .putRcrd && $0.state == .inFlight) || $0.kind == .move }
+    return try insertOperation(
+      kind: .putRcrd, nodeID: node.id, cloudID: node.cloudID, payload: nil,
+      dependsOn: deps.map(\.id))
+  }
+
+  /// Enqueues an upload of the node's DATA, coalesced into the node's pending one if any (whose
+  /// `generation` and `createdAt` are then bumped). Returns the operation's id.
+  ///
+  /// The upload waits for the node's first RCRD upload, for a DATA upload in flight and for
+  /// moves of the node.
+  @discardableResult
+  public func queueDataUpload(nodeID: NodeID) throws -> Int64 {
+    try requireWritable()
+    let node = try existingNode(id: nodeID)
+    guard node.trunk == nil else { throw CatalogError.invalidOperation("trunks have no data") }
+    let ops = try outstandingOperations(ofNode: nodeID)
+    if let pending = ops.first(where: { $0.kind == .putData && $0.state == .pending }) {
+      let stmt = try db.cachedStatement(
+        sql: "UPDATE pushOperations SET generation = generation + 1, createdAt = ? WHERE id = ?")
+      try stmt.execute(arguments: [Date().timeIntervalSinceReferenceDate, pending.id])
+      try check("queueDataUpload.afterEnqueue")
+      return pending.id
+    }
+    let deps = ops.filter {
+      ($0.kind == .putRcrd && node.eTagRcrd == nil) || $0.kind == .putData || $0.kind == .move
+    }
+    let id = try insertOperation(
+      kind: .putData, nodeID: nodeID, cloudID: node.cloudID, payload: nil,
+      dependsOn: deps.map(\.id))
+    try check("queueDataUpload.afterEnqueue")
+    return id
+  }
+
+  /// The move rules (see the module documentation).
+  func enqueueMove(_ node: Node, from old: CloudObjectRef, newParent: Node) throws {
+    let ops = try outstandingOperations(ofNode: node.id)
+    let parentUpload = try firstUploadOperation(of: newParent)
+    guard let current = try objectLocation(of: node.id) else { return }
+    if node.eTagRcrd == nil {
+      if let first = ops.first(where: { $0.kind == .putRcrd }), first.state == .pending {
+        // Never uploaded: the pending first upload goes to the current location.
+        if let parentUpload { try addDependency(first.id, dependsOn: parentUpload) }
+        return
+      }
+      if ops.isEmpty { return }  // nothing in the cloud and nothing on its way there
+    }
+    if let pendingMove = ops.first(where: { $0.kind == .move && $0.state == .pending }) {
+      let origin = try decodePayload(pendingMove.payload).origin
+      if origin?.rcrdKey == current.rcrdKey {
+        // Back where it was: no move left to do, but the RCRD (name) may have changed.
+        try deleteOperation(pendingMove.id)
+        try enqueuePutRcrd(node)
+      } else if let parentUpload {
+        try addDependency(pendingMove.id, dependsOn: parentUpload)
+      }
+      return
+    }
+    if old.rcrdKey == current.rcrdKey {
+      // Same keys (a rename that changes only case): only the RCRD's content changes.
+      try enqueuePutRcrd(node)
+      return
+    }
+    var deps = ops.filter { $0.state == .inFlight }.map(\.id)
+    if let parentUpload { deps.append(parentUpload) }
+    let moveID = try insertOperation(
+      kind: .move, nodeID: node.id, cloudID: node.cloudID, payload: PushPayload(origin: old),
+      dependsOn: deps)
+    for op in ops where op.state == .pending && (op.kind == .putRcrd || op.kind == .putData) {
+      try addDependency(op.id, dependsOn: moveID)
+    }
+  }
+
+  struct DeletePlan {
+    var objects: [CloudObjectRef] = []
+    var dirPrefixes: [String] = []
+    var inCloudIDs: [NodeID] = []
+    var waitFor: [Int64] = []
+    var drop: [Int64] = []
+  }
+
+  func planDelete(_ entries: [SubtreeEntry]) throws -> DeletePlan {
+    var plan = DeletePlan()
+    var seenKeys = Set<String>()
+    for e in entries {
+      let ops = try outstandingOperations(ofNode: e.id)
+      let inFlight = ops.filter { $0.state == .inFlight }
+      plan.waitFor += inFlight.map(\.id)
+      plan.drop += ops.filter { $0.state == .pending }.map(\.id)
+      guard e.eTagRcrd != nil || !inFlight.isEmpty, let parentPrefix = e.parentDirPrefix else {
+        continue
+      }
+      plan.inCloudIDs.append(e.id)
+      plan.dirPrefixes.append(e.dirPrefix)
+      let moves = ops.filter { $0.kind == .move }
+      var refs = [
+        objectRef(
+          nodeID: e.id, cloudID: e.cloudID, dirPrefix: parentPrefix, cloudName: e.cloudName,
+          eTagRcrd: moves.isEmpty ? e.eTagRcrd : nil, eTagData: moves.isEmpty ? e.eTagData : nil)
+      ]
+      for m in moves {
+        if let origin = try decodePayload(m.payload).origin { refs.append(origin) }
+      }
+      for r in refs where seenKeys.insert(r.rcrdKey).inserted { plan.objects.append(r) }
+    }
+    return plan
+  }
+
+  func enqueueDelete(root: Node, plan: DeletePlan) throws {
+    for id in plan.drop { try deleteOperation(id) }
+    guard !plan.inCloudIDs.isEmpty else { return }
+    let leaf = plan.inCloudIDs == [root.id]
+    _ = try insertOperation(
+      kind: leaf ? .deleteLeaf : .deleteNode, nodeID: root.id, cloudID: root.cloudID,
+      payload: PushPayload(objects: plan.objects, dirPrefixes: leaf ? nil : plan.dirPrefixes),
+      dependsOn: plan.waitFor)
+  }
+
+  // MARK: Push manager queries
+
+  /// Pending operations whose retry time has come and whose dependencies have all completed,
+  /// oldest first.
+  public func readyOperations(limit: Int, now: Date = Date()) throws -> [PushOperation] {
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT \(Self.operationColumns) FROM pushOperations o
+        WHERE localUserID = ? AND state = 'pending' AND nextAttemptAt <= ?
+          AND NOT EXISTS (SELECT 1 FROM pushOperationDeps d WHERE d.opID = o.id)
+        ORDER BY id LIMIT ?
+        """)
+    var out: [PushOperation] = []
+    let cursor = try Row.fetchCursor(
+      stmt, arguments: [userID, now.timeIntervalSinceReferenceDate, limit])
+    while let row = try cursor.next() { out.append(try decodeOperation(row)) }
+    return out
+  }
+
+  /// One operation, or `nil`.
+  public func operation(id: Int64) throws -> PushOperation? {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT \(Self.operationColumns) FROM pushOperations WHERE id = ? AND localUserID = ?")
+    return try Row.fetchOne(stmt, arguments: [id, userID]).map(decodeOperation)
+  }
+
+  /// The outstanding (pending or in-flight) operations of a node, oldest first.
+  public func pendingOperations(forNodeID nodeID: NodeID) throws -> [PushOperation] {
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT \(Self.operationColumns) FROM pushOperations
+        WHERE nodeID = ? AND localUserID = ? ORDER BY id
+        """)
+    return try Row.fetchAll(stmt, arguments: [nodeID, userID]).map(decodeOperation)
+  }
+
+  /// Every outstanding operation of the user, oldest first.
+  public func allOperations() throws -> [PushOperation] {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT \(Self.operationColumns) FROM pushOperations WHERE localUserID = ? ORDER BY id")
+    return try Row.fetchAll(stmt, arguments: [userID]).map(decodeOperation)
+  }
+
+  /// The number of outstanding operations of the user.
+  public func operationCount() throws -> Int {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT COUNT(*) FROM pushOperations WHERE localUserID = ?")
+    return try Int.fetchOne(stmt, arguments: [userID]) ?? 0
+  }
+
+  /// The ids of the uncompleted operations `id` waits for.
+  public func dependencies(ofOperation id: Int64) throws -> [Int64] {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT dependsOnOpID FROM pushOperationDeps WHERE opID = ? ORDER BY dependsOnOpID")
+    return try Int64.fetchAll(stmt, arguments: [id])
+  }
+
+  /// True when the node has local changes not yet in the cloud (any outstanding operation).
+  public func isDirty(nodeID: NodeID) throws -> Bool {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT EXISTS (SELECT 1 FROM pushOperations WHERE nodeID = ? AND localUserID = ?)")
+    return try Bool.fetchOne(stmt, arguments: [nodeID, userID]) ?? false
+  }
+
+  /// Marks a pending operation as taken by the push manager.
+  public func markInFlight(_ id: Int64) throws {
+    try requireWritable()
+    let stmt = try db.cachedStatement(
+      sql: """
+        UPDATE pushOperations SET state = 'inFlight'
+        WHERE id = ? AND localUserID = ? AND state = 'pending'
+        """)
+    try stmt.execute(arguments: [id, userID])
+    if db.changesCount == 0 { throw CatalogError.operationNotFound(id) }
+  }
+
+  /// Removes a finished operation, releasing the operations that wait for it.
+  public func completeOperation(id: Int64) throws {
+    try requireWritable()
+    let stmt = try db.cachedStatement(
+      sql: "DELETE FROM pushOperations WHERE id = ? AND localUserID = ?")
+    try stmt.execute(arguments: [id, userID])
+    if db.changesCount == 0 { throw CatalogError.operationNotFound(id) }
+  }
+
+  /// Returns a failed operation to the queue, not to be retried before `retryAt`, counting the
+  /// attempt. An operation on a node deleted meanwhile is dropped instead (the delete supersedes
+  /// it).
+  public func failOperation(id: Int64, retryAt: Date) throws {
+    try requireWritable()
+    guard let op = try operation(id: id) else { throw CatalogError.operationNotFound(id) }
+    if try isOrphan(op) {
+      try deleteOperation(id)
+      return
+    }
+    let stmt = try db.cachedStatement(
+      sql: """
+        UPDATE pushOperations SET state = 'pending', attempts = attempts + 1, nextAttemptAt = ?
+        WHERE id = ?
+        """)
+    try stmt.execute(arguments: [retryAt.timeIntervalSinceReferenceDate, id])
+  }
+
+  /// After a restart: returns every in-flight operation of the user to pending (dropping those
+  /// whose node was deleted meanwhile). Returns how many were returned or dropped.
+  @discardableResult
+  public func resetInFlightOperations() throws -> Int {
+    try requireWritable()
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT \(Self.operationColumns) FROM pushOperations
+        WHERE localUserID = ? AND state = 'inFlight'
+        """)
+    let ops = try Row.fetchAll(stmt, arguments: [userID]).map(decodeOperation)
+    for op in ops {
+      if try isOrphan(op) {
+        try deleteOperation(op.id)
+      } else {
+        try db.execute(
+          sql: "UPDATE pushOperations SET state = 'pending' WHERE id = ?", arguments: [op.id])
+      }
+    }
+    return ops.count
+  }
+
+  /// Stores (or clears) the push manager's multipart resume state of an operation.
+  public func setMultipartState(_ state: Data?, forOperation id: Int64) throws {
+    try requireWritable()
+    let stmt = try db.cachedStatement(
+      sql: "UPDATE pushOperations SET multipartState = ? WHERE id = ? AND localUserID = ?")
+    try stmt.execute(arguments: [state.map { String(decoding: $0, as: UTF8.self) }, id, userID])
+    if db.changesCount == 0 { throw CatalogError.operationNotFound(id) }
+  }
+
+  private func isOrphan(_ op: PushOperation) throws -> Bool {
+    switch op.kind {
+    case .putRcrd, .putData, .move:
+      guard let nodeID = op.nodeID else { return true }
+      return try node(id: nodeID) == nil
+    case .deleteLeaf, .deleteNode:
+      return false
+    }
+  }
+}

@@ -1,0 +1,101 @@
+import GRDB
+
+/// The catalog's schema, as ordered, named migrations. Append new migrations; never edit old ones.
+enum Schema {
+  static var migrator: DatabaseMigrator {
+    var m = DatabaseMigrator()
+    m.registerMigration("v1") { db in try v1(db) }
+    return m
+  }
+
+  private static func v1(_ db: Database) throws {
+    try db.execute(
+      sql: """
+        CREATE TABLE localUsers (
+          id TEXT PRIMARY KEY NOT NULL,
+          treeID TEXT NOT NULL,
+          boxPublicKey BLOB NOT NULL,
+          signPublicKey BLOB NOT NULL,
+          createdAt REAL NOT NULL,
+          settings TEXT NOT NULL DEFAULT '{}'
+        );
+
+        CREATE TABLE nodes (
+          id INTEGER PRIMARY KEY AUTOINCREMENT,
+          uuid TEXT NOT NULL,
+          localUserID TEXT NOT NULL REFERENCES localUsers(id),
+          parentID INTEGER REFERENCES nodes(id) ON DELETE CASCADE,
+          name TEXT NOT NULL,
+          kind TEXT NOT NULL,
+          trunk TEXT,
+          shareList TEXT NOT NULL,
+          burnDate REAL,
+          encryptionKey BLOB NOT NULL,
+          dirSalt BLOB NOT NULL,
+          dirPrefix TEXT NOT NULL,
+          cloudID TEXT NOT NULL,
+          eTagRcrd TEXT,
+          eTagData TEXT,
+          lastModifiedRcrd REAL,
+          lastModifiedData REAL,
+          cloudDataInfo TEXT,
+          explicitCloudName TEXT,
+          anchor TEXT,
+          pointeeID INTEGER,
+          mode INTEGER NOT NULL,
+          mtime INTEGER NOT NULL,
+          xattrs TEXT,
+          symlinkTarget TEXT,
+          dataSize INTEGER NOT NULL DEFAULT 0,
+          nameKey TEXT NOT NULL,
+          cloudName TEXT NOT NULL
+        );
+        CREATE UNIQUE INDEX nodes_parent_nameKey ON nodes(parentID, nameKey);
+        CREATE INDEX nodes_parent ON nodes(parentID);
+        CREATE UNIQUE INDEX nodes_trunk ON nodes(localUserID, trunk) WHERE parentID IS NULL;
+        CREATE UNIQUE INDEX nodes_uuid ON nodes(uuid);
+        CREATE INDEX nodes_cloudID ON nodes(cloudID);
+        CREATE INDEX nodes_dirPrefix ON nodes(dirPrefix, localUserID);
+        CREATE INDEX nodes_parent_cloudName ON nodes(parentID, cloudName);
+
+        CREATE TABLE nodeTags (
+          nodeID INTEGER NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+          identifier TEXT NOT NULL,
+          value,
+          PRIMARY KEY (nodeID, identifier)
+        ) WITHOUT ROWID;
+
+        CREATE TABLE nodeLinks (
+          nodeID INTEGER PRIMARY KEY NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+          localUserID TEXT NOT NULL,
+          collection TEXT NOT NULL,
+          key TEXT NOT NULL
+        );
+        CREATE UNIQUE INDEX nodeLinks_key ON nodeLinks(localUserID, collection, key);
+
+        CREATE TABLE pushOperations (
+          id INTEGER PRIMARY KEY AUTOINCREMENT,
+          localUserID TEXT NOT NULL REFERENCES localUsers(id),
+          kind TEXT NOT NULL,
+          nodeID INTEGER,
+          cloudID TEXT,
+          payload TEXT NOT NULL DEFAULT '{}',
+          state TEXT NOT NULL DEFAULT 'pending',
+          attempts INTEGER NOT NULL DEFAULT 0,
+          nextAttemptAt REAL NOT NULL,
+          createdAt REAL NOT NULL,
+          generation INTEGER NOT NULL DEFAULT 0,
+          multipartState TEXT
+        );
+        CREATE INDEX pushOperations_node ON pushOperations(nodeID, kind, state);
+        CREATE INDEX pushOperations_ready ON pushOperations(localUserID, state, nextAttemptAt);
+
+        CREATE TABLE pushOperationDeps (
+          opID INTEGER NOT NULL REFERENCES pushOperations(id) ON DELETE CASCADE,
+          dependsOnOpID INTEGER NOT NULL REFERENCES pushOperations(id) ON DELETE CASCADE,
+          PRIMARY KEY (opID, dependsOnOpID)
+        ) WITHOUT ROWID;
+        CREATE INDEX pushOperationDeps_dependsOn ON pushOperationDeps(dependsOnOpID);
+        """)
+  }
+}
