@@ -1,0 +1,117 @@
+import CSodium
+public import Foundation
+
+/// XChaCha20-Poly1305-IETF authenticated encryption with a caller-chosen nonce and associated
+/// data (key 32 bytes, nonce 24 bytes, tag 16 bytes).
+public enum AEAD {
+  /// Key size in bytes.
+  public static let keySize = 32
+  /// Nonce size in bytes.
+  public static let nonceSize = 24
+  /// Authentication tag size in bytes.
+  public static let tagSize = 16
+
+  // A valid address for zero-length buffers; never written (libsodium writes nothing there).
+  nonisolated(unsafe) private static let empty: UnsafeMutablePointer<UInt8> = {
+    let p = UnsafeMutablePointer<UInt8>.allocate(capacity: 1)
+    p.initialize(to: 0)
+    return p
+  }()
+
+  @inline(__always)
+  static func bytes(_ b: UnsafeRawBufferPointer) -> UnsafePointer<UInt8> {
+    guard let base = b.baseAddress else { return UnsafePointer(empty) }
+    return base.assumingMemoryBound(to: UInt8.self)
+  }
+
+  /// Encrypts `plaintext` into the first `plaintext.count + tagSize` bytes of `output` and
+  /// returns that count. `output` may start at the same address as `plaintext` (in place).
+  @discardableResult
+  public static func seal(
+    _ plaintext: UnsafeRawBufferPointer, into output: UnsafeMutableRawBufferPointer,
+    nonce: UnsafeRawBufferPointer, associatedData: UnsafeRawBufferPointer,
+    key: UnsafeRawBufferPointer
+  ) throws -> Int {
+    Sodium.ensure()
+    guard key.count == keySize else { throw CryptoError.invalidKey("AEAD key must be 32 bytes") }
+    guard nonce.count == nonceSize else { throw CryptoError.failed("AEAD nonce must be 24 bytes") }
+    guard let out = output.baseAddress, output.count >= plaintext.count + tagSize else {
+      throw CryptoError.failed("AEAD output buffer too small")
+    }
+    var written: UInt64 = 0
+    let rc = crypto_aead_xchacha20poly1305_ietf_encrypt(
+      out.assumingMemoryBound(to: UInt8.self), &written, bytes(plaintext),
+      UInt64(plaintext.count), bytes(associatedData), UInt64(associatedData.count), nil,
+      bytes(nonce), bytes(key))
+    guard rc == 0 else { throw CryptoError.failed("crypto_aead_xchacha20poly1305_ietf_encrypt") }
+    return Int(written)
+  }
+
+  /// Decrypts and authenticates `ciphertext` (ciphertext ‖ tag) into the first
+  /// `ciphertext.count - tagSize` bytes of `output` and returns that count; throws
+  /// `CryptoError.authenticationFailed` if the key, nonce, data or tag do not match.
+  @discardableResult
+  public static func open(
+    _ ciphertext: UnsafeRawBufferPointer, into output: UnsafeMutableRawBufferPointer,
+    nonce: UnsafeRawBufferPointer, associatedData: UnsafeRawBufferPointer,
+    key: UnsafeRawBufferPointer
+  ) throws -> Int {
+    Sodium.ensure()
+    guard key.count == keySize else { throw CryptoError.invalidKey("AEAD key must be 32 bytes") }
+    guard nonce.count == nonceSize else { throw CryptoError.failed("AEAD nonce must be 24 bytes") }
+    guard ciphertext.count >= tagSize else {
+      throw CryptoError.malformed("ciphertext shorter than its tag")
+    }
+    guard output.count >= ciphertext.count - tagSize else {
+      throw CryptoError.failed("AEAD output buffer too small")
+    }
+    let out = output.baseAddress.map { $0.assumingMemoryBound(to: UInt8.self) } ?? empty
+    var written: UInt64 = 0
+    let rc = crypto_aead_xchacha20poly1305_ietf_decrypt(
+      out, &written, nil, bytes(ciphertext), UInt64(ciphertext.count), bytes(associatedData),
+      UInt64(associatedData.count), bytes(nonce), bytes(key))
+    guard rc == 0 else { throw CryptoError.authenticationFailed("AEAD tag mismatch") }
+    return Int(written)
+  }
+
+  /// Encrypts `plaintext`; returns ciphertext ‖ tag.
+  public static func seal(
+    _ plaintext: Data, nonce: Data, associatedData: Data = Data(), key: Data
+  ) throws -> Data {
+    var out = Data(count: plaintext.count + tagSize)
+    _ = try out.withUnsafeMutableBytes { o in
+      try plaintext.withUnsafeBytes { p in
+        try nonce.withUnsafeBytes { n in
+          try associatedData.withUnsafeBytes { a in
+            try key.withUnsafeBytes { k in
+              try seal(p, into: o, nonce: n, associatedData: a, key: k)
+            }
+          }
+        }
+      }
+    }
+    return out
+  }
+
+  /// Decrypts and authenticates ciphertext ‖ tag; returns the plaintext.
+  public static func open(
+    _ ciphertext: Data, nonce: Data, associatedData: Data = Data(), key: Data
+  ) throws -> Data {
+    guard ciphertext.count >= tagSize else {
+      throw CryptoError.malformed("ciphertext shorter than its tag")
+    }
+    var out = Data(count: ciphertext.count - tagSize)
+    _ = try out.withUnsafeMutableBytes { o in
+      try ciphertext.withUnsafeBytes { c in
+        try nonce.withUnsafeBytes { n in
+          try associatedData.withUnsafeBytes { a in
+            try key.withUnsafeBytes { k in
+              try open(c, into: o, nonce: n, associatedData: a, key: k)
+            }
+          }
+        }
+      }
+    }
+    return out
+  }
+}

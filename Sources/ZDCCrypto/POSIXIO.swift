@@ -1,0 +1,117 @@
+import Foundation
+import ZDCCore
+
+import Glibc  // zdcfs is Linux-only (FUSE 3).
+
+/// Thin positional I/O helpers over a file descriptor; errors become `StoreError.io`.
+enum POSIXIO {
+  static func error(_ what: String) -> StoreError {
+    let e = errno
+    return StoreError.io("\(what): \(String(cString: strerror(e)))", errno: e)
+  }
+
+  /// Reads up to `buffer.count` bytes at `offset`; returns fewer only at end of file.
+  static func pread(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, _ offset: UInt64)
+    throws -> Int
+  {
+    guard let base = buffer.baseAddress else { return 0 }
+    var done = 0
+    while done < buffer.count {
+      let n = Glibc.pread(fd, base + done, buffer.count - done, off_t(offset) + off_t(done))
+      if n < 0 {
+        if errno == EINTR { continue }
+        throw error("pread")
+      }
+      if n == 0 { break }
+      done += n
+    }
+    return done
+  }
+
+  /// Writes all of `buffer` at `offset`.
+  static func pwrite(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, _ offset: UInt64) throws {
+    guard let base = buffer.baseAddress else { return }
+    var done = 0
+    while done < buffer.count {
+      let n = Glibc.pwrite(fd, base + done, buffer.count - done, off_t(offset) + off_t(done))
+      if n < 0 {
+        if errno == EINTR { continue }
+        throw error("pwrite")
+      }
+      done += n
+    }
+  }
+
+  /// Reads sequentially up to `buffer.count` bytes; returns fewer only at end of file.
+  static func read(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+    guard let base = buffer.baseAddress else { return 0 }
+    var done = 0
+    while done < buffer.count {
+      let n = Glibc.read(fd, base + done, buffer.count - done)
+      if n < 0 {
+        if errno == EINTR { continue }
+        throw error("read")
+      }
+      if n == 0 { break }
+      done += n
+    }
+    return done
+  }
+
+  /// Writes all of `buffer` sequentially.
+  static func write(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws {
+    guard let base = buffer.baseAddress else { return }
+    var done = 0
+    while done < buffer.count {
+      let n = Glibc.write(fd, base + done, buffer.count - done)
+      if n < 0 {
+        if errno == EINTR { continue }
+        throw error("write")
+      }
+      done += n
+    }
+  }
+
+  static func open(_ path: String, _ flags: Int32, _ mode: mode_t = 0o600) throws -> Int32 {
+    while true {
+      let fd = Glibc.open(path, flags | O_CLOEXEC, mode)
+      if fd >= 0 { return fd }
+      if errno == EINTR { continue }
+      throw error("open \(path)")
+    }
+  }
+
+  static func size(_ fd: Int32) throws -> UInt64 {
+    var st = stat()
+    guard fstat(fd, &st) == 0 else { throw error("fstat") }
+    return UInt64(st.st_size)
+  }
+
+  static func truncate(_ fd: Int32, _ size: UInt64) throws {
+    while ftruncate(fd, off_t(size)) != 0 {
+      if errno == EINTR { continue }
+      throw error("ftruncate")
+    }
+  }
+
+  static func fsync(_ fd: Int32) throws {
+    while Glibc.fsync(fd) != 0 {
+      if errno == EINTR { continue }
+      throw error("fsync")
+    }
+  }
+}
+
+/// Little-endian integer stores and loads in raw buffers.
+enum LE {
+  @inline(__always)
+  static func store<T: FixedWidthInteger>(_ v: T, _ p: UnsafeMutableRawBufferPointer, at o: Int) {
+    p.storeBytes(of: v.littleEndian, toByteOffset: o, as: T.self)
+  }
+
+  @inline(__always)
+  static func load<T: FixedWidthInteger>(_ p: UnsafeRawBufferPointer, at o: Int, as: T.Type) -> T
+  {
+    T(littleEndian: p.loadUnaligned(fromByteOffset: o, as: T.self))
+  }
+}

@@ -1,0 +1,89 @@
+import Foundation
+import Testing
+import ZDCCore
+
+@testable import ZDCCrypto
+
+@Suite struct AEADTests {
+  @Test func roundTripWithAssociatedData() throws {
+    let key = SecureRandom.bytes(32)
+    let nonce = SecureRandom.bytes(24)
+    for size in [0, 1, 100, 65536] {
+      let plain = SecureRandom.bytes(size)
+      let sealed = try AEAD.seal(plain, nonce: nonce, associatedData: Data("ad".utf8), key: key)
+      #expect(sealed.count == size + 16)
+      #expect(try AEAD.open(sealed, nonce: nonce, associatedData: Data("ad".utf8), key: key) == plain)
+      #expect(throws: CryptoError.self) {
+        try AEAD.open(sealed, nonce: nonce, associatedData: Data("AD".utf8), key: key)
+      }
+      var flipped = sealed
+      flipped[flipped.count - 1] ^= 1
+      #expect(throws: CryptoError.self) {
+        try AEAD.open(flipped, nonce: nonce, associatedData: Data("ad".utf8), key: key)
+      }
+    }
+  }
+
+  @Test func rejectsBadSizes() {
+    #expect(throws: CryptoError.self) {
+      try AEAD.seal(Data(), nonce: Data(count: 24), key: Data(count: 31))
+    }
+    #expect(throws: CryptoError.self) {
+      try AEAD.seal(Data(), nonce: Data(count: 12), key: Data(count: 32))
+    }
+    #expect(throws: CryptoError.self) {
+      try AEAD.open(Data(count: 15), nonce: Data(count: 24), key: Data(count: 32))
+    }
+  }
+}
+
+@Suite struct ZBase32Tests {
+  @Test func knownVectors() {
+    // Vectors from the zbase32 specification (bit-length multiples of 8).
+    #expect(ZBase32.encode(Data()) == "")
+    #expect(ZBase32.encode(Data([0x00])) == "yy")
+    #expect(ZBase32.encode(Data([0xF0, 0xBF, 0xC7])) == "6n9hq")
+    #expect(ZBase32.encode(Data([0xD4, 0x7A, 0x04])) == "4t7ye")
+    #expect(ZBase32.encode(Data(repeating: 0, count: 20)) == String(repeating: "y", count: 32))
+    #expect(ZBase32.encode(Data(repeating: 0xFF, count: 5)) == "99999999")
+  }
+
+  @Test func roundTrips() {
+    var rng = SplitMix64(seed: 7)
+    for n in 0..<64 {
+      let d = randomBytes(n, &rng)
+      let s = ZBase32.encode(d)
+      #expect(s.utf8.count == (n * 8 + 4) / 5)
+      #expect(ZBase32.decode(s) == d)
+    }
+  }
+
+  @Test func rejectsBadInput() {
+    #expect(ZBase32.decode("l") == nil)  // not in the alphabet
+    #expect(ZBase32.decode("yY") == nil)
+    #expect(ZBase32.decode("yb") == nil)  // non-zero padding bits
+  }
+}
+
+@Suite struct CloudNameTests {
+  let salt = Data((0..<20).map { UInt8($0) })
+
+  @Test func collisionsAndDistinctions() throws {
+    func name(_ s: String) throws -> String { try CloudName.compute(name: s, parentDirSalt: salt) }
+    #expect(try name("hello.txt") == name("HELLO.TXT"))
+    #expect(try name("caf\u{E9}") == name("cafe\u{301}"))
+    #expect(try name("CAF\u{C9}") == name("cafe\u{301}"))
+    #expect(try name("hello.txt") != name("hello.txt "))
+    #expect(try name("a/b") != name("a_b"))
+    let n = try name("日本語")
+    #expect(n.count == 32)
+    #expect(ZBase32.decode(n)?.count == 20)
+    let otherSalt = Data(repeating: 9, count: 20)
+    #expect(try CloudName.compute(name: "x", parentDirSalt: otherSalt) != name("x"))
+  }
+
+  @Test func rejectsBadSalt() {
+    #expect(throws: CryptoError.self) { try CloudName.compute(name: "x", parentDirSalt: Data(count: 15)) }
+    #expect(throws: CryptoError.self) { try CloudName.compute(name: "x", parentDirSalt: Data(count: 65)) }
+  }
+}

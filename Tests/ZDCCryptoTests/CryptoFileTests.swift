@@ -1,0 +1,188 @@
+import Foundation
+import Testing
+import ZDCCore
+
+@testable import ZDCCrypto
+
+@Suite struct CryptoFileTests {
+  let key = SecureRandom.bytes(32)
+  let CS = CryptoFile.chunkSize
+
+  func all(_ f: CryptoFile) throws -> Data { try f.read(offset: 0, count: Int(f.size) + 10) }
+
+  @Test func emptyFileHasOneChunkAndReopens() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let url = dir.appendingPathComponent("f")
+    let f = try CryptoFile.create(at: url, key: key)
+    #expect(f.size == 0)
+    #expect(try f.read(offset: 0, count: 10).isEmpty)
+    try f.close()
+    #expect(try Data(contentsOf: url).count == 32 + 40)
+    #expect(try CryptoFile.plaintextSize(ofFileAt: url) == 0)
+    let g = try CryptoFile.open(at: url, key: key)
+    #expect(g.size == 0)
+    try g.close()
+    #expect(throws: CryptoError.self) { try CryptoFile.open(at: url, key: SecureRandom.bytes(32)) }
+  }
+
+  @Test func randomOperationsMatchModel() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    for seed in UInt64(1)...4 {
+      var rng = SplitMix64(seed: seed)
+      let url = dir.appendingPathComponent("f\(seed)")
+      var f = try CryptoFile.create(at: url, key: key)
+      var model = Data()
+      for step in 0..<400 {
+        switch Int.random(in: 0..<100, using: &rng) {
+        case 0..<45:
+          let small = Bool.random(using: &rng)
+          let len = Int.random(in: 1...(small ? 5000 : 3 * CS), using: &rng)
+          let off = Int.random(in: 0...(model.count + (small ? 2000 : 2 * CS)), using: &rng)
+          let bytes = randomBytes(len, &rng)
+          try f.write(bytes, at: UInt64(off))
+          if model.count < off + len { model.append(Data(count: off + len - model.count)) }
+          model.replaceSubrange(off..<(off + len), with: bytes)
+        case 45..<75:
+          let off = Int.random(in: 0...(model.count + 100), using: &rng)
+          let len = Int.random(in: 0...(2 * CS), using: &rng)
+          let got = try f.read(offset: UInt64(off), count: len)
+          let lo = min(off, model.count)
+          #expect(got == model.subdata(in: lo..<min(model.count, lo + len)), "seed \(seed) step \(step)")
+        case 75..<88:
+          let n = Int.random(in: 0...(model.count + 3 * CS), using: &rng)
+          try f.truncate(to: UInt64(n))
+          if n < model.count { model = model.prefix(n) } else { model.append(Data(count: n - model.count)) }
+        case 88..<93:
+          try f.sync()
+          #expect(try CryptoFile.plaintextSize(ofFileAt: url) == UInt64(model.count))
+        default:
+          try f.close()
+          #expect(try CryptoFile.plaintextSize(ofFileAt: url) == UInt64(model.count))
+          f = try CryptoFile.open(at: url, key: key)
+        }
+        #expect(f.size == UInt64(model.count))
+        if step % 50 == 49 { #expect(try all(f) == model) }
+      }
+      try f.close()
+      let g = try CryptoFile.open(at: url, key: key)
+      #expect(try all(g) == model)
+      try g.close()
+    }
+  }
+
+  @Test func sparseWritesLeaveHoles() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let url = dir.appendingPathComponent("sparse")
+    let f = try CryptoFile.create(at: url, key: key)
+    try f.write(Data("end".utf8), at: UInt64(10 * CS + 5))
+    try f.close()
+    let raw = try Data(contentsOf: url)
+    #expect(raw.count == 32 + 10 * CryptoFile.slotSize + 40 + 8)
+    // Chunk 0 was the (empty) last chunk and became a full encrypted zero chunk; chunks 1...9
+    // are holes, never encrypted.
+    for i in 1..<10 {
+      let slot = raw.subdata(in: (32 + i * CryptoFile.slotSize)..<(32 + (i + 1) * CryptoFile.slotSize))
+      #expect(slot.allSatisfy { $0 == 0 }, "slot \(i) is a hole")
+    }
+    let g = try CryptoFile.open(at: url, key: key)
+    #expect(g.size == UInt64(10 * CS + 8))
+    var expected = Data(count: 10 * CS + 5)
+    expected.append(Data("end".utf8))
+    #expect(try all(g) == expected)
+    // truncate up then write into the hole.
+    try g.truncate(to: UInt64(20 * CS))
+    try g.write(Data("mid".utf8), at: UInt64(15 * CS + 1))
+    try g.close()
+    let h = try CryptoFile.open(at: url, key: key)
+    expected.append(Data(count: 20 * CS - expected.count))
+    expected.replaceSubrange((15 * CS + 1)..<(15 * CS + 4), with: Data("mid".utf8))
+    #expect(try all(h) == expected)
+    try h.close()
+  }
+
+  @Test func holeAsLastSlotOrTamperedSlotIsRejected() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let url = dir.appendingPathComponent("t")
+    let f = try CryptoFile.create(at: url, key: key)
+    var rng = SplitMix64(seed: 1)
+    let content = randomBytes(3 * CS + 100, &rng)
+    try f.write(content, at: 0)
+    try f.close()
+    let raw = try Data(contentsOf: url)
+    func check(_ bytes: Data, _ what: String) throws {
+      try bytes.write(to: url)
+      #expect(throws: (any Error).self, "\(what)") {
+        let g = try CryptoFile.open(at: url, key: key)
+        _ = try g.read(offset: 0, count: 4 * CS)
+      }
+    }
+    let S = CryptoFile.slotSize
+    // Zeroed final slot.
+    var z = raw
+    z.replaceSubrange((32 + 3 * S)..<raw.count, with: Data(count: raw.count - 32 - 3 * S))
+    try check(z, "zeroed last slot")
+    for p in [0, 8, 9, 12, 20, 32, 32 + 30, 32 + S - 1, 32 + S + 100, raw.count - 1] {
+      var t = raw
+      t[p] ^= 1
+      try check(t, "flip at \(p)")
+    }
+    try check(raw.prefix(32 + 3 * S), "truncated at slot boundary")
+    try check(raw.prefix(raw.count - 1), "truncated by one")
+    try check(raw + Data([1]), "appended")
+    var swapped = raw
+    swapped.replaceSubrange((32)..<(32 + S), with: raw.subdata(in: (32 + S)..<(32 + 2 * S)))
+    swapped.replaceSubrange((32 + S)..<(32 + 2 * S), with: raw.subdata(in: 32..<(32 + S)))
+    try check(swapped, "swapped slots")
+    // The documented allowance: a zeroed non-final slot reads as zeros.
+    var hole = raw
+    hole.replaceSubrange((32 + S)..<(32 + 2 * S), with: Data(count: S))
+    try hole.write(to: url)
+    let g = try CryptoFile.open(at: url, key: key)
+    #expect(try g.read(offset: UInt64(CS), count: CS) == Data(count: CS))
+    try g.close()
+  }
+
+  @Test func sequentialSmallWritesAndStreaming() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let url = dir.appendingPathComponent("seq")
+    let f = try CryptoFile.create(at: url, key: key)
+    var rng = SplitMix64(seed: 8)
+    let content = randomBytes(5 * CS + 1234, &rng)
+    var off = 0
+    while off < content.count {
+      let n = min(4096, content.count - off)
+      try f.write(content.subdata(in: off..<(off + n)), at: UInt64(off))
+      off += n
+    }
+    var streamed = Data()
+    try f.readAll { streamed.append($0) }
+    #expect(streamed == content)
+    // Feeding a CloudFile from the CryptoFile.
+    let nodeKey = SecureRandom.nodeKey()
+    var object = Data()
+    try CloudFileEncoder(key: nodeKey).encode(data: f.cloudFileSource()) { object.append($0) }
+    #expect(try decodeAll(key: nodeKey, object: object).2 == content)
+    try f.close()
+    #expect(throws: (any Error).self) { try f.read(offset: 0, count: 1) }
+  }
+
+  @Test func noPlaintextOnDisk() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let url = dir.appendingPathComponent("p")
+    let f = try CryptoFile.create(at: url, key: key)
+    let secret = "TOP-SECRET-CONTENT-\(UUID().uuidString)"
+    try f.write(Data(String(repeating: secret, count: 3000).utf8), at: 0)
+    try f.write(Data("SecretName-XYZZY".utf8), at: 1_000_000)
+    try f.close()
+    let raw = try Data(contentsOf: url)
+    #expect(!contains(raw, secret))
+    #expect(!contains(raw, "SecretName-XYZZY"))
+    #expect(raw.range(of: key) == nil)
+  }
+}

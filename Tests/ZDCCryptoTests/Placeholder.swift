@@ -1,3 +1,0 @@
-import Testing
-
-@Test func placeholder_ZDCCryptoTests() { #expect(true) }
