@@ -40,7 +40,8 @@ import ZDCTestSupport
     let sealed = try Keystore.seal(bundle, passphrase: "pw", recoveryKey: nil, kdf: .minimum)
     var json = try #require(try JSONSerialization.jsonObject(with: sealed) as? [String: Any])
     var b = try #require(json["bundle"] as? [String: Any])
-    var ct = try #require(Data(base64Encoded: try #require(b["ciphertext"] as? String)))
+    let ctText = try #require(b["ciphertext"] as? String)
+    var ct = try #require(Data(base64Encoded: ctText))
     ct[ct.count / 2] ^= 1
     b["ciphertext"] = ct.base64EncodedString()
     json["bundle"] = b
