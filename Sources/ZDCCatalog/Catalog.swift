@@ -151,7 +151,8 @@ public final class Catalog: Sendable {
           """,
         arguments: [
           user.id, user.treeID, user.boxPublicKey, user.signPublicKey,
-          user.createdAt.timeIntervalSinceReferenceDate, String(decoding: user.settings, as: UTF8.self),
+          user.createdAt.timeIntervalSinceReferenceDate,
+          String(decoding: user.settings, as: UTF8.self),
         ])
       let tx = try CloudTransaction(db: db, userID: user.id, readOnly: false, failpoint: nil)
       var trunks: [Trunk: Node] = [:]
