@@ -143,7 +143,10 @@ extension CloudTransaction {
     guard let current = try objectLocation(of: node.id) else { return }
     if node.eTagRcrd == nil {
       if let first = ops.first(where: { $0.kind == .putRcrd }), first.state == .pending {
-        // Never uploaded: the pending first upload goes to the current location.
+        // Never uploaded: the pending first upload goes to the current location, and now
+        // waits for the new parent's first upload instead of the old parent's.
+        let stmt = try db.cachedStatement(sql: "DELETE FROM pushOperationDeps WHERE opID = ?")
+        try stmt.execute(arguments: [first.id])
         if let parentUpload { try addDependency(first.id, dependsOn: parentUpload) }
         return
       }

@@ -144,6 +144,10 @@ import ZDCCore
       #expect(try tx.kinds(f.id) == [.putRcrd])
       // ...but its first upload now waits for the new parent's first upload.
       #expect(try tx.dependencies(ofOperation: fOp.id) == [dirOp.id])
+      // Moved on to an uploaded parent, it no longer waits for the old one.
+      try tx.moveNode(f.id, toParent: a.id, name: "h")
+      #expect(try tx.kinds(f.id) == [.putRcrd])
+      #expect(try tx.dependencies(ofOperation: fOp.id) == [])
     }
   }
 
