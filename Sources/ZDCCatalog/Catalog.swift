@@ -117,6 +117,7 @@ public final class Catalog: Sendable {
   ///
   /// Everything `body` does (node changes, the push operations they enqueue, tags, links) is
   /// committed together when it returns, and rolled back if it throws.
+  @discardableResult
   public func write<T>(_ userID: String, _ body: (CloudTransaction) throws -> T) throws -> T {
     let failpoint = failpointBox.value
     return try writer.write { db in
