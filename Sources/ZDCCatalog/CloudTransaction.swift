@@ -23,23 +23,28 @@ public final class CloudTransaction {
   let failpoint: String?
   private var shareListCache: [String: ShareList] = [:]
   private var shareListJSONCache: [ShareList: String] = [:]
-  let encoder: JSONEncoder = {
+  lazy var encoder: JSONEncoder = {
     let e = JSONEncoder()
     e.outputFormatting = .sortedKeys
     return e
   }()
-  let decoder = JSONDecoder()
+  lazy var decoder = JSONDecoder()
 
-  init(db: Database, userID: String, readOnly: Bool, failpoint: String?) throws {
+  init(db: Database, layout: CloudLayout, readOnly: Bool, failpoint: String?) {
     self.db = db
-    self.userID = userID
+    self.userID = layout.userID
+    self.layout = layout
     self.isReadOnly = readOnly
     self.failpoint = failpoint
+  }
+
+  /// The layout of a local user's tree, read from the database.
+  static func layout(userID: String, db: Database) throws -> CloudLayout {
     let stmt = try db.cachedStatement(sql: "SELECT treeID FROM localUsers WHERE id = ?")
     guard let treeID = try String.fetchOne(stmt, arguments: [userID]) else {
       throw CatalogError.userNotFound(userID)
     }
-    layout = CloudLayout(userID: userID, treeID: treeID)
+    return CloudLayout(userID: userID, treeID: treeID)
   }
 
   func requireWritable() throws {

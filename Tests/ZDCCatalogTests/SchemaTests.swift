@@ -61,6 +61,8 @@ import ZDCCore
     try catalog.deleteLocalUser(id: "bob")
     #expect(try catalog.localUser(id: "bob") == nil)
     #expect(try catalog.localUsers().map(\.id) == ["alice"])
+    #expect(throws: CatalogError.userNotFound("bob")) { try catalog.read("bob") { _ in 1 } }
+    #expect(throws: CatalogError.userNotFound("bob")) { try catalog.write("bob") { _ in 1 } }
   }
 
   @Test func trunksCreatedWithUser() throws {
