@@ -36,6 +36,8 @@ public final class Catalog: Sendable {
   public let path: String?
   private let temporaryDirectory: URL?
   private let failpointBox = LockedBox<String?>(nil)
+  /// Layouts of the local users seen so far (a user's treeID never changes).
+  private let layouts = LockedBox<[String: CloudLayout]>([:])
 
   /// The names of the schema migrations this build knows, in order.
   public static var knownMigrations: [String] { Schema.migrator.migrations }
@@ -117,19 +119,28 @@ public final class Catalog: Sendable {
   ///
   /// Everything `body` does (node changes, the push operations they enqueue, tags, links) is
   /// committed together when it returns, and rolled back if it throws.
+  @discardableResult
   public func write<T>(_ userID: String, _ body: (CloudTransaction) throws -> T) throws -> T {
     let failpoint = failpointBox.value
+    let known = layouts.value[userID]
     return try writer.write { db in
-      let tx = try CloudTransaction(db: db, userID: userID, readOnly: false, failpoint: failpoint)
-      return try body(tx)
+      let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
+      let tx = CloudTransaction(db: db, layout: layout, readOnly: false, failpoint: failpoint)
+      let result = try body(tx)
+      if known == nil { layouts.value[userID] = layout }
+      return result
     }
   }
 
   /// Runs `body` with a read-only, consistent view of a local user's treesystem.
   public func read<T>(_ userID: String, _ body: (CloudTransaction) throws -> T) throws -> T {
-    try writer.read { db in
-      let tx = try CloudTransaction(db: db, userID: userID, readOnly: true, failpoint: nil)
-      return try body(tx)
+    let known = layouts.value[userID]
+    return try writer.read { db in
+      let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
+      let tx = CloudTransaction(db: db, layout: layout, readOnly: true, failpoint: nil)
+      let result = try body(tx)
+      if known == nil { layouts.value[userID] = layout }
+      return result
     }
   }
 
@@ -151,9 +162,10 @@ public final class Catalog: Sendable {
           """,
         arguments: [
           user.id, user.treeID, user.boxPublicKey, user.signPublicKey,
-          user.createdAt.timeIntervalSinceReferenceDate, String(decoding: user.settings, as: UTF8.self),
+          user.createdAt.timeIntervalSinceReferenceDate,
+          String(decoding: user.settings, as: UTF8.self),
         ])
-      let tx = try CloudTransaction(db: db, userID: user.id, readOnly: false, failpoint: nil)
+      let tx = CloudTransaction(db: db, layout: user.layout, readOnly: false, failpoint: nil)
       var trunks: [Trunk: Node] = [:]
       for trunk in Trunk.allCases {
         trunks[trunk] = try tx.insertTrunk(trunk)
@@ -190,14 +202,17 @@ public final class Catalog: Sendable {
 
   /// Removes a local user with its whole treesystem, tags, links and push queue.
   public func deleteLocalUser(id: String) throws {
+    layouts.value[id] = nil
     try writer.write { db in
-      let tx = try CloudTransaction(db: db, userID: id, readOnly: false, failpoint: nil)
+      let layout = try CloudTransaction.layout(userID: id, db: db)
+      let tx = CloudTransaction(db: db, layout: layout, readOnly: false, failpoint: nil)
       try db.execute(sql: "DELETE FROM pushOperations WHERE localUserID = ?", arguments: [id])
       for trunk in Trunk.allCases {
         if let root = try tx.trunkNode(trunk) { try tx.deleteRows(subtreeOf: root.id) }
       }
       try db.execute(sql: "DELETE FROM localUsers WHERE id = ?", arguments: [id])
     }
+    layouts.value[id] = nil
   }
 
   private static func decodeUser(_ row: Row) -> LocalUser {

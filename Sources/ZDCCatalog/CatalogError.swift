@@ -40,7 +40,8 @@ public enum CatalogError: Error, Sendable, Equatable, CustomStringConvertible {
       return "name \(name.debugDescription) is taken in \(parent) by node \(existing)"
     case .notADirectory(let id): return "node \(id) cannot have children"
     case .cycle(let id, let parent): return "cannot move node \(id) under its descendant \(parent)"
-    case .alreadyLinked(let id, let c, let k): return "node \(id) or key \(c)/\(k) is already linked"
+    case .alreadyLinked(let id, let c, let k):
+      return "node \(id) or key \(c)/\(k) is already linked"
     case .operationNotFound(let id): return "no push operation \(id)"
     case .invalidOperation(let m): return "invalid operation: \(m)"
     case .corrupt(let m): return "corrupt catalog: \(m)"

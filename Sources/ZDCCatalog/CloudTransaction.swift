@@ -22,23 +22,29 @@ public final class CloudTransaction {
   public let isReadOnly: Bool
   let failpoint: String?
   private var shareListCache: [String: ShareList] = [:]
-  let encoder: JSONEncoder = {
+  private var shareListJSONCache: [ShareList: String] = [:]
+  lazy var encoder: JSONEncoder = {
     let e = JSONEncoder()
     e.outputFormatting = .sortedKeys
     return e
   }()
-  let decoder = JSONDecoder()
+  lazy var decoder = JSONDecoder()
 
-  init(db: Database, userID: String, readOnly: Bool, failpoint: String?) throws {
+  init(db: Database, layout: CloudLayout, readOnly: Bool, failpoint: String?) {
     self.db = db
-    self.userID = userID
+    self.userID = layout.userID
+    self.layout = layout
     self.isReadOnly = readOnly
     self.failpoint = failpoint
+  }
+
+  /// The layout of a local user's tree, read from the database.
+  static func layout(userID: String, db: Database) throws -> CloudLayout {
     let stmt = try db.cachedStatement(sql: "SELECT treeID FROM localUsers WHERE id = ?")
     guard let treeID = try String.fetchOne(stmt, arguments: [userID]) else {
       throw CatalogError.userNotFound(userID)
     }
-    layout = CloudLayout(userID: userID, treeID: treeID)
+    return CloudLayout(userID: userID, treeID: treeID)
   }
 
   func requireWritable() throws {
@@ -58,11 +64,28 @@ public final class CloudTransaction {
     dataSize
     """
 
-  func decodeNode(_ row: Row) throws -> Node {
-    guard let kind = NodeKind(rawValue: row[5]) else {
-      throw CatalogError.corrupt("node kind \(row[5] as String)")
-    }
-    let shareJSON: String = row[7]
+  static let nodeByIDSQL = "SELECT \(nodeColumns) FROM nodes WHERE id = ? AND localUserID = ?"
+  static let childByNameSQL = """
+    SELECT \(nodeColumns) FROM nodes WHERE parentID = ? AND nameKey = ? AND localUserID = ?
+    """
+  static let childrenSQL = """
+    SELECT \(nodeColumns) FROM nodes
+    WHERE parentID = ? AND id > ? AND localUserID = ? ORDER BY id LIMIT ?
+    """
+
+  /// Decodes the node at the current row of a statement selecting ``nodeColumns``, reading the
+  /// columns straight from SQLite (no `Row`: this is the getattr/lookup/readdir path).
+  func decodeNode(_ s: SQLiteStatement) throws -> Node {
+    func text(_ i: CInt) -> String? { String.fromStatement(s, atUncheckedIndex: i) }
+    func int(_ i: CInt) -> Int64? { Int64.fromStatement(s, atUncheckedIndex: i) }
+    func real(_ i: CInt) -> Double? { Double.fromStatement(s, atUncheckedIndex: i) }
+    func blob(_ i: CInt) -> Data { Data.fromStatement(s, atUncheckedIndex: i) ?? Data() }
+    func date(_ i: CInt) -> Date? { real(i).map(Date.init(timeIntervalSinceReferenceDate:)) }
+    guard let id = int(0), let uuid = text(1), let localUserID = text(2), let name = text(4),
+      let kindRaw = text(5), let kind = NodeKind(rawValue: kindRaw), let shareJSON = text(7),
+      let dirPrefix = text(11), let cloudID = text(12), let mode = int(21), let mtime = int(22),
+      let dataSize = int(25)
+    else { throw CatalogError.corrupt("node row") }
     let shareList: ShareList
     if let cached = shareListCache[shareJSON] {
       shareList = cached
@@ -71,28 +94,41 @@ public final class CloudTransaction {
       if shareListCache.count > 64 { shareListCache.removeAll() }
       shareListCache[shareJSON] = shareList
     }
-    let xattrs: [String: Data]
-    if let json = row[23] as String? {
+    var xattrs: [String: Data] = [:]
+    if let json = text(23) {
       xattrs = try decoder.decode([String: Data].self, from: Data(json.utf8))
-    } else {
-      xattrs = [:]
     }
     return Node(
-      id: row[0], uuid: row[1], localUserID: row[2], parentID: row[3], name: row[4], kind: kind,
-      trunk: (row[6] as String?).flatMap(Trunk.init(rawValue:)), shareList: shareList,
-      burnDate: (row[8] as Double?).map(Date.init(timeIntervalSinceReferenceDate:)),
-      encryptionKey: row[9], dirSalt: row[10], dirPrefix: row[11], cloudID: row[12],
-      eTagRcrd: row[13], eTagData: row[14],
-      lastModifiedRcrd: (row[15] as Double?).map(Date.init(timeIntervalSinceReferenceDate:)),
-      lastModifiedData: (row[16] as Double?).map(Date.init(timeIntervalSinceReferenceDate:)),
-      cloudDataInfo: try (row[17] as String?).map {
+      id: id, uuid: uuid, localUserID: localUserID, parentID: int(3), name: name, kind: kind,
+      trunk: text(6).flatMap(Trunk.init(rawValue:)), shareList: shareList, burnDate: date(8),
+      encryptionKey: blob(9), dirSalt: blob(10), dirPrefix: dirPrefix, cloudID: cloudID,
+      eTagRcrd: text(13), eTagData: text(14), lastModifiedRcrd: date(15),
+      lastModifiedData: date(16),
+      cloudDataInfo: try text(17).map {
         try decoder.decode(CloudDataInfo.self, from: Data($0.utf8))
       },
-      explicitCloudName: row[18],
-      anchor: try (row[19] as String?).map { try decoder.decode(NodeAnchor.self, from: Data($0.utf8)) },
-      pointeeID: row[20], mode: UInt32(truncatingIfNeeded: row[21] as Int64),
-      mtime: FileTime(totalNanoseconds: row[22]), xattrs: xattrs, symlinkTarget: row[24],
-      dataSize: UInt64(bitPattern: row[25] as Int64))
+      explicitCloudName: text(18),
+      anchor: try text(19).map { try decoder.decode(NodeAnchor.self, from: Data($0.utf8)) },
+      pointeeID: int(20), mode: UInt32(truncatingIfNeeded: mode),
+      mtime: FileTime(totalNanoseconds: mtime), xattrs: xattrs, symlinkTarget: text(24),
+      dataSize: UInt64(bitPattern: dataSize))
+  }
+
+  /// The first node a statement returns, decoded straight from the statement's columns.
+  func fetchNode(_ stmt: Statement, _ arguments: StatementArguments) throws -> Node? {
+    let cursor = try NodeCursor(stmt, arguments: arguments, tx: self)
+    guard let node = try cursor.next() else { return nil }
+    while try cursor.next() != nil {}  // step to the end: leaves the statement idle
+    return node
+  }
+
+  /// A share list's JSON; most nodes share a few lists, so the encoding is cached.
+  func shareListJSON(_ list: ShareList) throws -> String {
+    if let cached = shareListJSONCache[list] { return cached }
+    let encoded = try json(list)
+    if shareListJSONCache.count > 64 { shareListJSONCache.removeAll() }
+    shareListJSONCache[list] = encoded
+    return encoded
   }
 
   func json<T: Encodable>(_ value: T) throws -> String {
@@ -101,7 +137,7 @@ public final class CloudTransaction {
 
   private func attributeArguments(_ node: Node) throws -> [(any DatabaseValueConvertible)?] {
     [
-      node.kind.rawValue, try json(node.shareList),
+      node.kind.rawValue, try shareListJSON(node.shareList),
       node.burnDate?.timeIntervalSinceReferenceDate, try node.anchor.map { try json($0) },
       node.pointeeID, Int64(node.mode), node.mtime.totalNanoseconds,
       node.xattrs.isEmpty ? nil : try json(node.xattrs), node.symlinkTarget,
@@ -120,7 +156,7 @@ public final class CloudTransaction {
         """)
     let args: [(any DatabaseValueConvertible)?] = [
       node.uuid, node.localUserID, node.parentID, node.name, node.kind.rawValue,
-      node.trunk?.rawValue, try json(node.shareList),
+      node.trunk?.rawValue, try shareListJSON(node.shareList),
       node.burnDate?.timeIntervalSinceReferenceDate, node.encryptionKey, node.dirSalt,
       node.dirPrefix, node.cloudID, node.eTagRcrd, node.eTagData,
       node.lastModifiedRcrd?.timeIntervalSinceReferenceDate,
@@ -148,10 +184,7 @@ public final class CloudTransaction {
 
   /// The node with this id, or `nil`.
   public func node(id: NodeID) throws -> Node? {
-    let stmt = try db.cachedStatement(
-      sql: "SELECT \(Self.nodeColumns) FROM nodes WHERE id = ? AND localUserID = ?")
-    guard let row = try Row.fetchOne(stmt, arguments: [id, userID]) else { return nil }
-    return try decodeNode(row)
+    return try fetchNode(try db.cachedStatement(sql: Self.nodeByIDSQL), [id, userID])
   }
 
   /// The node with this id; throws ``CatalogError/nodeNotFound(_:)`` when missing.
@@ -164,8 +197,7 @@ public final class CloudTransaction {
   public func node(cloudID: String) throws -> Node? {
     let stmt = try db.cachedStatement(
       sql: "SELECT \(Self.nodeColumns) FROM nodes WHERE cloudID = ? AND localUserID = ? LIMIT 1")
-    guard let row = try Row.fetchOne(stmt, arguments: [cloudID, userID]) else { return nil }
-    return try decodeNode(row)
+    return try fetchNode(stmt, [cloudID, userID])
   }
 
   /// The node stored under a parent with `parentDirPrefix` as `cloudName`, or `nil`
@@ -177,9 +209,7 @@ public final class CloudTransaction {
         WHERE parentID IN (SELECT id FROM nodes WHERE dirPrefix = ? AND localUserID = ?)
           AND cloudName = ? LIMIT 1
         """)
-    guard let row = try Row.fetchOne(stmt, arguments: [parentDirPrefix, userID, cloudName])
-    else { return nil }
-    return try decodeNode(row)
+    return try fetchNode(stmt, [parentDirPrefix, userID, cloudName])
   }
 
   /// The trunk node of one of the user's trunks.
@@ -189,34 +219,22 @@ public final class CloudTransaction {
         SELECT \(Self.nodeColumns) FROM nodes
         WHERE localUserID = ? AND trunk = ? AND parentID IS NULL
         """)
-    guard let row = try Row.fetchOne(stmt, arguments: [userID, trunk.rawValue]) else { return nil }
-    return try decodeNode(row)
+    return try fetchNode(stmt, [userID, trunk.rawValue])
   }
 
   /// The child of `parentID` whose name has the same `NameKey` as `name`, or `nil`.
   public func child(of parentID: NodeID, named name: String) throws -> Node? {
-    let stmt = try db.cachedStatement(
-      sql: """
-        SELECT \(Self.nodeColumns) FROM nodes
-        WHERE parentID = ? AND nameKey = ? AND localUserID = ?
-        """)
-    guard let row = try Row.fetchOne(stmt, arguments: [parentID, NameKey(name).value, userID])
-    else { return nil }
-    return try decodeNode(row)
+    let stmt = try db.cachedStatement(sql: Self.childByNameSQL)
+    return try fetchNode(stmt, [parentID, NameKey(name).value, userID])
   }
 
   /// The children of `parentID` in ascending id order (stable: readdir offsets may be ids),
   /// optionally only those with an id above `afterID`, at most `limit`.
-  public func children(of parentID: NodeID, afterID: NodeID = 0, limit: Int = -1) throws -> [Node]
-  {
-    let stmt = try db.cachedStatement(
-      sql: """
-        SELECT \(Self.nodeColumns) FROM nodes
-        WHERE parentID = ? AND id > ? AND localUserID = ? ORDER BY id LIMIT ?
-        """)
+  public func children(of parentID: NodeID, afterID: NodeID = 0, limit: Int = -1) throws -> [Node] {
+    let stmt = try db.cachedStatement(sql: Self.childrenSQL)
     var out: [Node] = []
-    let cursor = try Row.fetchCursor(stmt, arguments: [parentID, afterID, userID, limit])
-    while let row = try cursor.next() { out.append(try decodeNode(row)) }
+    let cursor = try NodeCursor(stmt, arguments: [parentID, afterID, userID, limit], tx: self)
+    while let node = try cursor.next() { out.append(node) }
     return out
   }
 
@@ -371,7 +389,8 @@ public final class CloudTransaction {
     if let existing = try existingChildID(of: parent.id, nameKey: node.nameKey.value) {
       throw CatalogError.nameTaken(parentID: parent.id, name: node.name, existingID: existing)
     }
-    let cloudName = try node.explicitCloudName
+    let cloudName =
+      try node.explicitCloudName
       ?? CloudName.compute(name: node.name, parentDirSalt: parent.dirSalt)
     var stored = node
     stored.id = try insertNodeRow(node, cloudName: cloudName)
@@ -399,7 +418,9 @@ public final class CloudTransaction {
   public func updateNode(_ node: Node) throws -> Node {
     try requireWritable()
     let stored = try existingNode(id: node.id)
-    func same<T: Equatable>(_ kp: KeyPath<Node, T>) -> Bool { node[keyPath: kp] == stored[keyPath: kp] }
+    func same<T: Equatable>(_ kp: KeyPath<Node, T>) -> Bool {
+      node[keyPath: kp] == stored[keyPath: kp]
+    }
     let fixed: [(String, Bool)] = [
       ("uuid", same(\.uuid)), ("localUserID", same(\.localUserID)),
       ("parentID", same(\.parentID)), ("name", Array(node.name.utf8) == Array(stored.name.utf8)),
@@ -568,5 +589,23 @@ public final class CloudTransaction {
     try deleteRows(entries)
     try check("deleteNode.afterDelete")
     try enqueueDelete(root: node, plan: plan)
+  }
+}
+
+/// Iterates the nodes a statement selecting ``CloudTransaction/nodeColumns`` returns.
+final class NodeCursor: DatabaseCursor {
+  typealias Element = Node
+  let _statement: Statement
+  var _isDone = false
+  private unowned let tx: CloudTransaction
+
+  init(_ statement: Statement, arguments: StatementArguments, tx: CloudTransaction) throws {
+    _statement = statement
+    self.tx = tx
+    try statement.setArguments(arguments)  // resets the statement and binds
+  }
+
+  func _element(sqliteStatement: SQLiteStatement) throws -> Node {
+    try tx.decodeNode(sqliteStatement)
   }
 }

@@ -37,7 +37,7 @@ extension CloudTransaction {
     let stmt = try db.cachedStatement(
       sql: """
         SELECT id, kind, state, payload FROM pushOperations
-        WHERE nodeID = ? AND localUserID = ? ORDER BY id
+        WHERE nodeID = ? AND +localUserID = ? ORDER BY id
         """)
     var out: [NodeOp] = []
     let cursor = try Row.fetchCursor(stmt, arguments: [id, userID])
@@ -143,7 +143,10 @@ extension CloudTransaction {
     guard let current = try objectLocation(of: node.id) else { return }
     if node.eTagRcrd == nil {
       if let first = ops.first(where: { $0.kind == .putRcrd }), first.state == .pending {
-        // Never uploaded: the pending first upload goes to the current location.
+        // Never uploaded: the pending first upload goes to the current location, and now
+        // waits for the new parent's first upload instead of the old parent's.
+        let stmt = try db.cachedStatement(sql: "DELETE FROM pushOperationDeps WHERE opID = ?")
+        try stmt.execute(arguments: [first.id])
         if let parentUpload { try addDependency(first.id, dependsOn: parentUpload) }
         return
       }
@@ -242,7 +245,7 @@ extension CloudTransaction {
   /// One operation, or `nil`.
   public func operation(id: Int64) throws -> PushOperation? {
     let stmt = try db.cachedStatement(
-      sql: "SELECT \(Self.operationColumns) FROM pushOperations WHERE id = ? AND localUserID = ?")
+      sql: "SELECT \(Self.operationColumns) FROM pushOperations WHERE id = ? AND +localUserID = ?")
     return try Row.fetchOne(stmt, arguments: [id, userID]).map(decodeOperation)
   }
 
@@ -251,7 +254,7 @@ extension CloudTransaction {
     let stmt = try db.cachedStatement(
       sql: """
         SELECT \(Self.operationColumns) FROM pushOperations
-        WHERE nodeID = ? AND localUserID = ? ORDER BY id
+        WHERE nodeID = ? AND +localUserID = ? ORDER BY id
         """)
     return try Row.fetchAll(stmt, arguments: [nodeID, userID]).map(decodeOperation)
   }
@@ -280,7 +283,7 @@ extension CloudTransaction {
   /// True when the node has local changes not yet in the cloud (any outstanding operation).
   public func isDirty(nodeID: NodeID) throws -> Bool {
     let stmt = try db.cachedStatement(
-      sql: "SELECT EXISTS (SELECT 1 FROM pushOperations WHERE nodeID = ? AND localUserID = ?)")
+      sql: "SELECT EXISTS (SELECT 1 FROM pushOperations WHERE nodeID = ? AND +localUserID = ?)")
     return try Bool.fetchOne(stmt, arguments: [nodeID, userID]) ?? false
   }
 
@@ -290,7 +293,7 @@ extension CloudTransaction {
     let stmt = try db.cachedStatement(
       sql: """
         UPDATE pushOperations SET state = 'inFlight'
-        WHERE id = ? AND localUserID = ? AND state = 'pending'
+        WHERE id = ? AND +localUserID = ? AND state = 'pending'
         """)
     try stmt.execute(arguments: [id, userID])
     if db.changesCount == 0 { throw CatalogError.operationNotFound(id) }
@@ -300,7 +303,7 @@ extension CloudTransaction {
   public func completeOperation(id: Int64) throws {
     try requireWritable()
     let stmt = try db.cachedStatement(
-      sql: "DELETE FROM pushOperations WHERE id = ? AND localUserID = ?")
+      sql: "DELETE FROM pushOperations WHERE id = ? AND +localUserID = ?")
     try stmt.execute(arguments: [id, userID])
     if db.changesCount == 0 { throw CatalogError.operationNotFound(id) }
   }
@@ -349,7 +352,7 @@ extension CloudTransaction {
   public func setMultipartState(_ state: Data?, forOperation id: Int64) throws {
     try requireWritable()
     let stmt = try db.cachedStatement(
-      sql: "UPDATE pushOperations SET multipartState = ? WHERE id = ? AND localUserID = ?")
+      sql: "UPDATE pushOperations SET multipartState = ? WHERE id = ? AND +localUserID = ?")
     try stmt.execute(arguments: [state.map { String(decoding: $0, as: UTF8.self) }, id, userID])
     if db.changesCount == 0 { throw CatalogError.operationNotFound(id) }
   }

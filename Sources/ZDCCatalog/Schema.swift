@@ -88,7 +88,7 @@ enum Schema {
           multipartState TEXT
         );
         CREATE INDEX pushOperations_node ON pushOperations(nodeID, kind, state);
-        CREATE INDEX pushOperations_ready ON pushOperations(localUserID, state, nextAttemptAt);
+        CREATE INDEX pushOperations_ready ON pushOperations(localUserID, state);
 
         CREATE TABLE pushOperationDeps (
           opID INTEGER NOT NULL REFERENCES pushOperations(id) ON DELETE CASCADE,

@@ -1,0 +1,63 @@
+import Foundation
+@_spi(Testing) import ZDCCatalog
+import ZDCCore
+import ZDCCrypto
+
+/// A fresh on-disk catalog in a temporary directory with one local user.
+func makeCatalog(userID: String = "alice") throws -> Catalog {
+  let catalog = try Catalog.temporary()
+  try catalog.createLocalUser(makeUser(userID))
+  return catalog
+}
+
+func makeUser(_ id: String, treeID: String = "com.example.zdcfs") -> LocalUser {
+  LocalUser(
+    id: id, treeID: treeID, boxPublicKey: SecureRandom.bytes(32),
+    signPublicKey: SecureRandom.bytes(32))
+}
+
+/// A home path from its components.
+func p(_ components: String...) -> TreesystemPath {
+  try! TreesystemPath(components)
+}
+
+extension CloudTransaction {
+  /// Pretends the push manager uploaded every ready operation, repeatedly, until the queue is
+  /// empty; records eTags for the nodes it touched.
+  func drainQueue() throws {
+    var rounds = 0
+    while true {
+      let ready = try readyOperations(limit: 1000, now: Date.distantFuture)
+      if ready.isEmpty { break }
+      for op in ready {
+        try markInFlight(op.id)
+        try completeAsUploaded(op)
+      }
+      rounds += 1
+      precondition(rounds < 10_000)
+    }
+  }
+
+  /// Completes an in-flight operation as the push manager would after a successful upload.
+  func completeAsUploaded(_ op: PushOperation) throws {
+    if let id = op.nodeID, let node = try node(id: id) {
+      switch op.kind {
+      case .putRcrd, .move:
+        try setCloudState(
+          nodeID: id, eTagRcrd: "r\(op.id)", lastModifiedRcrd: Date(), eTagData: node.eTagData,
+          lastModifiedData: node.lastModifiedData)
+      case .putData:
+        try setCloudState(
+          nodeID: id, eTagRcrd: node.eTagRcrd, lastModifiedRcrd: node.lastModifiedRcrd,
+          eTagData: "d\(op.id)", lastModifiedData: Date())
+      case .deleteLeaf, .deleteNode:
+        break
+      }
+    }
+    try completeOperation(id: op.id)
+  }
+
+  func kinds(_ nodeID: NodeID) throws -> [PushOperationKind] {
+    try pendingOperations(forNodeID: nodeID).map(\.kind)
+  }
+}
