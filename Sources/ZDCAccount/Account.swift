@@ -1,4 +1,5 @@
 public import Foundation
+public import ZDCCatalog
 public import ZDCCore
 public import ZDCCrypto
 import ZDCLocalStore
@@ -21,18 +22,21 @@ public final class Account: Sendable {
   public let keys: PrivateKeyBundle
   /// The store holding the treesystem.
   public let store: any CloudStore
+  /// This device's catalog of nodes and pending operations.
+  public let catalog: Catalog
 
   /// The tree's object layout.
   public var layout: CloudLayout { CloudLayout(userID: config.userID, treeID: config.treeID) }
 
   init(
     stateDirectory: StateDirectory, config: AccountConfig, keys: PrivateKeyBundle,
-    store: any CloudStore
+    store: any CloudStore, catalog: Catalog
   ) {
     self.stateDirectory = stateDirectory
     self.config = config
     self.keys = keys
     self.store = store
+    self.catalog = catalog
   }
 
   /// The default tree ID of the files treesystem.
@@ -166,7 +170,7 @@ public final class Account: Sendable {
     }
     return Account(
       stateDirectory: stateDirectory, config: config, keys: bundle,
-      store: try makeStore(config.store))
+      store: try makeStore(config.store), catalog: try openCatalog(stateDirectory, config, bundle))
   }
 
   /// Reads `config.json` without unlocking anything.
@@ -204,7 +208,23 @@ public final class Account: Sendable {
     let enc = JSONEncoder()
     enc.outputFormatting = [.sortedKeys, .prettyPrinted]
     enc.dateEncodingStrategy = .iso8601
+    let catalog = try openCatalog(stateDirectory, config, bundle)
     try stateDirectory.writePrivate(try enc.encode(config), to: stateDirectory.configURL)
-    return Account(stateDirectory: stateDirectory, config: config, keys: bundle, store: store)
+    return Account(
+      stateDirectory: stateDirectory, config: config, keys: bundle, store: store, catalog: catalog)
+  }
+
+  /// Opens (creating if needed) the catalog, with the user and its trunks in it.
+  private static func openCatalog(
+    _ stateDirectory: StateDirectory, _ config: AccountConfig, _ bundle: PrivateKeyBundle
+  ) throws -> Catalog {
+    let catalog = try Catalog(path: stateDirectory.catalogURL.path)
+    if try catalog.localUser(id: config.userID) == nil {
+      _ = try catalog.createLocalUser(
+        LocalUser(
+          id: config.userID, treeID: config.treeID, boxPublicKey: bundle.keyPair.boxPublicKey,
+          signPublicKey: bundle.keyPair.signPublicKey))
+    }
+    return catalog
   }
 }
