@@ -73,18 +73,15 @@ public final class LocalFolderStore: CloudStore {
       throw StoreError.invalidKey(key)
     }
     for component in bytes.split(separator: 0x2F, omittingEmptySubsequences: false) {
-      guard isValidComponent(component) else { throw StoreError.invalidKey(key) }
+      guard isValidComponent(Array(component)) else { throw StoreError.invalidKey(key) }
     }
   }
 
   /// Whether a path component can be part of a key.
-  static func isValidComponent(_ name: some Collection<UInt8>) -> Bool {
-    if name.isEmpty || name.count > maxComponentLength || name.elementsEqual([0x2E])
-      || name.elementsEqual([0x2E, 0x2E])
-    {
-      return false
-    }
-    return !name.starts(with: reservedPrefix)
+  static func isValidComponent(_ name: [UInt8]) -> Bool {
+    guard !name.isEmpty, name.count <= maxComponentLength else { return false }
+    guard name[0] == 0x2E else { return true }
+    return name != [0x2E] && name != [0x2E, 0x2E] && !Bytes.hasPrefix(name, reservedPrefix)
   }
 
   /// Entries whose names start with this belong to the store itself.
