@@ -182,7 +182,7 @@ struct StoreConformanceTests {
   func invalidKeys(_ factory: StoreFactory) throws {
     try withStore(factory) { store in
       let bad = [
-        "", "/abs", "a//b", "a/", "./a", "a/./b", "a/../b", "..", ".zdc-tmp/x", "a/.zdc-locks",
+        "", "/abs", "a//b", "a/", "./a", "a/./b", "a/../b", "..",
         String(repeating: "k", count: 1025),
       ]
       for key in bad {
