@@ -68,7 +68,7 @@ struct ListWalker {
       guard isRelevant(key, isDirectory: isDirectory) else { continue }
       candidates.append(Candidate(sortKey: key, name: entry.name, isDirectory: isDirectory))
     }
-    candidates.sort { $0.sortKey.lexicographicallyPrecedes($1.sortKey) }
+    candidates.sort { Bytes.less($0.sortKey, $1.sortKey) }
     for candidate in candidates {
       guard let name = String(validating: candidate.name, as: UTF8.self) else { continue }
       let path = directory + "/" + name
@@ -91,15 +91,15 @@ struct ListWalker {
   /// sort after `after`.
   private func isRelevant(_ key: [UInt8], isDirectory: Bool) -> Bool {
     if isDirectory {
-      guard key.starts(with: prefix) || prefix.starts(with: key) else { return false }
-      if let after, key.lexicographicallyPrecedes(after) || key == after {
+      guard Bytes.hasPrefix(key, prefix) || Bytes.hasPrefix(prefix, key) else { return false }
+      if let after, Bytes.compare(key, after) <= 0 {
         // Every key under `key` is ≤ `after` unless `after` itself lies under it.
-        return after.starts(with: key)
+        return Bytes.hasPrefix(after, key)
       }
       return true
     }
-    guard key.starts(with: prefix) else { return false }
-    if let after { return after.lexicographicallyPrecedes(key) }
+    guard Bytes.hasPrefix(key, prefix) else { return false }
+    if let after { return Bytes.less(after, key) }
     return true
   }
 }

@@ -6,14 +6,13 @@ public import ZDCCore
   import Glibc
 #endif
 
-/// A `CloudStore` kept in a local folder, which several processes may share at once.
+/// A `CloudStore` kept in a local folder, which several processes may use at once and which
+/// keeps its objects, eTags included, when the folder is copied or synced whole.
 ///
-/// Objects live at `root/<key>`, each `/` of the key being a subdirectory; every file holds a
-/// 40-byte header (magic `ZDCLOBJ1` and the content's eTag) followed by the content. Conditional
-/// writes are atomic across threads and processes. Listing, ranges, conditions and multipart
-/// uploads behave as with S3, with these limits of a file system: a key's components are at most
-/// `maxComponentLength` bytes, a key cannot be both an object and a prefix of other objects
-/// (`a/b` and `a/b/c`), and part sizes are not checked (S3 wants 5 MiB but for the last).
+/// Listing, ranges, write conditions and multipart uploads behave as with S3, within the limits
+/// of a file system: a key's components are at most `maxComponentLength` bytes, a key cannot be
+/// both an object and a prefix of other objects (`a/b` and `a/b/c`: `StoreError.unsupported`),
+/// and part sizes are not checked (S3 wants at least 5 MiB for all parts but the last).
 public final class LocalFolderStore: CloudStore {
   /// The folder holding the objects.
   public let root: URL
@@ -73,18 +72,15 @@ public final class LocalFolderStore: CloudStore {
       throw StoreError.invalidKey(key)
     }
     for component in bytes.split(separator: 0x2F, omittingEmptySubsequences: false) {
-      guard isValidComponent(component) else { throw StoreError.invalidKey(key) }
+      guard isValidComponent(Array(component)) else { throw StoreError.invalidKey(key) }
     }
   }
 
   /// Whether a path component can be part of a key.
-  static func isValidComponent(_ name: some Collection<UInt8>) -> Bool {
-    if name.isEmpty || name.count > maxComponentLength || name.elementsEqual([0x2E])
-      || name.elementsEqual([0x2E, 0x2E])
-    {
-      return false
-    }
-    return !name.starts(with: reservedPrefix)
+  static func isValidComponent(_ name: [UInt8]) -> Bool {
+    guard !name.isEmpty, name.count <= maxComponentLength else { return false }
+    guard name[0] == 0x2E else { return true }
+    return name != [0x2E] && name != [0x2E, 0x2E] && !Bytes.hasPrefix(name, reservedPrefix)
   }
 
   /// Entries whose names start with this belong to the store itself.

@@ -70,6 +70,7 @@ extension LocalFolderStore {
     return uploadID
   }
 
+  /// Stores one part; a part number outside 1…`maxPartNumber` is `StoreError.unsupported`.
   public func uploadPart(key: String, uploadID: String, partNumber: Int, body: UploadBody) throws
     -> String
   {

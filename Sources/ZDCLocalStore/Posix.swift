@@ -123,8 +123,10 @@ enum Posix {
     var out: [Entry] = []
     while let entry = readdir(dir) {
       let type = Int32(entry.pointee.d_type)
-      let name: [UInt8] = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-        Array(raw.prefix { $0 != 0 })
+      let name: [UInt8] = withUnsafeBytes(of: &entry.pointee.d_name) { raw in
+        guard let base = raw.baseAddress else { return [] }
+        let length = strnlen(base.assumingMemoryBound(to: CChar.self), raw.count)
+        return Array(UnsafeRawBufferPointer(start: base, count: length))
       }
       if name == [0x2E] || name == [0x2E, 0x2E] { continue }
       let isDirectory: Bool?
@@ -157,6 +159,38 @@ enum Posix {
       if let base = buf.baseAddress { randombytes_buf(base, buf.count) }
     }
     return Hex.lower(bytes)
+  }
+}
+
+/// Byte-string comparisons (`memcmp`), for keys in S3 order.
+enum Bytes {
+  /// Negative, zero or positive as `a` sorts before, equal to or after `b`.
+  static func compare(_ a: [UInt8], _ b: [UInt8]) -> Int {
+    a.withUnsafeBytes { pa in
+      b.withUnsafeBytes { pb in
+        let n = min(pa.count, pb.count)
+        if n > 0, let x = pa.baseAddress, let y = pb.baseAddress {
+          let c = memcmp(x, y, n)
+          if c != 0 { return Int(c) }
+        }
+        return pa.count - pb.count
+      }
+    }
+  }
+
+  /// Whether `a` sorts strictly before `b`.
+  static func less(_ a: [UInt8], _ b: [UInt8]) -> Bool { compare(a, b) < 0 }
+
+  /// Whether `a` starts with `prefix`.
+  static func hasPrefix(_ a: [UInt8], _ prefix: [UInt8]) -> Bool {
+    guard a.count >= prefix.count else { return false }
+    guard !prefix.isEmpty else { return true }
+    return a.withUnsafeBytes { pa in
+      prefix.withUnsafeBytes { pp in
+        guard let x = pa.baseAddress, let y = pp.baseAddress else { return false }
+        return memcmp(x, y, pp.count) == 0
+      }
+    }
   }
 }
 
