@@ -93,6 +93,10 @@ let package = Package(
         "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "ZDCTestSupport", "zdc",
       ],
       swiftSettings: strict),
+    .testTarget(
+      name: "ZDCIntegrationTests",
+      dependencies: ["ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCAccount", "ZDCTestSupport"],
+      swiftSettings: strict),
   ],
   swiftLanguageModes: [.v6]
 )

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import ZDCAccount
+import ZDCCatalog
 import ZDCCore
 import ZDCCrypto
 import ZDCLocalStore
@@ -79,6 +80,9 @@ import ZDCTestSupport
       stateDirectory: dev1, store: .localFolder(path: storeDir.path), passphrase: "pw",
       deviceName: "laptop", storeKDF: .minimum, localKDF: .minimum)
     #expect(dev1.isInitialized)
+    // The catalog holds the user with its four trunks.
+    let home = try a1.catalog.read(a1.config.userID) { try $0.trunkNode(.home) }
+    #expect(home?.dirPrefix == Trunk.home.dirPrefix)
     let mode = try FileManager.default.attributesOfItem(atPath: dev1.url.path)[.posixPermissions]
     #expect((mode as? NSNumber)?.intValue == 0o700)
     let ksMode = try FileManager.default.attributesOfItem(atPath: dev1.keystoreURL.path)[
