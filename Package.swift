@@ -50,6 +50,13 @@ let package = Package(
       dependencies: ["ZDCCore", "CSodium"],
       swiftSettings: strict),
     .target(
+      name: "ZDCSync",
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog",
+        .product(name: "Logging", package: "swift-log"),
+      ],
+      swiftSettings: strict),
+    .target(
       name: "ZDCAccount",
       dependencies: [
         "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore",
@@ -91,6 +98,12 @@ let package = Package(
       name: "ZDCAccountTests",
       dependencies: [
         "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "ZDCTestSupport", "zdc",
+      ],
+      swiftSettings: strict),
+    .testTarget(
+      name: "ZDCSyncTests",
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCSync", "ZDCLocalStore", "ZDCTestSupport",
       ],
       swiftSettings: strict),
     .testTarget(

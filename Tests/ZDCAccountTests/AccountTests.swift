@@ -242,3 +242,16 @@ import ZDCTestSupport
     #expect(FileManager.default.fileExists(atPath: tmp.path(".local/share/zdcfs/store/users").path))
   }
 }
+
+@Suite struct KeyDerivationTests {
+  @Test func deterministicPerPurposeAndSecret() throws {
+    let s1 = SecureRandom.bytes(32)
+    let s2 = SecureRandom.bytes(32)
+    let a = try KeyDerivation.key(for: .changeLog, secret: s1)
+    #expect(a.count == 32)
+    #expect(a == (try KeyDerivation.key(for: .changeLog, secret: s1)))
+    #expect(a != (try KeyDerivation.key(for: .localCache, secret: s1)))
+    #expect(a != (try KeyDerivation.key(for: .changeLog, secret: s2)))
+    #expect(throws: CryptoError.self) { try KeyDerivation.key(for: .changeLog, secret: Data()) }
+  }
+}

@@ -1,0 +1,6 @@
+import Testing
+import ZDCSync
+
+@Test func progressStartsIdle() {
+  #expect(ProgressTracker().snapshot.isIdle)
+}
