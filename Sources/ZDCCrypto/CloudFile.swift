@@ -276,7 +276,9 @@ public struct CloudFileEncoder: Sendable {
   }
 
   private init(key: Data, fixedNoncePrefix: Data?) throws {
-    guard key.count == AEAD.keySize else { throw CryptoError.invalidKey("node key must be 32 bytes") }
+    guard key.count == AEAD.keySize else {
+      throw CryptoError.invalidKey("node key must be 32 bytes")
+    }
     self.key = key
     self.fixedNoncePrefix = fixedNoncePrefix
   }
@@ -428,7 +430,9 @@ public final class CloudFileReader: Sendable {
   public init(
     key: Data, ciphertextSize: UInt64, fetch: @escaping @Sendable (ByteRange) throws -> Data
   ) throws {
-    guard key.count == AEAD.keySize else { throw CryptoError.invalidKey("node key must be 32 bytes") }
+    guard key.count == AEAD.keySize else {
+      throw CryptoError.invalidKey("node key must be 32 bytes")
+    }
     guard let plaintextSize = CloudFileFormat.plaintextSize(ciphertextSize: ciphertextSize) else {
       throw CryptoError.truncated("CloudFile of \(ciphertextSize) bytes cannot be valid")
     }

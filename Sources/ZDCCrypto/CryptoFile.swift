@@ -117,7 +117,9 @@ public final class CryptoFile: @unchecked Sendable {
 
   /// Creates (or replaces) an empty CryptoFile, mode 0600, under a 32-byte key.
   public static func create(at url: URL, key: Data) throws -> CryptoFile {
-    guard key.count == AEAD.keySize else { throw CryptoError.invalidKey("file key must be 32 bytes") }
+    guard key.count == AEAD.keySize else {
+      throw CryptoError.invalidKey("file key must be 32 bytes")
+    }
     let fd = try POSIXIO.open(url.path, O_RDWR | O_CREAT | O_TRUNC)
     let fileID = SecureRandom.bytes(fileIDSize)
     var header = Data(count: headerSize)
@@ -125,7 +127,9 @@ public final class CryptoFile: @unchecked Sendable {
       h.copyBytes(from: magic)
       h[8] = version
       h[9] = chunkShift
-      fileID.withUnsafeBytes { UnsafeMutableRawBufferPointer(rebasing: h[16..<32]).copyMemory(from: $0) }
+      fileID.withUnsafeBytes {
+        UnsafeMutableRawBufferPointer(rebasing: h[16..<32]).copyMemory(from: $0)
+      }
     }
     do {
       try header.withUnsafeBytes { try POSIXIO.pwrite(fd, $0, 0) }
@@ -144,7 +148,9 @@ public final class CryptoFile: @unchecked Sendable {
 
   /// Opens an existing CryptoFile; checks its header and authenticates its last chunk.
   public static func open(at url: URL, key: Data) throws -> CryptoFile {
-    guard key.count == AEAD.keySize else { throw CryptoError.invalidKey("file key must be 32 bytes") }
+    guard key.count == AEAD.keySize else {
+      throw CryptoError.invalidKey("file key must be 32 bytes")
+    }
     let fd = try POSIXIO.open(url.path, O_RDWR)
     do {
       var header = Data(count: headerSize)

@@ -156,7 +156,8 @@ public enum Rcrd {
       key: node.encryptionKey)
     let wire = Wire(
       version: version, cloudID: node.cloudID, keys: keys,
-      children: ["": Child(prefix: node.dirPrefix)], meta: (metaNonce + sealed).base64EncodedString(),
+      children: ["": Child(prefix: node.dirPrefix)],
+      meta: (metaNonce + sealed).base64EncodedString(),
       burnDate: node.burnDate.map { Int64($0.timeIntervalSince1970.rounded(.down)) })
     return try encoder().encode(wire)
   }

@@ -55,7 +55,9 @@ let C = CloudFileFormat.chunkSize
           data: .reader(size: UInt64(d.count)) { buf in
             // Deliberately short reads.
             let n = min(buf.count, d.count - pos, 5000)
-            d.withUnsafeBytes { buf.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[pos..<(pos + n)])) }
+            d.withUnsafeBytes {
+              buf.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[pos..<(pos + n)]))
+            }
             pos += n
             return n
           }
@@ -74,8 +76,11 @@ let C = CloudFileFormat.chunkSize
         try reader.stream(section, chunksPerFetch: 1 + round % 3) { streamed.append($0) }
         #expect(streamed == expected)
       }
-      #expect(reader.sizes == CloudFileSizes(
-        metadataSize: UInt64(m.count), thumbnailSize: UInt64(t.count), dataSize: UInt64(d.count)))
+      #expect(
+        reader.sizes
+          == CloudFileSizes(
+            metadataSize: UInt64(m.count), thumbnailSize: UInt64(t.count), dataSize: UInt64(d.count)
+          ))
     }
   }
 
@@ -118,7 +123,8 @@ let C = CloudFileFormat.chunkSize
     let d = randomBytes(6 * C + 333, &rng)
     let object = try encodeCloudFile(key: key, metadata: m, thumbnail: t, data: d)
     let log = FetchLog(object)
-    let reader = try CloudFileReader(key: key, ciphertextSize: UInt64(object.count), fetch: log.fetch)
+    let reader = try CloudFileReader(
+      key: key, ciphertextSize: UInt64(object.count), fetch: log.fetch)
     #expect(log.ranges.count == 1)
     let sizes = reader.sizes
     for _ in 0..<300 {
@@ -140,12 +146,16 @@ let C = CloudFileFormat.chunkSize
       } else {
         #expect(
           log.ranges
-            == [CloudFileFormat.ciphertextRange(forChunks: chunks, plaintextSize: reader.plaintextSize)])
+            == [
+              CloudFileFormat.ciphertextRange(
+                forChunks: chunks, plaintextSize: reader.plaintextSize)
+            ])
       }
     }
     // A read past the end is short, like a file read.
     #expect(try reader.read(.metadata, range: ByteRange(990, 5000)) == m.subdata(in: 990..<1000))
-    #expect(try reader.read(.data, range: ByteRange(UInt64(d.count) + 1, UInt64(d.count) + 9)).isEmpty)
+    #expect(
+      try reader.read(.data, range: ByteRange(UInt64(d.count) + 1, UInt64(d.count) + 9)).isEmpty)
   }
 
   /// A multi-chunk object and its chunk boundaries for tamper tests.
@@ -161,7 +171,9 @@ let C = CloudFileFormat.chunkSize
   }
 
   func expectRejected(_ object: Data, key: Data? = nil, _ what: String) {
-    #expect(throws: (any Error).self, "\(what)") { _ = try decodeAll(key: key ?? self.key, object: object) }
+    #expect(throws: (any Error).self, "\(what)") {
+      _ = try decodeAll(key: key ?? self.key, object: object)
+    }
   }
 
   @Test func detectsBitFlipsEverywhere() throws {
@@ -212,7 +224,8 @@ let C = CloudFileFormat.chunkSize
     let name = "SecretName-XYZZY"
     let data = Data(String(repeating: secret, count: 5000).utf8)
     let object = try encodeCloudFile(
-      key: key, metadata: Data("{\"name\":\"\(name)\"}".utf8), thumbnail: Data(name.utf8), data: data)
+      key: key, metadata: Data("{\"name\":\"\(name)\"}".utf8), thumbnail: Data(name.utf8),
+      data: data)
     #expect(!contains(object, secret))
     #expect(!contains(object, name))
     #expect(!contains(object, "ZDCCLOUD"))
