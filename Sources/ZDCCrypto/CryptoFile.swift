@@ -327,6 +327,9 @@ public final class CryptoFile: @unchecked Sendable {
     defer { lock.unlock() }
     try checkOpen()
     guard bytes.count > 0 else { return }
+    guard offset <= UInt64(Int64.max) - UInt64(bytes.count) else {
+      throw StoreError.io("CryptoFile write beyond the largest file size", errno: EFBIG)
+    }
     if offset > plaintextSize { try extend(to: offset) }
     let oldLast = Self.lastIndex(plaintextSize)
     let end = offset + UInt64(bytes.count)
@@ -366,6 +369,9 @@ public final class CryptoFile: @unchecked Sendable {
     defer { lock.unlock() }
     try checkOpen()
     if newSize == plaintextSize { return }
+    guard newSize <= UInt64(Int64.max) else {
+      throw StoreError.io("CryptoFile truncate beyond the largest file size", errno: EFBIG)
+    }
     if newSize > plaintextSize { return try extend(to: newSize) }
     try flush()
     let newLast = Self.lastIndex(newSize)
