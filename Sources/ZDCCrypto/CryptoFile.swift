@@ -48,6 +48,8 @@ public final class CryptoFile: @unchecked Sendable {
   private var bufferDirty = false
   /// Scratch space for one slot.
   private let slot: UnsafeMutableRawBufferPointer
+  /// Number of chunk encryptions so far (for tests of the write-back buffer).
+  private(set) var chunkEncryptions = 0
 
   private init(fd: Int32, key: Data, fileID: Data, plaintextSize: UInt64, physicalSize: UInt64) {
     self.fd = fd
@@ -205,6 +207,7 @@ public final class CryptoFile: @unchecked Sendable {
           associatedData: a, key: k)
       }
     }
+    chunkEncryptions += 1
     let offset = Self.slotOffset(index)
     let count = Self.slotOverhead + length
     try POSIXIO.pwrite(fd, UnsafeRawBufferPointer(rebasing: slot[0..<count]), offset)
@@ -334,8 +337,9 @@ public final class CryptoFile: @unchecked Sendable {
     let oldLast = Self.lastIndex(plaintextSize)
     let end = offset + UInt64(bytes.count)
     let newSize = max(plaintextSize, end)
-    if Self.lastIndex(newSize) > oldLast {
-      // The old last chunk stops being last: read it under its current flag first.
+    if newSize > plaintextSize {
+      // The old last chunk grows (or stops being last): read it under the current size, whose
+      // length and last flag are the ones on disk, before the size changes.
       try load(oldLast, fresh: false)
       bufferDirty = true
     }

@@ -135,6 +135,9 @@ public enum Rcrd {
     guard node.encryptionKey.count == AEAD.keySize else {
       throw CryptoError.invalidKey("node key must be 32 bytes")
     }
+    guard !node.cloudID.isEmpty, !node.dirPrefix.isEmpty, !node.dirPrefix.contains("/") else {
+      throw CryptoError.malformed("node has no cloudID or an invalid dirPrefix")
+    }
     var keys: [String: KeyEntry] = [:]
     for (principal, item) in node.shareList.items {
       var entry = KeyEntry(perms: item.permissions.description, key: nil)

@@ -39,7 +39,10 @@ import ZDCCore
         case 0..<45:
           let small = Bool.random(using: &rng)
           let len = Int.random(in: 1...(small ? 5000 : 3 * CS), using: &rng)
-          let off = Int.random(in: 0...(model.count + (small ? 2000 : 2 * CS)), using: &rng)
+          let off =
+            Int.random(in: 0..<4, using: &rng) == 0
+            ? model.count  // an append
+            : Int.random(in: 0...(model.count + (small ? 2000 : 2 * CS)), using: &rng)
           let bytes = randomBytes(len, &rng)
           try f.write(bytes, at: UInt64(off))
           if model.count < off + len { model.append(Data(count: off + len - model.count)) }
@@ -176,6 +179,53 @@ import ZDCCore
     #expect(try decodeAll(key: nodeKey, object: object).2 == content)
     try f.close()
     #expect(throws: (any Error).self) { try f.read(offset: 0, count: 1) }
+  }
+
+  @Test func smallSequentialWritesEncryptEachChunkOnce() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let f = try CryptoFile.create(at: dir.appendingPathComponent("once"), key: key)
+    let base = f.chunkEncryptions  // the empty chunk written by create
+    let block = Data(repeating: 0xAB, count: 4096)
+    for i in 0..<(8 * CS / 4096) { try f.write(block, at: UInt64(i * 4096)) }
+    try f.sync()
+    #expect(f.chunkEncryptions - base == 8)
+    // Sequential small reads decrypt each chunk once and need no re-encryption.
+    var offset: UInt64 = 0
+    while offset < f.size {
+      #expect(try f.read(offset: offset, count: 4096) == block)
+      offset += 4096
+    }
+    #expect(f.chunkEncryptions - base == 8)
+    // Overwriting in place re-encrypts only the touched chunk.
+    try f.write(Data([1]), at: UInt64(3 * CS + 7))
+    try f.sync()
+    #expect(f.chunkEncryptions - base == 9)
+    try f.close()
+  }
+
+  @Test func concurrentWritersAndReaders() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let f = try CryptoFile.create(at: dir.appendingPathComponent("mt"), key: key)
+    let threads = 8
+    let region = 3 * CS / 2
+    DispatchQueue.concurrentPerform(iterations: threads) { t in
+      let bytes = Data(repeating: UInt8(t + 1), count: 1000)
+      var off = 0
+      while off < region {
+        let n = min(1000, region - off)
+        try? f.write(bytes.prefix(n), at: UInt64(t * region + off))
+        _ = try? f.read(offset: UInt64(((t + 3) % threads) * region), count: 5000)
+        off += n
+      }
+    }
+    #expect(f.size == UInt64(threads * region))
+    for t in 0..<threads {
+      let got = try f.read(offset: UInt64(t * region), count: region)
+      #expect(got == Data(repeating: UInt8(t + 1), count: region), "thread \(t)")
+    }
+    try f.close()
   }
 
   @Test func noPlaintextOnDisk() throws {
