@@ -330,8 +330,13 @@ public struct CloudFileEncoder: Sendable {
   ) throws {
     let fd = try POSIXIO.open(url.path, O_WRONLY | O_CREAT | O_TRUNC)
     defer { Glibc.close(fd) }
-    try encode(metadata: metadata, thumbnail: thumbnail, data: source) { chunk in
-      try chunk.withUnsafeBytes { try POSIXIO.write(fd, $0) }
+    do {
+      try encode(metadata: metadata, thumbnail: thumbnail, data: source) { chunk in
+        try chunk.withUnsafeBytes { try POSIXIO.write(fd, $0) }
+      }
+    } catch {
+      unlink(url.path)  // never leave a partial object behind
+      throw error
     }
   }
 

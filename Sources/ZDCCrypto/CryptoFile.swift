@@ -16,6 +16,9 @@ import ZDCCore
 /// can write the cache file can zero a chunk undetected: the local cache does not defend
 /// against a local attacker with write access (the store format has no such allowance).
 ///
+/// Changes reach the disk on `sync()` or `close()` (or when the buffer moves to another chunk);
+/// a file left mid-update by a crash fails authentication rather than returning wrong bytes.
+///
 /// Thread-safe: every operation holds an internal lock.
 public final class CryptoFile: @unchecked Sendable {
   // @unchecked: all mutable state is guarded by `lock`.
@@ -64,7 +67,10 @@ public final class CryptoFile: @unchecked Sendable {
   }
 
   deinit {
-    if fd >= 0 { Glibc.close(fd) }
+    if fd >= 0 {
+      try? flush()
+      Glibc.close(fd)
+    }
     sodium_memzero(buffer.baseAddress, buffer.count)
     buffer.deallocate()
     slot.deallocate()

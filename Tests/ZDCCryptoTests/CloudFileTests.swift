@@ -219,6 +219,33 @@ let C = CloudFileFormat.chunkSize
     expectRejected(object.prefix(starts[1]) + other.subdata(in: starts[1]..<other.count), "spliced")
   }
 
+  @Test func streamingDecodeDetectsTampering() throws {
+    let (object, starts) = try tamperSubject()
+    for p in [starts[1] + 5, starts[2] + C, starts[3] + 20, object.count - 1] {
+      var t = object
+      t[p] ^= 0x80
+      let reader = try CloudFileReader(
+        key: key, ciphertextSize: UInt64(t.count), fetch: FetchLog(t).fetch)
+      var got = Data()
+      #expect(throws: CryptoError.self, "flip at \(p)") {
+        try reader.stream(.data) { got.append($0) }
+      }
+      // Whatever was delivered before the error is a correct prefix.
+      let good = try decodeAll(key: key, object: object).2
+      #expect(good.prefix(got.count) == got)
+    }
+  }
+
+  @Test func failedEncodeToFileLeavesNothing() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let dst = dir.appendingPathComponent("out")
+    #expect(throws: CryptoError.self) {
+      try CloudFileEncoder(key: key).encode(data: .reader(size: 100_000) { _ in 0 }, toFileAt: dst)
+    }
+    #expect(!FileManager.default.fileExists(atPath: dst.path))
+  }
+
   @Test func noPlaintextInObject() throws {
     let secret = "TOP-SECRET-CONTENT-\(UUID().uuidString)"
     let name = "SecretName-XYZZY"
