@@ -114,6 +114,8 @@ let C = CloudFileFormat.chunkSize
     }
     #expect(CloudFileFormat.plaintextSize(ciphertextSize: 32 + UInt64(C + 16) + 16) == nil)
     #expect(CloudFileFormat.plaintextSize(ciphertextSize: 100) == nil)
+    #expect(CloudFileFormat.plaintextSize(ciphertextSize: .max) == nil)
+    #expect(CloudFileFormat.plaintextSize(metadataSize: .max, thumbnailSize: 1, dataSize: 0) == nil)
   }
 
   @Test func rangeReadsFetchOnlyNeededChunks() throws {
@@ -210,6 +212,11 @@ let C = CloudFileFormat.chunkSize
     expectRejected(object.prefix(object.count - 1), "one byte short")
     expectRejected(object.prefix(40), "header only")
     expectRejected(Data(), "empty")
+    for size in [UInt64.max, 1 << 62, UInt64(object.count) * 2] {
+      #expect(throws: CryptoError.self, "claimed size \(size)") {
+        _ = try CloudFileReader(key: key, ciphertextSize: size, fetch: FetchLog(object).fetch)
+      }
+    }
     expectRejected(object + Data([0]), "one byte appended")
     expectRejected(object + Data(count: 16), "16 bytes appended")
     expectRejected(object + chunk(3), "last chunk repeated")
