@@ -23,6 +23,8 @@ public enum CloudFileFormat {
   static let outerMagic: [UInt8] = Array("ZDCF".utf8)
   static let innerMagic: [UInt8] = Array("ZDCCLOUD".utf8)
   static let noncePrefixSize = 16
+  /// The largest plaintext stream handled (2^62 bytes), so that size arithmetic never overflows.
+  public static let maxPlaintextSize: UInt64 = 1 << 62
 
   /// Size of the plaintext stream for the given section sizes, or `nil` on overflow.
   public static func plaintextSize(metadataSize: UInt64, thumbnailSize: UInt64, dataSize: UInt64)
@@ -34,8 +36,7 @@ public enum CloudFileFormat {
       if overflow { return nil }
       total = sum
     }
-    // Leave room for the tags and header.
-    return total < UInt64.max / 2 ? total : nil
+    return total <= maxPlaintextSize ? total : nil
   }
 
   /// Number of chunks holding a plaintext stream of `plaintextSize` bytes (at least 1).
@@ -53,7 +54,9 @@ public enum CloudFileFormat {
   /// has that size.
   public static func plaintextSize(ciphertextSize total: UInt64) -> UInt64? {
     let minimum = UInt64(outerHeaderSize + innerHeaderSize + AEAD.tagSize)
-    guard total >= minimum else { return nil }
+    guard total >= minimum, total <= ciphertextSize(plaintextSize: maxPlaintextSize) else {
+      return nil
+    }
     let body = total - UInt64(outerHeaderSize)
     let full = body / UInt64(encryptedChunkSize)
     let rem = body % UInt64(encryptedChunkSize)
@@ -276,18 +279,22 @@ public struct CloudFileEncoder: Sendable {
   }
 
   private init(key: Data, fixedNoncePrefix: Data?) throws {
-    guard key.count == AEAD.keySize else { throw CryptoError.invalidKey("node key must be 32 bytes") }
+    guard key.count == AEAD.keySize else {
+      throw CryptoError.invalidKey("node key must be 32 bytes")
+    }
     self.key = key
     self.fixedNoncePrefix = fixedNoncePrefix
   }
 
-  /// Total object size for the given section sizes.
+  /// Total object size for the given section sizes (sizes whose sum exceeds
+  /// `CloudFileFormat.maxPlaintextSize` cannot be encoded).
   public static func encodedSize(metadataSize: UInt64, thumbnailSize: UInt64, dataSize: UInt64)
     -> UInt64
   {
     let p =
       CloudFileFormat.plaintextSize(
-        metadataSize: metadataSize, thumbnailSize: thumbnailSize, dataSize: dataSize) ?? .max / 2
+        metadataSize: metadataSize, thumbnailSize: thumbnailSize, dataSize: dataSize)
+      ?? CloudFileFormat.maxPlaintextSize + 1
     return CloudFileFormat.ciphertextSize(plaintextSize: p)
   }
 
@@ -328,8 +335,13 @@ public struct CloudFileEncoder: Sendable {
   ) throws {
     let fd = try POSIXIO.open(url.path, O_WRONLY | O_CREAT | O_TRUNC)
     defer { Glibc.close(fd) }
-    try encode(metadata: metadata, thumbnail: thumbnail, data: source) { chunk in
-      try chunk.withUnsafeBytes { try POSIXIO.write(fd, $0) }
+    do {
+      try encode(metadata: metadata, thumbnail: thumbnail, data: source) { chunk in
+        try chunk.withUnsafeBytes { try POSIXIO.write(fd, $0) }
+      }
+    } catch {
+      unlink(url.path)  // never leave a partial object behind
+      throw error
     }
   }
 
@@ -428,7 +440,9 @@ public final class CloudFileReader: Sendable {
   public init(
     key: Data, ciphertextSize: UInt64, fetch: @escaping @Sendable (ByteRange) throws -> Data
   ) throws {
-    guard key.count == AEAD.keySize else { throw CryptoError.invalidKey("node key must be 32 bytes") }
+    guard key.count == AEAD.keySize else {
+      throw CryptoError.invalidKey("node key must be 32 bytes")
+    }
     guard let plaintextSize = CloudFileFormat.plaintextSize(ciphertextSize: ciphertextSize) else {
       throw CryptoError.truncated("CloudFile of \(ciphertextSize) bytes cannot be valid")
     }

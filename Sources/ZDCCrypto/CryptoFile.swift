@@ -16,6 +16,9 @@ import ZDCCore
 /// can write the cache file can zero a chunk undetected: the local cache does not defend
 /// against a local attacker with write access (the store format has no such allowance).
 ///
+/// Changes reach the disk on `sync()` or `close()` (or when the buffer moves to another chunk);
+/// a file left mid-update by a crash fails authentication rather than returning wrong bytes.
+///
 /// Thread-safe: every operation holds an internal lock.
 public final class CryptoFile: @unchecked Sendable {
   // @unchecked: all mutable state is guarded by `lock`.
@@ -48,6 +51,8 @@ public final class CryptoFile: @unchecked Sendable {
   private var bufferDirty = false
   /// Scratch space for one slot.
   private let slot: UnsafeMutableRawBufferPointer
+  /// Number of chunk encryptions so far (for tests of the write-back buffer).
+  private(set) var chunkEncryptions = 0
 
   private init(fd: Int32, key: Data, fileID: Data, plaintextSize: UInt64, physicalSize: UInt64) {
     self.fd = fd
@@ -62,7 +67,10 @@ public final class CryptoFile: @unchecked Sendable {
   }
 
   deinit {
-    if fd >= 0 { Glibc.close(fd) }
+    if fd >= 0 {
+      try? flush()
+      Glibc.close(fd)
+    }
     sodium_memzero(buffer.baseAddress, buffer.count)
     buffer.deallocate()
     slot.deallocate()
@@ -117,7 +125,9 @@ public final class CryptoFile: @unchecked Sendable {
 
   /// Creates (or replaces) an empty CryptoFile, mode 0600, under a 32-byte key.
   public static func create(at url: URL, key: Data) throws -> CryptoFile {
-    guard key.count == AEAD.keySize else { throw CryptoError.invalidKey("file key must be 32 bytes") }
+    guard key.count == AEAD.keySize else {
+      throw CryptoError.invalidKey("file key must be 32 bytes")
+    }
     let fd = try POSIXIO.open(url.path, O_RDWR | O_CREAT | O_TRUNC)
     let fileID = SecureRandom.bytes(fileIDSize)
     var header = Data(count: headerSize)
@@ -125,7 +135,9 @@ public final class CryptoFile: @unchecked Sendable {
       h.copyBytes(from: magic)
       h[8] = version
       h[9] = chunkShift
-      fileID.withUnsafeBytes { UnsafeMutableRawBufferPointer(rebasing: h[16..<32]).copyMemory(from: $0) }
+      fileID.withUnsafeBytes {
+        UnsafeMutableRawBufferPointer(rebasing: h[16..<32]).copyMemory(from: $0)
+      }
     }
     do {
       try header.withUnsafeBytes { try POSIXIO.pwrite(fd, $0, 0) }
@@ -144,7 +156,9 @@ public final class CryptoFile: @unchecked Sendable {
 
   /// Opens an existing CryptoFile; checks its header and authenticates its last chunk.
   public static func open(at url: URL, key: Data) throws -> CryptoFile {
-    guard key.count == AEAD.keySize else { throw CryptoError.invalidKey("file key must be 32 bytes") }
+    guard key.count == AEAD.keySize else {
+      throw CryptoError.invalidKey("file key must be 32 bytes")
+    }
     let fd = try POSIXIO.open(url.path, O_RDWR)
     do {
       var header = Data(count: headerSize)
@@ -199,6 +213,7 @@ public final class CryptoFile: @unchecked Sendable {
           associatedData: a, key: k)
       }
     }
+    chunkEncryptions += 1
     let offset = Self.slotOffset(index)
     let count = Self.slotOverhead + length
     try POSIXIO.pwrite(fd, UnsafeRawBufferPointer(rebasing: slot[0..<count]), offset)
@@ -321,12 +336,16 @@ public final class CryptoFile: @unchecked Sendable {
     defer { lock.unlock() }
     try checkOpen()
     guard bytes.count > 0 else { return }
+    guard offset <= UInt64(Int64.max) - UInt64(bytes.count) else {
+      throw StoreError.io("CryptoFile write beyond the largest file size", errno: EFBIG)
+    }
     if offset > plaintextSize { try extend(to: offset) }
     let oldLast = Self.lastIndex(plaintextSize)
     let end = offset + UInt64(bytes.count)
     let newSize = max(plaintextSize, end)
-    if Self.lastIndex(newSize) > oldLast {
-      // The old last chunk stops being last: read it under its current flag first.
+    if newSize > plaintextSize {
+      // The old last chunk grows (or stops being last): read it under the current size, whose
+      // length and last flag are the ones on disk, before the size changes.
       try load(oldLast, fresh: false)
       bufferDirty = true
     }
@@ -360,6 +379,9 @@ public final class CryptoFile: @unchecked Sendable {
     defer { lock.unlock() }
     try checkOpen()
     if newSize == plaintextSize { return }
+    guard newSize <= UInt64(Int64.max) else {
+      throw StoreError.io("CryptoFile truncate beyond the largest file size", errno: EFBIG)
+    }
     if newSize > plaintextSize { return try extend(to: newSize) }
     try flush()
     let newLast = Self.lastIndex(newSize)

@@ -1,7 +1,6 @@
 import Foundation
-import ZDCCore
-
 import Glibc  // zdcfs is Linux-only (FUSE 3).
+import ZDCCore
 
 /// Thin positional I/O helpers over a file descriptor; errors become `StoreError.io`.
 enum POSIXIO {
@@ -110,8 +109,7 @@ enum LE {
   }
 
   @inline(__always)
-  static func load<T: FixedWidthInteger>(_ p: UnsafeRawBufferPointer, at o: Int, as: T.Type) -> T
-  {
+  static func load<T: FixedWidthInteger>(_ p: UnsafeRawBufferPointer, at o: Int, as: T.Type) -> T {
     T(littleEndian: p.loadUnaligned(fromByteOffset: o, as: T.self))
   }
 }

@@ -135,6 +135,9 @@ public enum Rcrd {
     guard node.encryptionKey.count == AEAD.keySize else {
       throw CryptoError.invalidKey("node key must be 32 bytes")
     }
+    guard !node.cloudID.isEmpty, !node.dirPrefix.isEmpty, !node.dirPrefix.contains("/") else {
+      throw CryptoError.malformed("node has no cloudID or an invalid dirPrefix")
+    }
     var keys: [String: KeyEntry] = [:]
     for (principal, item) in node.shareList.items {
       var entry = KeyEntry(perms: item.permissions.description, key: nil)
@@ -156,7 +159,8 @@ public enum Rcrd {
       key: node.encryptionKey)
     let wire = Wire(
       version: version, cloudID: node.cloudID, keys: keys,
-      children: ["": Child(prefix: node.dirPrefix)], meta: (metaNonce + sealed).base64EncodedString(),
+      children: ["": Child(prefix: node.dirPrefix)],
+      meta: (metaNonce + sealed).base64EncodedString(),
       burnDate: node.burnDate.map { Int64($0.timeIntervalSince1970.rounded(.down)) })
     return try encoder().encode(wire)
   }

@@ -1,1 +1,166 @@
-print("bench")
+// zdc-bench: micro-benchmarks of the crypto formats (not tests; figures vary by machine).
+//
+//   zdc-bench cloudfile    AEAD, CloudFile and CryptoFile throughput on one core.
+
+import CSodium
+import Foundation
+import ZDCCore
+import ZDCCrypto
+
+let mib = 1 << 20
+let chunk = 64 * 1024
+
+func now() -> Double {
+  var ts = timespec()
+  clock_gettime(CLOCK_MONOTONIC, &ts)
+  return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+}
+
+/// Runs `body`, returns seconds.
+func time(_ body: () throws -> Void) rethrows -> Double {
+  let t0 = now()
+  try body()
+  return now() - t0
+}
+
+func report(_ what: String, bytes: Int, seconds: Double) {
+  let rate = Double(bytes) / Double(mib) / seconds
+  print(
+    what.padding(toLength: 52, withPad: " ", startingAt: 0)
+      + String(format: "%9.1f MB/s  (%.2f s)", rate, seconds))
+}
+
+func reportOps(_ what: String, ops: Int, seconds: Double) {
+  print(
+    what.padding(toLength: 52, withPad: " ", startingAt: 0)
+      + String(format: "%9.0f ops/s (%.2f s)", Double(ops) / seconds, seconds))
+}
+
+func rawAEAD() throws {
+  let key = SecureRandom.nodeKey()
+  let nonce = SecureRandom.bytes(24)
+  let ad = Data(count: 33)
+  let plain = SecureRandom.bytes(chunk)
+  var sealed = Data(count: chunk + 16)
+  var opened = Data(count: chunk)
+  let rounds = 4096  // 256 MiB
+  let enc = try time {
+    try sealed.withUnsafeMutableBytes { out in
+      try plain.withUnsafeBytes { p in
+        try nonce.withUnsafeBytes { n in
+          try ad.withUnsafeBytes { a in
+            try key.withUnsafeBytes { k in
+              for _ in 0..<rounds {
+                try AEAD.seal(p, into: out, nonce: n, associatedData: a, key: k)
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  report("crypto_aead_xchacha20poly1305 encrypt 64 KiB", bytes: rounds * chunk, seconds: enc)
+  let dec = try time {
+    try opened.withUnsafeMutableBytes { out in
+      try sealed.withUnsafeBytes { c in
+        try nonce.withUnsafeBytes { n in
+          try ad.withUnsafeBytes { a in
+            try key.withUnsafeBytes { k in
+              for _ in 0..<rounds {
+                try AEAD.open(c, into: out, nonce: n, associatedData: a, key: k)
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  report("crypto_aead_xchacha20poly1305 decrypt 64 KiB", bytes: rounds * chunk, seconds: dec)
+}
+
+func cloudFile() throws {
+  let key = SecureRandom.nodeKey()
+  let size = 256 * mib
+  let data = SecureRandom.bytes(size)
+  var sinkBytes = 0
+  let enc = try time {
+    try CloudFileEncoder(key: key).encode(data: .data(data)) { sinkBytes += $0.count }
+  }
+  report("CloudFile encode 256 MiB (memory -> null sink)", bytes: size, seconds: enc)
+
+  var object = Data()
+  object.reserveCapacity(sinkBytes)
+  try CloudFileEncoder(key: key).encode(data: .data(data)) { object.append($0) }
+  let stored = object
+  let fetch: @Sendable (ByteRange) throws -> Data = { r in
+    stored.subdata(in: Int(r.lowerBound)..<Int(r.upperBound))
+  }
+  let reader = try CloudFileReader(
+    key: key, ciphertextSize: UInt64(stored.count), fetch: fetch)
+  var decoded = 0
+  let dec = try time {
+    try reader.stream(.data) { decoded += $0.count }
+  }
+  precondition(decoded == size)
+  report("CloudFile decode 256 MiB (stream -> null sink)", bytes: size, seconds: dec)
+
+  var rng = SystemRandomNumberGenerator()
+  let ops = 20_000
+  let ranged = try time {
+    for _ in 0..<ops {
+      let off = UInt64.random(in: 0..<UInt64(size - 4096), using: &rng)
+      _ = try reader.read(.data, range: ByteRange(off, off + 4096))
+    }
+  }
+  reportOps("CloudFile ranged 4 KiB random reads (in memory)", ops: ops, seconds: ranged)
+}
+
+func cryptoFile() throws {
+  let key = SecureRandom.bytes(32)
+  let size = 256 * mib
+  let url = URL(fileURLWithPath: "/tmp/zdc-bench-\(getpid()).cryptofile")
+  defer { try? FileManager.default.removeItem(at: url) }
+  let source = SecureRandom.bytes(128 * 1024)
+  for callSize in [4096, 128 * 1024] {
+    let piece = source.prefix(callSize)
+    let f = try CryptoFile.create(at: url, key: key)
+    let w = try time {
+      try piece.withUnsafeBytes { p in
+        var off: UInt64 = 0
+        while off < UInt64(size) {
+          try f.write(p, at: off)
+          off += UInt64(callSize)
+        }
+      }
+      try f.sync()
+    }
+    report(
+      "CryptoFile sequential write, \(callSize / 1024) KiB calls (+fsync)", bytes: size, seconds: w)
+    var buf = Data(count: callSize)
+    let r = try time {
+      try buf.withUnsafeMutableBytes { b in
+        var off: UInt64 = 0
+        while true {
+          let n = try f.read(into: b, at: off)
+          if n == 0 { break }
+          off += UInt64(n)
+        }
+        precondition(off == UInt64(size))
+      }
+    }
+    report("CryptoFile sequential read, \(callSize / 1024) KiB calls", bytes: size, seconds: r)
+    try f.close()
+  }
+}
+
+let args = CommandLine.arguments.dropFirst()
+switch args.first {
+case "cloudfile":
+  print("zdc-bench cloudfile (one thread; MB = MiB)")
+  try rawAEAD()
+  try cloudFile()
+  try cryptoFile()
+default:
+  print("usage: zdc-bench cloudfile")
+  exit(args.isEmpty ? 0 : 2)
+}

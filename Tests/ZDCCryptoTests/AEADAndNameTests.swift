@@ -12,7 +12,8 @@ import ZDCCore
       let plain = SecureRandom.bytes(size)
       let sealed = try AEAD.seal(plain, nonce: nonce, associatedData: Data("ad".utf8), key: key)
       #expect(sealed.count == size + 16)
-      #expect(try AEAD.open(sealed, nonce: nonce, associatedData: Data("ad".utf8), key: key) == plain)
+      #expect(
+        try AEAD.open(sealed, nonce: nonce, associatedData: Data("ad".utf8), key: key) == plain)
       #expect(throws: CryptoError.self) {
         try AEAD.open(sealed, nonce: nonce, associatedData: Data("AD".utf8), key: key)
       }
@@ -83,7 +84,11 @@ import ZDCCore
   }
 
   @Test func rejectsBadSalt() {
-    #expect(throws: CryptoError.self) { try CloudName.compute(name: "x", parentDirSalt: Data(count: 15)) }
-    #expect(throws: CryptoError.self) { try CloudName.compute(name: "x", parentDirSalt: Data(count: 65)) }
+    #expect(throws: CryptoError.self) {
+      try CloudName.compute(name: "x", parentDirSalt: Data(count: 15))
+    }
+    #expect(throws: CryptoError.self) {
+      try CloudName.compute(name: "x", parentDirSalt: Data(count: 65))
+    }
   }
 }

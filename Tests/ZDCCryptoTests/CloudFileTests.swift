@@ -55,7 +55,9 @@ let C = CloudFileFormat.chunkSize
           data: .reader(size: UInt64(d.count)) { buf in
             // Deliberately short reads.
             let n = min(buf.count, d.count - pos, 5000)
-            d.withUnsafeBytes { buf.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[pos..<(pos + n)])) }
+            d.withUnsafeBytes {
+              buf.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[pos..<(pos + n)]))
+            }
             pos += n
             return n
           }
@@ -74,8 +76,11 @@ let C = CloudFileFormat.chunkSize
         try reader.stream(section, chunksPerFetch: 1 + round % 3) { streamed.append($0) }
         #expect(streamed == expected)
       }
-      #expect(reader.sizes == CloudFileSizes(
-        metadataSize: UInt64(m.count), thumbnailSize: UInt64(t.count), dataSize: UInt64(d.count)))
+      #expect(
+        reader.sizes
+          == CloudFileSizes(
+            metadataSize: UInt64(m.count), thumbnailSize: UInt64(t.count), dataSize: UInt64(d.count)
+          ))
     }
   }
 
@@ -109,6 +114,8 @@ let C = CloudFileFormat.chunkSize
     }
     #expect(CloudFileFormat.plaintextSize(ciphertextSize: 32 + UInt64(C + 16) + 16) == nil)
     #expect(CloudFileFormat.plaintextSize(ciphertextSize: 100) == nil)
+    #expect(CloudFileFormat.plaintextSize(ciphertextSize: .max) == nil)
+    #expect(CloudFileFormat.plaintextSize(metadataSize: .max, thumbnailSize: 1, dataSize: 0) == nil)
   }
 
   @Test func rangeReadsFetchOnlyNeededChunks() throws {
@@ -118,7 +125,8 @@ let C = CloudFileFormat.chunkSize
     let d = randomBytes(6 * C + 333, &rng)
     let object = try encodeCloudFile(key: key, metadata: m, thumbnail: t, data: d)
     let log = FetchLog(object)
-    let reader = try CloudFileReader(key: key, ciphertextSize: UInt64(object.count), fetch: log.fetch)
+    let reader = try CloudFileReader(
+      key: key, ciphertextSize: UInt64(object.count), fetch: log.fetch)
     #expect(log.ranges.count == 1)
     let sizes = reader.sizes
     for _ in 0..<300 {
@@ -140,12 +148,16 @@ let C = CloudFileFormat.chunkSize
       } else {
         #expect(
           log.ranges
-            == [CloudFileFormat.ciphertextRange(forChunks: chunks, plaintextSize: reader.plaintextSize)])
+            == [
+              CloudFileFormat.ciphertextRange(
+                forChunks: chunks, plaintextSize: reader.plaintextSize)
+            ])
       }
     }
     // A read past the end is short, like a file read.
     #expect(try reader.read(.metadata, range: ByteRange(990, 5000)) == m.subdata(in: 990..<1000))
-    #expect(try reader.read(.data, range: ByteRange(UInt64(d.count) + 1, UInt64(d.count) + 9)).isEmpty)
+    #expect(
+      try reader.read(.data, range: ByteRange(UInt64(d.count) + 1, UInt64(d.count) + 9)).isEmpty)
   }
 
   /// A multi-chunk object and its chunk boundaries for tamper tests.
@@ -161,7 +173,9 @@ let C = CloudFileFormat.chunkSize
   }
 
   func expectRejected(_ object: Data, key: Data? = nil, _ what: String) {
-    #expect(throws: (any Error).self, "\(what)") { _ = try decodeAll(key: key ?? self.key, object: object) }
+    #expect(throws: (any Error).self, "\(what)") {
+      _ = try decodeAll(key: key ?? self.key, object: object)
+    }
   }
 
   @Test func detectsBitFlipsEverywhere() throws {
@@ -198,6 +212,11 @@ let C = CloudFileFormat.chunkSize
     expectRejected(object.prefix(object.count - 1), "one byte short")
     expectRejected(object.prefix(40), "header only")
     expectRejected(Data(), "empty")
+    for size in [UInt64.max, 1 << 62, UInt64(object.count) * 2] {
+      #expect(throws: CryptoError.self, "claimed size \(size)") {
+        _ = try CloudFileReader(key: key, ciphertextSize: size, fetch: FetchLog(object).fetch)
+      }
+    }
     expectRejected(object + Data([0]), "one byte appended")
     expectRejected(object + Data(count: 16), "16 bytes appended")
     expectRejected(object + chunk(3), "last chunk repeated")
@@ -207,12 +226,40 @@ let C = CloudFileFormat.chunkSize
     expectRejected(object.prefix(starts[1]) + other.subdata(in: starts[1]..<other.count), "spliced")
   }
 
+  @Test func streamingDecodeDetectsTampering() throws {
+    let (object, starts) = try tamperSubject()
+    for p in [starts[1] + 5, starts[2] + C, starts[3] + 20, object.count - 1] {
+      var t = object
+      t[p] ^= 0x80
+      let reader = try CloudFileReader(
+        key: key, ciphertextSize: UInt64(t.count), fetch: FetchLog(t).fetch)
+      var got = Data()
+      #expect(throws: CryptoError.self, "flip at \(p)") {
+        try reader.stream(.data) { got.append($0) }
+      }
+      // Whatever was delivered before the error is a correct prefix.
+      let good = try decodeAll(key: key, object: object).2
+      #expect(good.prefix(got.count) == got)
+    }
+  }
+
+  @Test func failedEncodeToFileLeavesNothing() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let dst = dir.appendingPathComponent("out")
+    #expect(throws: CryptoError.self) {
+      try CloudFileEncoder(key: key).encode(data: .reader(size: 100_000) { _ in 0 }, toFileAt: dst)
+    }
+    #expect(!FileManager.default.fileExists(atPath: dst.path))
+  }
+
   @Test func noPlaintextInObject() throws {
     let secret = "TOP-SECRET-CONTENT-\(UUID().uuidString)"
     let name = "SecretName-XYZZY"
     let data = Data(String(repeating: secret, count: 5000).utf8)
     let object = try encodeCloudFile(
-      key: key, metadata: Data("{\"name\":\"\(name)\"}".utf8), thumbnail: Data(name.utf8), data: data)
+      key: key, metadata: Data("{\"name\":\"\(name)\"}".utf8), thumbnail: Data(name.utf8),
+      data: data)
     #expect(!contains(object, secret))
     #expect(!contains(object, name))
     #expect(!contains(object, "ZDCCLOUD"))

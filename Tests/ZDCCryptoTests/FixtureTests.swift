@@ -12,7 +12,8 @@ import ZDCCore
   /// Writes `data` when regenerating; otherwise returns the frozen bytes.
   func frozen(_ name: String, _ data: @autoclosure () throws -> Data) throws -> Data {
     if regenerateFixtures {
-      try FileManager.default.createDirectory(at: fixturesDirectory, withIntermediateDirectories: true)
+      try FileManager.default.createDirectory(
+        at: fixturesDirectory, withIntermediateDirectories: true)
       let d = try data()
       try d.write(to: url(name))
       return d
@@ -56,7 +57,8 @@ import ZDCCore
     #expect(stored.vectors.count == Self.names.count)
     for v in stored.vectors {
       let name = String(decoding: try #require(Hex.decode(v.utf8Hex)), as: UTF8.self)
-      #expect(try CloudName.compute(name: name, parentDirSalt: Self.salt) == v.cloudName, "\(v.name)")
+      #expect(
+        try CloudName.compute(name: name, parentDirSalt: Self.salt) == v.cloudName, "\(v.name)")
     }
     for group in stored.mustCollide {
       #expect(Set(group.map { stored.vectors[$0].cloudName }).count == 1)
@@ -92,7 +94,10 @@ import ZDCCore
     #expect(d.meta.kind == .file)
     #expect(d.meta.mode == 0o644)
     #expect(d.meta.mtime == FileTime(seconds: 1_700_000_000, nanoseconds: 123_456_789))
-    #expect(d.meta.xattrs == ["user.comment": Data("hello xattr".utf8), "user.bin": Data([0, 1, 2, 255])])
+    #expect(
+      d.meta.xattrs == [
+        "user.comment": Data("hello xattr".utf8), "user.bin": Data([0, 1, 2, 255]),
+      ])
     #expect(d.meta.symlinkTarget == nil)
     #expect(d.meta.dataSize == 42)
     #expect(d.burnDate == Date(timeIntervalSince1970: 1_900_000_000))

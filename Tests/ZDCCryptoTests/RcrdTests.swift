@@ -124,7 +124,10 @@ func sampleNode(owner: String, name: String = "Quarterly Report.pdf") -> Node {
       ("no meta", { $0["meta"] = nil }),
       ("meta not base64", { $0["meta"] = "%%%" }),
       ("meta too short", { $0["meta"] = "AAAA" }),
-      ("meta truncated", { obj in obj["meta"] = (obj["meta"] as? String).map { String($0.dropLast(8)) } }),
+      (
+        "meta truncated",
+        { obj in obj["meta"] = (obj["meta"] as? String).map { String($0.dropLast(8)) } }
+      ),
       ("meta from another cloudID", { $0["cloudID"] = "ffffffffffffffffffffffffffffffff" }),
       ("burnDate not a number", { $0["burnDate"] = "tomorrow" }),
     ]
@@ -173,7 +176,9 @@ func sampleNode(owner: String, name: String = "Quarterly Report.pdf") -> Node {
         Data(m.utf8), nonce: nonce, associatedData: Rcrd.metaAD(cloudID: node.cloudID),
         key: node.encryptionKey)
       let b = try mutated(blob) { $0["meta"] = (nonce + sealed).base64EncodedString() }
-      #expect(throws: CryptoError.self, "\(m)") { try Rcrd.decode(b, userID: aliceID, keyPair: alice) }
+      #expect(throws: CryptoError.self, "\(m)") {
+        try Rcrd.decode(b, userID: aliceID, keyPair: alice)
+      }
     }
   }
 }

@@ -68,7 +68,8 @@ final class FetchLog: @unchecked Sendable {
       lock.unlock()
       let lo = Int(min(r.lowerBound, UInt64(object.count)))
       let hi = Int(min(r.upperBound, UInt64(object.count)))
-      return object.subdata(in: lo..<hi)
+      // A slice (non-zero startIndex), as some transports return.
+      return object[lo..<hi]
     }
   }
 }
