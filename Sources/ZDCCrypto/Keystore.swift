@@ -233,46 +233,12 @@ public enum Keystore {
   private static func wrap(_ plaintext: Data, key: Data, ad: Data) throws -> Wrapped {
     let nonce = SecureRandom.bytes(24)
     return Wrapped(
-      nonce: nonce, ciphertext: try SecretBox.seal(plaintext, key: key, nonce: nonce, ad: ad))
+      nonce: nonce, ciphertext: try AEAD.seal(plaintext, nonce: nonce, associatedData: ad, key: key)
+    )
   }
 
   private static func unwrap(_ w: Wrapped, key: Data, ad: Data) throws -> Data {
-    try SecretBox.open(w.ciphertext, key: key, nonce: w.nonce, ad: ad)
-  }
-}
-
-/// One-shot XChaCha20-Poly1305-IETF on small messages (keys, JSON documents).
-enum SecretBox {
-  static func seal(_ m: Data, key: Data, nonce: Data, ad: Data) throws -> Data {
-    Sodium.ensure()
-    guard key.count == 32, nonce.count == 24 else {
-      throw CryptoError.invalidKey("AEAD key/nonce size")
-    }
-    var c = [UInt8](repeating: 0, count: m.count + 16)
-    var clen: UInt64 = 0
-    let mb = [UInt8](m)
-    let ab = [UInt8](ad)
-    crypto_aead_xchacha20poly1305_ietf_encrypt(
-      &c, &clen, mb, UInt64(mb.count), ab, UInt64(ab.count), nil, [UInt8](nonce), [UInt8](key))
-    return Data(c.prefix(Int(clen)))
-  }
-
-  static func open(_ c: Data, key: Data, nonce: Data, ad: Data) throws -> Data {
-    Sodium.ensure()
-    guard key.count == 32, nonce.count == 24 else {
-      throw CryptoError.invalidKey("AEAD key/nonce size")
-    }
-    guard c.count >= 16 else { throw CryptoError.truncated("ciphertext shorter than its tag") }
-    var m = [UInt8](repeating: 0, count: c.count - 16)
-    var mlen: UInt64 = 0
-    let cb = [UInt8](c)
-    let ab = [UInt8](ad)
-    guard
-      crypto_aead_xchacha20poly1305_ietf_decrypt(
-        &m, &mlen, nil, cb, UInt64(cb.count), ab, UInt64(ab.count), [UInt8](nonce), [UInt8](key))
-        == 0
-    else { throw CryptoError.authenticationFailed("sealed message") }
-    return Data(m.prefix(Int(mlen)))
+    try AEAD.open(w.ciphertext, nonce: w.nonce, associatedData: ad, key: key)
   }
 }
 
