@@ -124,7 +124,14 @@ public final class DownloadManager: @unchecked Sendable {
     let key = FlightKey(cloudID: t.node.cloudID, eTag: t.expectedETag ?? "", chunks: nil)
     return try fileFlights.run(
       key, share: { try $0.duplicate() }, release: { $0.close() },
-      work: { try fetchWhole(t) })
+      work: {
+        // A download that finished just before this one started leaves nothing to do.
+        if let eTag = t.expectedETag, let h = disk.cachedFile(cloudID: t.node.cloudID, eTag: eTag) {
+          if h.isComplete { return h }
+          h.close()
+        }
+        return try fetchWhole(t)
+      })
   }
 
   /// A pinned cache entry of the node's data section holding at least `range` (clamped to
@@ -291,6 +298,8 @@ public final class DownloadManager: @unchecked Sendable {
     _ t: Target, reader: CloudFileReader, eTag: String, chunks: Range<UInt64>,
     into handle: CachedFileHandle
   ) throws -> CachedFileHandle {
+    // Another download may have filled them between our check and this flight.
+    guard let chunks = handle.missingChunks(in: chunks) else { return try handle.duplicate() }
     let range = CacheChunks.byteRange(of: chunks, fileSize: reader.sizes.dataSize)
     let op = begin(t.node.id, kind: "download-range", total: range.count)
     do {
