@@ -122,7 +122,9 @@ public final class DiskManager: @unchecked Sendable {
     byID[e.id] = e
     switch e.row.pool {
     case .cache:
-      if let c = e.row.cloudID, let t = e.row.eTag { cacheEntries[CacheKey(cloudID: c, eTag: t)] = e }
+      if let c = e.row.cloudID, let t = e.row.eTag {
+        cacheEntries[CacheKey(cloudID: c, eTag: t)] = e
+      }
       totals.cacheBytes += e.row.diskBytes
       totals.cacheEntries += 1
     case .staging:
@@ -227,7 +229,9 @@ public final class DiskManager: @unchecked Sendable {
 
   private func reconcile() throws {
     let rows: [IndexRow]
-    do { rows = try index.allRows() } catch { throw DiskError.io("cannot read the disk index: \(error)") }
+    do { rows = try index.allRows() } catch {
+      throw DiskError.io("cannot read the disk index: \(error)")
+    }
     var files: [DiskPool: Set<String>] = [:]
     for pool in [DiskPool.cache, .staging] {
       let dir = pool == .cache ? cacheDirectory : stagingDirectory
@@ -238,6 +242,15 @@ public final class DiskManager: @unchecked Sendable {
     var keep: [Entry] = []
     for row in rows {
       let path = url(pool: row.pool, fileName: row.fileName)
+      let other: DiskPool = row.pool == .cache ? .staging : .cache
+      if files[row.pool]?.contains(row.fileName) != true,
+        files[other]?.contains(row.fileName) == true,
+        Glibc.rename(url(pool: other, fileName: row.fileName).path, path.path) == 0
+      {
+        // Interrupted between the index update and the rename (markUploaded).
+        files[other]?.remove(row.fileName)
+        files[row.pool]?.insert(row.fileName)
+      }
       guard files[row.pool]?.remove(row.fileName) != nil else {
         if row.pool == .staging && row.dirty {
           logger.error(
@@ -416,22 +429,32 @@ public final class DiskManager: @unchecked Sendable {
   @discardableResult
   public func evictIfNeeded() -> Int {
     mutationLock.withLock {
+      // Snapshot the candidates briefly, sort without the lock readers need, then take the
+      // victims out under it, skipping any that were opened or used meanwhile.
+      let snapshot = stateLock.withLock { () -> (UInt64, [(Entry, Int64, UInt64)]) in
+        guard totals.bytes > totals.capBytes else { return (0, []) }
+        return (
+          totals.bytes - totals.capBytes,
+          cacheEntries.values.compactMap { e in
+            e.pins == 0 ? (e, e.row.lastAccess, e.row.diskBytes) : nil
+          }
+        )
+      }
+      var excess = snapshot.0
+      guard excess > 0 else { return 0 }
+      var chosen: [(Entry, Int64)] = []
+      for (e, tick, bytes) in snapshot.1.sorted(by: { $0.1 < $1.1 }) {
+        chosen.append((e, tick))
+        if bytes >= excess { break }
+        excess -= bytes
+      }
       let victims = stateLock.withLock { () -> [Entry] in
-        guard totals.bytes > totals.capBytes else { return [] }
-        var excess = totals.bytes - totals.capBytes
         var out: [Entry] = []
-        let candidates = cacheEntries.values.filter { $0.pins == 0 }
-          .sorted { $0.row.lastAccess < $1.row.lastAccess }
-        for e in candidates {
-          out.append(e)
-          if e.row.diskBytes >= excess { break }
-          excess -= e.row.diskBytes
-        }
-        // Taken out while still holding the lock, so no reader pins them meanwhile.
-        for e in out {
+        for (e, tick) in chosen where e.pins == 0 && !e.removed && e.row.lastAccess == tick {
           detach(e)
           e.removed = true
           accessed.remove(e.id)
+          out.append(e)
         }
         return out
       }
@@ -628,10 +651,15 @@ public final class DiskManager: @unchecked Sendable {
   /// A writable staging version of a node: the node's open uncommitted version if there is
   /// one, else a new version holding a copy of its newest committed staged version, else a
   /// copy of `base`, else empty. With `truncate`, a new version starts empty.
-  public func stagingFile(forNode nodeID: NodeID, truncate: Bool = false, base: CachedFileHandle? = nil)
+  public func stagingFile(
+    forNode nodeID: NodeID, truncate: Bool = false, base: CachedFileHandle? = nil
+  )
     throws -> StagingFile
   {
-    if let open = try openUncommitted(nodeID) { return open }
+    if let open = try openUncommitted(nodeID) {
+      if truncate { try open.truncate(to: 0) }
+      return open
+    }
     // Build the new version outside the locks (copying may be long).
     let name = Self.randomName()
     let path = url(pool: .staging, fileName: name)
@@ -655,6 +683,7 @@ public final class DiskManager: @unchecked Sendable {
       if let open = try openUncommitted(nodeID) {
         try? file.close()
         unlink(path)
+        if truncate { try open.truncate(to: 0) }
         return open
       }
       let version = stateLock.withLock { (stagingEntries[nodeID]?.last?.row.version ?? 0) + 1 }
@@ -801,14 +830,13 @@ public final class DiskManager: @unchecked Sendable {
       }
       let from = url(pool: .staging, fileName: row.fileName)
       let to = url(pool: .cache, fileName: row.fileName)
+      // The row first: after a crash between the two, start-up finds the file in the other
+      // directory and moves it where the row says.
+      do { try index.update(row) } catch { throw DiskError.io("cannot record an upload: \(error)") }
       guard Glibc.rename(from.path, to.path) == 0 else {
-        throw DiskError.io("rename of an uploaded staging file: errno \(errno)")
-      }
-      do {
-        try index.update(row)
-      } catch {
-        _ = Glibc.rename(to.path, from.path)
-        throw DiskError.io("cannot record an upload: \(error)")
+        let code = errno
+        try? index.update(e.row)
+        throw DiskError.io("rename of an uploaded staging file: errno \(code)")
       }
       stateLock.withLock { replaceRow(e, row) }
       scheduleEviction()

@@ -20,7 +20,8 @@ final class Entry: @unchecked Sendable {
     self.row = row
     if !row.complete {
       let count = CacheChunks.count(fileSize: row.size)
-      bitmap = row.chunks.flatMap { ChunkBitmap(data: $0, count: count) } ?? ChunkBitmap(count: count)
+      bitmap =
+        row.chunks.flatMap { ChunkBitmap(data: $0, count: count) } ?? ChunkBitmap(count: count)
     }
   }
 

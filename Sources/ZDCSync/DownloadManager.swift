@@ -17,7 +17,8 @@ public enum DownloadError: Error, Sendable, Equatable, CustomStringConvertible {
   public var description: String {
     switch self {
     case .remoteChanged(let id, let e, let f):
-      return "DATA of node \(id) changed in the store (expected \(e ?? "none"), found \(f ?? "none"))"
+      return
+        "DATA of node \(id) changed in the store (expected \(e ?? "none"), found \(f ?? "none"))"
     case .noData(let id): return "node \(id) has no DATA object"
     }
   }
@@ -162,9 +163,14 @@ public final class DownloadManager: @unchecked Sendable {
       else { return handle }
       defer { handle.close() }
       let key = FlightKey(cloudID: t.node.cloudID, eTag: eTag, chunks: missing)
-      let done = try fileFlights.run(
-        key, covers: { $0.covers(key) }, share: { try $0.duplicate() }, release: { $0.close() },
-        work: { try fetchChunks(t, reader: reader, eTag: eTag, chunks: missing, into: handle) })
+      let done: CachedFileHandle
+      do {
+        done = try fileFlights.run(
+          key, covers: { $0.covers(key) }, share: { try $0.duplicate() }, release: { $0.close() },
+          work: { try fetchChunks(t, reader: reader, eTag: eTag, chunks: missing, into: handle) })
+      } catch DiskError.gone {
+        continue  // replaced meanwhile (by a whole download): look again
+      }
       done.close()
     }
     throw DiskError.notPresent(range)
@@ -354,7 +360,9 @@ public final class DownloadManager: @unchecked Sendable {
       do {
         r = try CloudFileReader(
           key: t.node.encryptionKey, ciphertextSize: size,
-          fetch: { [self] range in try retrying { try store.get(key: dataKey, range: range) } })
+          fetch: { [options, logger] range in
+            try Self.retrying(options, logger) { try store.get(key: dataKey, range: range) }
+          })
       } catch {
         throw diagnose(error, t, eTag: eTag)
       }
@@ -430,6 +438,12 @@ public final class DownloadManager: @unchecked Sendable {
 
   /// Runs a store request, retrying `StoreError.transient` with exponential backoff.
   private func retrying<T>(_ body: () throws -> T) throws -> T {
+    try Self.retrying(options, logger, body)
+  }
+
+  private static func retrying<T>(
+    _ options: DownloadOptions, _ logger: Logger, _ body: () throws -> T
+  ) throws -> T {
     var delay = options.initialBackoff
     var attempt = 1
     while true {

@@ -66,7 +66,9 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     let size = 100_000
     let one = CryptoFile.physicalSize(plaintextSize: UInt64(size))
     let disk = try makeDisk(tmp, key: key, cap: 3 * one)
-    for name in ["A", "B", "C", "D"] { try cache(disk, name, "e", marked(name, count: size)).close() }
+    for name in ["A", "B", "C", "D"] {
+      try cache(disk, name, "e", marked(name, count: size)).close()
+    }
     #expect(disk.usage.bytes == 4 * one)
     // Use A again: B is now the least recently used.
     disk.cachedFile(cloudID: "A", eTag: "e")!.close()
@@ -94,7 +96,9 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     let tmp = try TemporaryDirectory("disk")
     let one = CryptoFile.physicalSize(plaintextSize: 50_000)
     let disk = try makeDisk(tmp, key: key, cap: 2 * one, auto: true)
-    for name in ["A", "B", "C", "D", "E"] { try cache(disk, name, "e", marked(name, count: 50_000)).close() }
+    for name in ["A", "B", "C", "D", "E"] {
+      try cache(disk, name, "e", marked(name, count: 50_000)).close()
+    }
     let deadline = Date().addingTimeInterval(10)
     while disk.usage.bytes > disk.capBytes && Date() < deadline { usleep(10_000) }
     #expect(disk.usage.bytes <= disk.capBytes)
@@ -116,8 +120,9 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(disk.usage.dirtyBytes > 0)
     #expect(try pinned.readAll() == marked("pinned", count: 150_000))
     let data = try #require(disk.stagedData(forNode: 42))
-    #expect(try CryptoFile.open(at: data.url, key: key).read(offset: 0, count: 150_000)
-      == marked("dirty", count: 150_000))
+    #expect(
+      try CryptoFile.open(at: data.url, key: key).read(offset: 0, count: 150_000)
+        == marked("dirty", count: 150_000))
     #expect(disk.evictIfNeeded() == 0)
     pinned.close()
     #expect(disk.evictIfNeeded() == 1)
@@ -151,7 +156,8 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     disk.capBytes = one + partialBytes + CryptoFile.physicalSize(plaintextSize: 1000)
     #expect(disk.evictIfNeeded() == 1)
     #expect(disk.cachedFile(cloudID: "new", eTag: "e") == nil)
-    #expect(try disk.cachedFile(cloudID: "old", eTag: "e")!.readAll() == marked("old", count: 70_000))
+    #expect(
+      try disk.cachedFile(cloudID: "old", eTag: "e")!.readAll() == marked("old", count: 70_000))
     let staged = try #require(disk.stagedData(forNode: 9))
     #expect(staged.version == 1)
     #expect(staged.size == 1000)
@@ -192,7 +198,8 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(disk.lostStagedNodes == [5])
     #expect(disk.stagedData(forNode: 5) == nil)
     #expect(disk.cachedFile(cloudID: "gone", eTag: "e") == nil)
-    #expect(try disk.cachedFile(cloudID: "keep", eTag: "e")!.readAll() == marked("keep", count: 1000))
+    #expect(
+      try disk.cachedFile(cloudID: "keep", eTag: "e")!.readAll() == marked("keep", count: 1000))
     let cacheFiles = try FileManager.default.contentsOfDirectory(atPath: disk.cacheDirectory.path)
     let stagingFiles = try FileManager.default.contentsOfDirectory(
       atPath: disk.stagingDirectory.path)
@@ -250,7 +257,8 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     var expected = v1
     expected[0] = UInt8(ascii: "X")
     let staged = try #require(disk.stagedData(forNode: 3))
-    #expect(try CryptoFile.open(at: staged.url, key: key).read(offset: 0, count: 200_000) == expected)
+    #expect(
+      try CryptoFile.open(at: staged.url, key: key).read(offset: 0, count: 200_000) == expected)
     #expect(disk.isDirty(nodeID: 3))
 
     // Version 2 starts as a copy of version 1; committing it supersedes version 1.
@@ -333,6 +341,66 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(failures.value == 0)
     disk.evictIfNeeded()
     #expect(disk.usage.bytes <= disk.capBytes)
+  }
+
+  @Test func anInterruptedMoveToTheCacheIsRepairedAtStartUp() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let content = marked("moved", count: 90_000)
+    var cached: URL
+    do {
+      let disk = try makeDisk(tmp, key: key)
+      let s = try disk.stagingFile(forNode: 4)
+      try s.write(content, at: 0)
+      try disk.commitStaging(s)
+      s.close()
+      try disk.markUploaded(nodeID: 4, cloudID: "c4", eTag: "e4")
+      cached = try #require(disk.cachedFile(cloudID: "c4", eTag: "e4")).url
+    }
+    // As if the process died after the index update, before the rename.
+    let staging = tmp.path("state/staging").appendingPathComponent(cached.lastPathComponent)
+    try FileManager.default.moveItem(at: cached, to: staging)
+    let disk = try makeDisk(tmp, key: key)
+    #expect(disk.lostStagedNodes.isEmpty)
+    #expect(try disk.cachedFile(cloudID: "c4", eTag: "e4")?.readAll() == content)
+  }
+
+  @Test func truncatingOpenOfASharedVersionTruncatesIt() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let disk = try makeDisk(tmp, key: key)
+    let a = try disk.stagingFile(forNode: 1)
+    try a.write(marked("a", count: 5000), at: 0)
+    let b = try disk.stagingFile(forNode: 1, truncate: true)
+    #expect(a.size == 0)
+    #expect(b.version == a.version)
+    try b.write(Data("b".utf8), at: 0)
+    try disk.commitStaging(b)
+    a.close()
+    b.close()
+    #expect(disk.stagedData(forNode: 1)?.size == 1)
+  }
+
+  @Test func cachedReadsDoNotWriteTheIndex() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let disk = try makeDisk(tmp, key: key)
+    try cache(disk, "hot", "e", marked("hot", count: 1 << 20)).close()
+    disk.flush()
+    let wal = tmp.path("state/disk.sqlite-wal")
+    func walSize() -> Int {
+      ((try? FileManager.default.attributesOfItem(atPath: wal.path))?[.size] as? Int) ?? 0
+    }
+    let before = walSize()
+    let h = try #require(disk.cachedFile(cloudID: "hot", eTag: "e"))
+    var buf = [UInt8](repeating: 0, count: 128 << 10)
+    for i in 0..<2000 {
+      let n = try buf.withUnsafeMutableBytes {
+        try h.read(into: $0, at: UInt64((i * 4096) % (1 << 20)))
+      }
+      #expect(n > 0)
+    }
+    h.close()
+    #expect(walSize() == before)
+    disk.flush()
+    #expect(walSize() > before)
   }
 
   @Test func nothingPlaintextOnDisk() throws {

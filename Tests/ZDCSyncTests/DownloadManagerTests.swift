@@ -20,7 +20,11 @@ final class RecordingStore: CloudStore, @unchecked Sendable {
   var reads: [(key: String, range: ByteRange?, bytes: Int)] { lock.withLock { _reads } }
   var heads: Int { lock.withLock { _heads } }
   var bytesRead: Int { reads.reduce(0) { $0 + $1.bytes } }
-  func reset() { lock.withLock { _reads = []; _heads = 0 } }
+  func reset() {
+    lock.withLock {
+      _reads = []; _heads = 0
+    }
+  }
 
   func list(prefix: String, startAfter: String?, continuationToken: String?, maxKeys: Int)
     throws -> ListPage
@@ -296,7 +300,9 @@ func text(_ marker: String, count: Int) -> Data {
       Thread {
         defer { group.leave() }
         let h = try? f.downloads.downloadRange(nodeID: node.id, range: far, readAhead: 0)
-        results.add((try? h?.read(offset: far.lowerBound, count: 10)) == content[(15 << 20)..<((15 << 20) + 10)])
+        results.add(
+          (try? h?.read(offset: far.lowerBound, count: 10))
+            == content[(15 << 20)..<((15 << 20) + 10)])
         h?.close()
       }.start()
     }
@@ -368,13 +374,16 @@ func text(_ marker: String, count: Int) -> Data {
       return false
     }
     #expect {
-      try f.downloads.downloadRange(nodeID: node.id, range: ByteRange(190_000, 200_000), readAhead: 0)
+      try f.downloads.downloadRange(
+        nodeID: node.id, range: ByteRange(190_000, 200_000), readAhead: 0)
     } throws: { error in
       if case SyncError.badRemoteObject = error { return true }
       return false
     }
     #expect(f.disk.usage.entries <= 1)  // at most the empty partial entry
-    #expect(f.disk.cachedFile(cloudID: node.cloudID, eTag: try f.node(node.id).eTagData!)?.isComplete != true)
+    #expect(
+      f.disk.cachedFile(cloudID: node.cloudID, eTag: try f.node(node.id).eTagData!)?.isComplete
+        != true)
     let leftovers = try FileManager.default.contentsOfDirectory(atPath: f.disk.cacheDirectory.path)
     #expect(leftovers.filter { $0.hasPrefix("dl-") }.isEmpty)
     // A node key that is not the object's: rejected as well.
@@ -401,12 +410,17 @@ func text(_ marker: String, count: Int) -> Data {
     // Deleted remotely.
     try f.local.delete(key: try f.location(node).dataKey, condition: .none)
     try f.setDataETag(node, "gone-etag")
-    #expect(throws: DownloadError.remoteChanged(nodeID: node.id, expected: "gone-etag", found: nil)) {
+    #expect(throws: DownloadError.remoteChanged(nodeID: node.id, expected: "gone-etag", found: nil))
+    {
       try f.downloads.downloadData(nodeID: node.id)
     }
     // Never uploaded.
-    let fresh = try f.catalog.write(f.userID) { try $0.createNode(path: try TreesystemPath(["new"])) }
-    #expect(throws: DownloadError.noData(fresh.id)) { try f.downloads.downloadData(nodeID: fresh.id) }
+    let fresh = try f.catalog.write(f.userID) {
+      try $0.createNode(path: try TreesystemPath(["new"]))
+    }
+    #expect(throws: DownloadError.noData(fresh.id)) {
+      try f.downloads.downloadData(nodeID: fresh.id)
+    }
   }
 
   @Test func corruptCacheEntryIsDroppedAndDownloadedAgain() throws {
