@@ -795,6 +795,24 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
+  /// A read-only (sealed) handle on the newest committed staged version of a node, pinned, or
+  /// `nil` when there is none.
+  public func openStaged(forNode nodeID: NodeID) throws -> StagingFile? {
+    let e = stateLock.withLock { () -> Entry? in
+      guard let e = stagingEntries[nodeID]?.last(where: { $0.row.committed && $0.row.dirty }),
+        pinLocked(e)
+      else { return nil }
+      return e
+    }
+    guard let e else { return nil }
+    do {
+      return StagingFile(manager: self, entry: e, file: try openFile(e))
+    } catch {
+      unpin(e)
+      throw corrupted(e, error)
+    }
+  }
+
   /// True when the node has committed staged content not yet uploaded.
   public func isDirty(nodeID: NodeID) -> Bool { stagedData(forNode: nodeID) != nil }
 

@@ -260,6 +260,11 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(
       try CryptoFile.open(at: staged.url, key: key).read(offset: 0, count: 200_000) == expected)
     #expect(disk.isDirty(nodeID: 3))
+    let reader = try #require(try disk.openStaged(forNode: 3))
+    #expect(reader.isSealed)
+    #expect(try reader.read(offset: 0, count: 1) == Data("X".utf8))
+    #expect(throws: DiskError.sealed) { try reader.write(Data("Q".utf8), at: 0) }
+    reader.close()
 
     // Version 2 starts as a copy of version 1; committing it supersedes version 1.
     let s3 = try disk.stagingFile(forNode: 3)
