@@ -408,6 +408,28 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(walSize() > before)
   }
 
+  @Test func invalidationAndDefaults() throws {
+    let tmp = try TemporaryDirectory("disk")
+    #expect(DiskManager.defaultCap(for: tmp.url) >= 256 << 20)
+    let disk = try DiskManager(directory: tmp.path("state"), key: key)
+    #expect(disk.capBytes >= 256 << 20)  // 10% of the free space, which others change
+    #expect(throws: DiskError.invalidKey) {
+      try DiskManager(directory: tmp.path("other"), key: Data(count: 16))
+    }
+    let open = try cache(disk, "x", "e1", marked("x", count: 1000))
+    try cache(disk, "y", "e1", marked("y", count: 1000)).close()
+    disk.invalidate(cloudID: "x")
+    #expect(disk.cachedFile(cloudID: "x", eTag: "e1") == nil)
+    // An open handle keeps reading what it had; its file goes when it closes.
+    #expect(try open.readAll() == marked("x", count: 1000))
+    let url = open.url
+    open.close()
+    #expect(!FileManager.default.fileExists(atPath: url.path))
+    disk.invalidate(cloudID: "y", keepingETag: "e1")
+    #expect(disk.cachedFile(cloudID: "y", eTag: "e1") != nil)
+    #expect(disk.usage.entries == 1)
+  }
+
   @Test func nothingPlaintextOnDisk() throws {
     let tmp = try TemporaryDirectory("disk")
     let content = marked("SECRET-CONTENT", count: 300_000)

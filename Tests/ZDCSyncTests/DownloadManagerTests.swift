@@ -186,7 +186,16 @@ func text(_ marker: String, count: Int) -> Data {
     let f = try DownloadFixture()
     let content = text("whole-file-content", count: 300_000)
     let node = try f.makeNode("report.txt", data: content, metadata: Data("m".utf8))
+    let seen = Results()
+    f.progress.addObserver { p in
+      if let op = p.operations.first, op.kind == "download", op.nodeID == node.id,
+        p.download.inFlightItems == 1
+      {
+        seen.add(op.doneBytes == 0 || op.doneBytes == op.totalBytes)
+      }
+    }
     let h = try f.downloads.downloadData(nodeID: node.id)
+    #expect(!seen.all.isEmpty)
     #expect(try h.readAll() == content)
     #expect(h.isComplete)
     h.close()
