@@ -56,6 +56,12 @@ let package = Package(
         .product(name: "Logging", package: "swift-log"),
       ],
       swiftSettings: strict),
+    .target(
+      name: "ZDCS3Store",
+      dependencies: [
+        "ZDCCore", "CCurl", "CSodium", .product(name: "Logging", package: "swift-log"),
+      ],
+      swiftSettings: strict),
     .executableTarget(
       name: "zdc",
       dependencies: [
@@ -73,6 +79,9 @@ let package = Package(
       dependencies: ["ZDCCore", "ZDCCrypto", "CSodium"],
       swiftSettings: strict),
 
+    .testTarget(
+      name: "ZDCS3StoreTests", dependencies: ["ZDCS3Store", "ZDCCore"],
+      swiftSettings: strict),
     .testTarget(name: "ZDCCoreTests", dependencies: ["ZDCCore"], swiftSettings: strict),
     .testTarget(
       name: "ZDCCryptoTests", dependencies: ["ZDCCore", "ZDCCrypto"],

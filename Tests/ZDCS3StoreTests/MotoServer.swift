@@ -1,0 +1,254 @@
+import Foundation
+import Testing
+import ZDCCore
+import ZDCS3Store
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// Errors of the test helpers.
+struct HelperError: Error, CustomStringConvertible {
+  var description: String
+  init(_ d: String) { description = d }
+}
+
+/// A free TCP port on 127.0.0.1 (bound, read back, released).
+func freeLoopbackPort() throws -> UInt16 {
+  let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+  guard fd >= 0 else { throw HelperError("socket: errno \(errno)") }
+  defer { close(fd) }
+  var addr = loopbackAddress(port: 0)
+  let rc = withUnsafePointer(to: &addr) {
+    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+      bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+    }
+  }
+  guard rc == 0 else { throw HelperError("bind: errno \(errno)") }
+  var out = sockaddr_in()
+  var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+  _ = withUnsafeMutablePointer(to: &out) {
+    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) }
+  }
+  return UInt16(bigEndian: out.sin_port)
+}
+
+func loopbackAddress(port: UInt16) -> sockaddr_in {
+  var addr = sockaddr_in()
+  addr.sin_family = sa_family_t(AF_INET)
+  addr.sin_port = port.bigEndian
+  addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+  return addr
+}
+
+/// Opens a TCP connection to 127.0.0.1:port; returns the socket or -1.
+func connectLoopback(port: UInt16) -> Int32 {
+  let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+  guard fd >= 0 else { return -1 }
+  var addr = loopbackAddress(port: port)
+  let rc = withUnsafePointer(to: &addr) {
+    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+      connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+    }
+  }
+  if rc != 0 {
+    close(fd)
+    return -1
+  }
+  return fd
+}
+
+/// A `moto_server` process on 127.0.0.1, started by a test suite and stopped by its PID.
+final class MotoServer: Sendable {
+  let pid: pid_t
+  let port: UInt16
+  var endpoint: String { "http://127.0.0.1:\(port)" }
+
+  /// The server of the running suite (see the `.motoServer` trait).
+  @TaskLocal static var current: MotoServer?
+
+  private init(pid: pid_t, port: UInt16) {
+    self.pid = pid
+    self.port = port
+  }
+
+  /// The command that starts moto: `$MOTO_SERVER`, else `moto_server` on `PATH`.
+  static func command() -> [String] {
+    let env = ProcessInfo.processInfo.environment
+    if let explicit = env["MOTO_SERVER"], !explicit.isEmpty { return [explicit] }
+    for dir in (env["PATH"] ?? "").split(separator: ":") {
+      let candidate = "\(dir)/moto_server"
+      if access(candidate, X_OK) == 0 { return [candidate] }
+    }
+    return ["python3", "-m", "moto.server"]
+  }
+
+  /// Starts moto on a free port and waits until it accepts connections.
+  static func start() throws -> MotoServer {
+    let port = try freeLoopbackPort()
+    let argv = command() + ["-H", "127.0.0.1", "-p", String(port)]
+    let log = FileManager.default.temporaryDirectory
+      .appendingPathComponent("zdc-moto-\(port).log").path
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    posix_spawn_file_actions_adddup2(&actions, 1, 2)
+    var cArgs: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
+    defer { for p in cArgs { free(p) } }
+    var pid: pid_t = 0
+    let rc = posix_spawnp(&pid, argv[0], &actions, nil, &cArgs, environ)
+    guard rc == 0 else { throw HelperError("cannot start \(argv[0]): errno \(rc)") }
+    let server = MotoServer(pid: pid, port: port)
+    let deadline = Date().addingTimeInterval(30)
+    while Date() < deadline {
+      var status: Int32 = 0
+      if waitpid(pid, &status, WNOHANG) == pid {
+        throw HelperError("moto_server exited at start (status \(status)); see \(log)")
+      }
+      let fd = connectLoopback(port: port)
+      if fd >= 0 {
+        close(fd)
+        return server
+      }
+      usleep(100_000)
+    }
+    server.stop()
+    throw HelperError("moto_server did not answer on port \(port) within 30 s; see \(log)")
+  }
+
+  /// Stops the server: SIGTERM, then SIGKILL after 5 s, and reaps it.
+  func stop() {
+    kill(pid, SIGTERM)
+    var status: Int32 = 0
+    for _ in 0..<50 {
+      if waitpid(pid, &status, WNOHANG) == pid { return }
+      usleep(100_000)
+    }
+    kill(pid, SIGKILL)
+    waitpid(pid, &status, 0)
+  }
+
+  /// A configuration for a new, unique bucket on this server (or on `endpoint`).
+  func configuration(
+    prefix: String = "", endpoint: String? = nil, transport: S3TransportOptions = .init()
+  ) throws -> S3Configuration {
+    var config = S3Configuration(
+      bucket: "zdc-\(UUID().uuidString.lowercased().prefix(18))", prefix: prefix,
+      endpoint: URL(string: endpoint ?? self.endpoint), region: "us-east-1",
+      addressingStyle: .path,
+      credentials: S3Credentials(accessKeyID: "testing", secretAccessKey: "testing"))
+    config.transport = transport
+    return config
+  }
+
+  /// A store on a new, unique bucket (created).
+  func makeStore(
+    prefix: String = "", endpoint: String? = nil, transport: S3TransportOptions = .init()
+  ) throws -> S3Store {
+    let store = S3Store(
+      configuration: try configuration(prefix: prefix, endpoint: endpoint, transport: transport))
+    try store.createBucket()
+    store.resetRequestCounts()
+    return store
+  }
+
+  /// The running suite's server.
+  static func require() throws -> MotoServer {
+    guard let s = current else { throw HelperError("no moto server: add the .motoServer trait") }
+    return s
+  }
+}
+
+/// Starts one moto server around a whole suite and stops it when the suite is done.
+struct MotoServerTrait: SuiteTrait, TestScoping {
+  var isRecursive: Bool { false }
+
+  func provideScope(
+    for test: Test, testCase: Test.Case?, performing function: @Sendable () async throws -> Void
+  ) async throws {
+    let server = try MotoServer.start()
+    defer { server.stop() }
+    try await MotoServer.$current.withValue(server) { try await function() }
+  }
+}
+
+extension Trait where Self == MotoServerTrait {
+  /// Runs the suite against its own `moto_server`.
+  static var motoServer: Self { MotoServerTrait() }
+}
+
+/// Transport options that retry fast, for tests.
+func fastRetries(attempts: Int = 5) -> S3TransportOptions {
+  var o = S3TransportOptions()
+  o.maxAttempts = attempts
+  o.initialBackoff = 0.01
+  o.maxBackoff = 0.05
+  o.connectTimeout = 2
+  return o
+}
+
+/// A temporary directory removed by `cleanup()`.
+struct TempDir {
+  let url: URL
+  init() throws {
+    url = FileManager.default.temporaryDirectory
+      .appendingPathComponent("zdc-s3-\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+  }
+  func file(_ name: String) -> URL { url.appendingPathComponent(name) }
+  func cleanup() { try? FileManager.default.removeItem(at: url) }
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so big files need no big buffers to check.
+func patternBytes(seed: UInt64, offset: UInt64, count: Int) -> Data {
+  var out = Data(count: count)
+  out.withUnsafeMutableBytes { raw in
+    let p = raw.bindMemory(to: UInt8.self)
+    for i in 0..<count {
+      var x = (offset + UInt64(i)) &* 0x9E37_79B9_7F4A_7C15 &+ seed
+      x ^= x >> 29
+      x = x &* 0xBF58_476D_1CE4_E5B9
+      x ^= x >> 32
+      p[i] = UInt8(truncatingIfNeeded: x)
+    }
+  }
+  return out
+}
+
+/// Writes `size` pattern bytes to a file, 1 MiB at a time.
+func writePatternFile(_ url: URL, seed: UInt64, size: UInt64) throws {
+  _ = FileManager.default.createFile(atPath: url.path, contents: nil)
+  let h = try FileHandle(forWritingTo: url)
+  defer { try? h.close() }
+  var off: UInt64 = 0
+  while off < size {
+    let n = Int(min(1 << 20, size - off))
+    try h.write(contentsOf: patternBytes(seed: seed, offset: off, count: n))
+    off += UInt64(n)
+  }
+}
+
+/// True if two files have the same bytes (compared 1 MiB at a time).
+func filesEqual(_ a: URL, _ b: URL) throws -> Bool {
+  let ha = try FileHandle(forReadingFrom: a)
+  let hb = try FileHandle(forReadingFrom: b)
+  defer {
+    try? ha.close()
+    try? hb.close()
+  }
+  while true {
+    let x = try ha.read(upToCount: 1 << 20) ?? Data()
+    let y = try hb.read(upToCount: 1 << 20) ?? Data()
+    if x != y { return false }
+    if x.isEmpty { return true }
+  }
+}
+
+/// The process's peak resident set size, in bytes.
+func peakRSS() -> Int {
+  var u = rusage()
+  getrusage(Int32(RUSAGE_SELF.rawValue), &u)
+  return u.ru_maxrss * 1024
+}
