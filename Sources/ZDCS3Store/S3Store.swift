@@ -148,7 +148,9 @@ public final class S3Store: CloudStore {
       }
     } catch {
       switch error {
-      case .curl(_, let message, _): throw .transient(message)
+      case .curl(_, let message, let retryable):
+        // Network failures may heal; TLS verification or URL problems will not by themselves.
+        throw retryable ? .transient(message) : .unsupported(message)
       case .local(let message, let e): throw .io(message, errno: e)
       case .exhausted(let resp): throw Self.mapError(resp, key: key, range: range)
       }

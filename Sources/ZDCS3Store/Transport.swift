@@ -319,8 +319,17 @@ final class CurlTransport: @unchecked Sendable {
     response.errorCode = error.value("Code")
     response.errorMessage = error.value("Message")
     if response.isSuccess {
-      // CompleteMultipartUpload and CopyObject can fail after answering 200.
-      response.status = 500
+      // CompleteMultipartUpload and CopyObject can fail after answering 200: give the failure
+      // the status S3 uses for its code elsewhere.
+      switch response.errorCode ?? "" {
+      case "AccessDenied": response.status = 403
+      case "NoSuchKey", "NoSuchUpload", "NoSuchBucket": response.status = 404
+      case "PreconditionFailed": response.status = 412
+      case "ConditionalRequestConflict": response.status = 409
+      case "SlowDown": response.status = 503
+      case "InternalError", "ServiceUnavailable", "": response.status = 500
+      default: response.status = 400
+      }
     }
   }
 

@@ -21,6 +21,8 @@ final class FaultProxy: @unchecked Sendable {
     case truncate
     /// Answer 200 with a body that is not well-formed XML.
     case garbage
+    /// Answer 200 with an S3 `<Error>` body (as CompleteMultipartUpload and CopyObject may).
+    case errorIn200(code: String)
   }
 
   let port: UInt16
@@ -155,6 +157,11 @@ final class FaultProxy: @unchecked Sendable {
           "HTTP/1.1 \(status) Injected\r\nContent-Type: application/xml\r\nContent-Length: \(method == "HEAD" ? 0 : xml.count)\r\n\r\n"
         guard conn.write(Data(reply.utf8)) else { return }
         if method != "HEAD" { guard conn.write(xml) else { return } }
+        continue
+      case .errorIn200(let code)?:
+        let xml = Data("<Error><Code>\(code)</Code><Message>late failure</Message></Error>".utf8)
+        let reply = "HTTP/1.1 200 OK\r\nContent-Length: \(xml.count)\r\n\r\n"
+        guard conn.write(Data(reply.utf8) + xml) else { return }
         continue
       case .garbage?:
         let junk = Data("<ListBucketResult><Contents><Key>oops</Contents>".utf8)

@@ -77,12 +77,13 @@ import ZDCS3Store
       parts.append(UploadedPart(partNumber: n, eTag: e, size: hi - lo))
     }
     proxy.inject(.status(503, code: "SlowDown"), method: "POST")
+    proxy.inject(.errorIn200(code: "InternalError"), method: "POST")
     _ = try store.completeMultipartUpload(key: "mp", uploadID: id, parts: parts, condition: .none)
     #expect(throws: StoreError.notFound(key: "mp")) { try store.listParts(key: "mp", uploadID: id) }
     _ = try store.get(key: "mp", range: nil, to: dir.file("back"))
     #expect(try filesEqual(source, dir.file("back")))
     #expect(store.retryCounts[.uploadPart] == 2)
-    #expect(store.retryCounts[.completeMultipartUpload] == 1)
+    #expect(store.retryCounts[.completeMultipartUpload] == 2)
   }
 
   @Test func slowAnswersTimeOutAndAreRetried() throws {
@@ -135,6 +136,20 @@ import ZDCS3Store
     #expect(throws: StoreError.notFound(key: "k")) { try store.get(key: "k") }
     #expect(store.retryCounts.isEmpty)
     #expect(store.requestCount(.getObject) == 3)
+  }
+
+  @Test func copyFailingAfter200IsRetried() throws {
+    let (store, proxy) = try proxied()
+    defer { proxy.stop() }
+    _ = try store.put(key: "a", body: .data(Data("abc".utf8)), condition: .none)
+    proxy.inject(.errorIn200(code: "InternalError"), method: "PUT")
+    _ = try store.copy(from: "a", to: "b", condition: .none)
+    #expect(try store.get(key: "b") == Data("abc".utf8))
+    #expect(store.requestCount(.copyObject) == 2)
+    // A non-retryable error inside a 200 is reported, not retried.
+    proxy.inject(.errorIn200(code: "AccessDenied"), method: "PUT")
+    #expect(throws: StoreError.self) { try store.copy(from: "a", to: "c", condition: .none) }
+    #expect(store.requestCount(.copyObject) == 3)
   }
 
   @Test func malformedResponses() throws {

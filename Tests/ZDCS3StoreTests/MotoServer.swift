@@ -62,14 +62,16 @@ func connectLoopback(port: UInt16) -> Int32 {
 final class MotoServer: Sendable {
   let pid: pid_t
   let port: UInt16
-  var endpoint: String { "http://127.0.0.1:\(port)" }
+  let tls: Bool
+  var endpoint: String { "\(tls ? "https" : "http")://127.0.0.1:\(port)" }
 
   /// The server of the running suite (see the `.motoServer` trait).
   @TaskLocal static var current: MotoServer?
 
-  private init(pid: pid_t, port: UInt16) {
+  private init(pid: pid_t, port: UInt16, tls: Bool) {
     self.pid = pid
     self.port = port
+    self.tls = tls
   }
 
   /// The command that starts moto: `$MOTO_SERVER`, else `moto_server` on `PATH`.
@@ -83,10 +85,11 @@ final class MotoServer: Sendable {
     return ["python3", "-m", "moto.server"]
   }
 
-  /// Starts moto on a free port and waits until it accepts connections.
-  static func start() throws -> MotoServer {
+  /// Starts moto on a free port (with a self-signed certificate if `tls`) and waits until it
+  /// accepts connections.
+  static func start(tls: Bool = false) throws -> MotoServer {
     let port = try freeLoopbackPort()
-    let argv = command() + ["-H", "127.0.0.1", "-p", String(port)]
+    let argv = command() + ["-H", "127.0.0.1", "-p", String(port)] + (tls ? ["-s"] : [])
     let log = FileManager.default.temporaryDirectory
       .appendingPathComponent("zdc-moto-\(port).log").path
     var actions = posix_spawn_file_actions_t()
@@ -100,7 +103,7 @@ final class MotoServer: Sendable {
     var pid: pid_t = 0
     let rc = posix_spawnp(&pid, argv[0], &actions, nil, &cArgs, environ)
     guard rc == 0 else { throw HelperError("cannot start \(argv[0]): errno \(rc)") }
-    let server = MotoServer(pid: pid, port: port)
+    let server = MotoServer(pid: pid, port: port, tls: tls)
     let deadline = Date().addingTimeInterval(30)
     while Date() < deadline {
       var status: Int32 = 0
@@ -132,12 +135,13 @@ final class MotoServer: Sendable {
 
   /// A configuration for a new, unique bucket on this server (or on `endpoint`).
   func configuration(
-    prefix: String = "", endpoint: String? = nil, transport: S3TransportOptions = .init()
+    prefix: String = "", endpoint: String? = nil, transport: S3TransportOptions = .init(),
+    addressingStyle: S3AddressingStyle = .path
   ) throws -> S3Configuration {
     var config = S3Configuration(
       bucket: "zdc-\(UUID().uuidString.lowercased().prefix(18))", prefix: prefix,
       endpoint: URL(string: endpoint ?? self.endpoint), region: "us-east-1",
-      addressingStyle: .path,
+      addressingStyle: addressingStyle,
       credentials: S3Credentials(accessKeyID: "testing", secretAccessKey: "testing"))
     config.transport = transport
     return config
@@ -145,10 +149,13 @@ final class MotoServer: Sendable {
 
   /// A store on a new, unique bucket (created).
   func makeStore(
-    prefix: String = "", endpoint: String? = nil, transport: S3TransportOptions = .init()
+    prefix: String = "", endpoint: String? = nil, transport: S3TransportOptions = .init(),
+    addressingStyle: S3AddressingStyle = .path
   ) throws -> S3Store {
     let store = S3Store(
-      configuration: try configuration(prefix: prefix, endpoint: endpoint, transport: transport))
+      configuration: try configuration(
+        prefix: prefix, endpoint: endpoint, transport: transport,
+        addressingStyle: addressingStyle))
     try store.createBucket()
     store.resetRequestCounts()
     return store
@@ -163,12 +170,13 @@ final class MotoServer: Sendable {
 
 /// Starts one moto server around a whole suite and stops it when the suite is done.
 struct MotoServerTrait: SuiteTrait, TestScoping {
+  var tls = false
   var isRecursive: Bool { false }
 
   func provideScope(
     for test: Test, testCase: Test.Case?, performing function: @Sendable () async throws -> Void
   ) async throws {
-    let server = try MotoServer.start()
+    let server = try MotoServer.start(tls: tls)
     defer { server.stop() }
     try await MotoServer.$current.withValue(server) { try await function() }
   }
@@ -177,6 +185,8 @@ struct MotoServerTrait: SuiteTrait, TestScoping {
 extension Trait where Self == MotoServerTrait {
   /// Runs the suite against its own `moto_server`.
   static var motoServer: Self { MotoServerTrait() }
+  /// Runs the suite against its own `moto_server` speaking HTTPS (self-signed certificate).
+  static var motoServerTLS: Self { MotoServerTrait(tls: true) }
 }
 
 /// Transport options that retry fast, for tests.

@@ -98,6 +98,10 @@ import ZDCS3Store
     let support = try store.probeConditionalWrites()
     #expect(support.ifNoneMatch)
     #expect(support.ifMatch)
+    #expect(support.isComplete)
+    #expect(store.requestCount(.putObject) == 4)
+    #expect(store.requestCount(.headObject) == 2)
+    #expect(store.requestCount(.deleteObject) == 1)
     #expect(try store.listAll(prefix: "").isEmpty, "the probe object is cleaned up")
   }
 
@@ -167,6 +171,26 @@ import ZDCS3Store
     #expect(failures.isEmpty)
     #expect(store.requestCount(.deleteObjects) == 2)
     #expect(try store.listAll(prefix: "").map(\.key) == ["other/x"])
+  }
+
+  /// `bucket.localhost:port`: moto takes the bucket from the Host header, as S3 does.
+  @Test func virtualHostedAddressing() throws {
+    let server = try MotoServer.require()
+    let store = try server.makeStore(
+      prefix: "vh", endpoint: "http://localhost:\(server.port)", addressingStyle: .virtualHosted)
+    _ = try store.put(key: "a/1", body: .data(Data("one".utf8)), condition: .ifNoneMatch)
+    _ = try store.copy(from: "a/1", to: "a/2", condition: .none)
+    #expect(try store.get(key: "a/2", range: ByteRange(1, 3)) == Data("ne".utf8))
+    #expect(try store.listAll(prefix: "a/").map(\.key) == ["a/1", "a/2"])
+    #expect(try store.deleteObjects(keys: ["a/1", "a/2"]).isEmpty)
+    #expect(try store.listAll(prefix: "").isEmpty)
+    // The same bucket seen path-style.
+    var config = store.configuration
+    config.endpoint = URL(string: server.endpoint)
+    config.addressingStyle = .path
+    let pathStyle = S3Store(configuration: config)
+    _ = try pathStyle.put(key: "p", body: .data(Data("x".utf8)), condition: .none)
+    #expect(try store.get(key: "p") == Data("x".utf8))
   }
 
   @Test func errorMapping() throws {
