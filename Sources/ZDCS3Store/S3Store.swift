@@ -364,12 +364,40 @@ public final class S3Store: CloudStore {
     }
   }
 
+  /// Checks a write condition against the current object with a HEAD request, for servers
+  /// that ignore the condition headers on some operations; the headers are still sent, so a
+  /// server that honours them closes the window between this check and the write.
+  func precheck(key: String, _ condition: WriteCondition) throws {
+    switch condition {
+    case .none: return
+    case .ifNoneMatch:
+      do {
+        _ = try head(key: key)
+      } catch StoreError.notFound {
+        return
+      }
+      throw StoreError.preconditionFailed(key: key)
+    case .ifMatch(let expected):
+      let current: ObjectInfo
+      do {
+        current = try head(key: key)
+      } catch StoreError.notFound {
+        throw StoreError.preconditionFailed(key: key)
+      }
+      guard current.eTag == Self.unquote(expected) else {
+        throw StoreError.preconditionFailed(key: key)
+      }
+    }
+  }
+
   public func copy(from source: String, to destination: String, condition: WriteCondition)
     throws -> String
   {
     let src = try fullKey(source)
     let dst = try fullKey(destination)
     let copySource = "/\(configuration.bucket)/" + URIEncoding.encode(src, keepSlash: true)
+    // Checked here too, for servers that ignore conditions on CopyObject (moto).
+    try precheck(key: destination, condition)
     let r: HTTPResponse
     do {
       r = try send(
@@ -439,6 +467,10 @@ public final class S3Store: CloudStore {
     key: String, uploadID: String, parts: [UploadedPart], condition: WriteCondition
   ) throws -> String {
     let full = try fullKey(key)
+    if case .ifMatch = condition {
+      // Checked here too, for servers that ignore If-Match on CompleteMultipartUpload (moto).
+      try precheck(key: key, condition)
+    }
     var xml = "<CompleteMultipartUpload xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">"
     for p in parts.sorted(by: { $0.partNumber < $1.partNumber }) {
       xml +=

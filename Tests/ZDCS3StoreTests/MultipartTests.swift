@@ -114,5 +114,19 @@ import ZDCS3Store
       condition: .ifNoneMatch)
     #expect(try store.head(key: "fresh").eTag == done)
     #expect(try store.get(key: "fresh") == Data("small".utf8))
+
+    // If-Match on completion: a stale eTag is refused, the current one accepted. (moto ignores
+    // If-Match on CompleteMultipartUpload; the store checks the eTag first as well.)
+    let id3 = try store.createMultipartUpload(key: "fresh")
+    let e3 = try store.uploadPart(
+      key: "fresh", uploadID: id3, partNumber: 1, body: .data(Data("third".utf8)))
+    let part3 = [UploadedPart(partNumber: 1, eTag: e3, size: 5)]
+    #expect(throws: StoreError.preconditionFailed(key: "fresh")) {
+      try store.completeMultipartUpload(
+        key: "fresh", uploadID: id3, parts: part3, condition: .ifMatch("0123"))
+    }
+    _ = try store.completeMultipartUpload(
+      key: "fresh", uploadID: id3, parts: part3, condition: .ifMatch(done))
+    #expect(try store.get(key: "fresh") == Data("third".utf8))
   }
 }

@@ -130,7 +130,18 @@ import ZDCS3Store
     #expect(throws: StoreError.notFound(key: "nothing")) {
       try store.copy(from: "nothing", to: "dst/x", condition: .none)
     }
-    #expect(store.requestCount(.copyObject) == 2)
+    // Conditions apply to the destination (moto ignores them on CopyObject; the store checks
+    // them with a HEAD first).
+    #expect(throws: StoreError.preconditionFailed(key: "dst/a b")) {
+      try store.copy(from: "src/a b", to: "dst/a b", condition: .ifNoneMatch)
+    }
+    #expect(throws: StoreError.preconditionFailed(key: "dst/a b")) {
+      try store.copy(from: "src/a b", to: "dst/a b", condition: .ifMatch("0000"))
+    }
+    _ = try store.put(key: "src/a b", body: .data(Data("newer".utf8)), condition: .none)
+    _ = try store.copy(from: "src/a b", to: "dst/a b", condition: .ifMatch(e))
+    #expect(try store.get(key: "dst/a b") == Data("newer".utf8))
+    #expect(store.requestCount(.copyObject) == 3)
   }
 
   @Test func listingPagination() throws {
