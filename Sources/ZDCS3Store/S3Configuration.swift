@@ -11,6 +11,7 @@ public struct S3Credentials: Sendable, Hashable, CustomStringConvertible,
   /// The session token of temporary credentials.
   public var sessionToken: String?
 
+  /// Credentials from their parts.
   public init(accessKeyID: String, secretAccessKey: String, sessionToken: String? = nil) {
     self.accessKeyID = accessKeyID
     self.secretAccessKey = secretAccessKey
@@ -59,6 +60,7 @@ public struct S3TransportOptions: Sendable, Hashable {
   /// Verify TLS certificates (turn off only for self-signed test servers).
   public var verifyTLS: Bool = true
 
+  /// The defaults.
   public init() {}
 }
 
@@ -102,6 +104,7 @@ public struct S3Configuration: Sendable, Hashable, CustomStringConvertible {
   /// Transport tuning.
   public var transport: S3TransportOptions
 
+  /// A configuration from its parts; `prefix` is normalised ("" or ending in one `/`).
   public init(
     bucket: String, prefix: String = "", endpoint: URL? = nil, region: String = "us-east-1",
     addressingStyle: S3AddressingStyle = .auto, credentials: S3Credentials,

@@ -9,9 +9,32 @@ import ZDCCore
 
 /// The kinds of S3 requests the store sends, for request counting.
 public enum S3RequestKind: String, Sendable, Hashable, CaseIterable {
-  case listObjects, getObject, headObject, putObject, deleteObject, deleteObjects, copyObject
-  case createMultipartUpload, uploadPart, listParts, completeMultipartUpload
-  case abortMultipartUpload, createBucket
+  /// ListObjectsV2.
+  case listObjects
+  /// GetObject (whole or ranged).
+  case getObject
+  /// HeadObject.
+  case headObject
+  /// PutObject.
+  case putObject
+  /// DeleteObject.
+  case deleteObject
+  /// DeleteObjects (batch).
+  case deleteObjects
+  /// CopyObject.
+  case copyObject
+  /// CreateMultipartUpload.
+  case createMultipartUpload
+  /// UploadPart.
+  case uploadPart
+  /// ListParts.
+  case listParts
+  /// CompleteMultipartUpload.
+  case completeMultipartUpload
+  /// AbortMultipartUpload.
+  case abortMultipartUpload
+  /// CreateBucket.
+  case createBucket
 }
 
 /// Where a request body comes from.
@@ -372,9 +395,10 @@ final class CurlTransport: @unchecked Sendable {
     }
     // Never wait for "100 Continue"; let curl add no content type.
     list = curl_slist_append(list, "Expect:")
-    list = curl_slist_append(list, "Content-Type:")
     if request.kind == .deleteObjects || request.kind == .completeMultipartUpload {
       list = curl_slist_append(list, "Content-Type: application/xml")
+    } else {
+      list = curl_slist_append(list, "Content-Type:")
     }
     defer { curl_slist_free_all(list) }
 
