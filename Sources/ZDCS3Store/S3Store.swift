@@ -127,10 +127,12 @@ public final class S3Store: CloudStore {
     case .data(let d): payloadHash = SigV4Signer.payloadHash(d)
     case .file: payloadHash = SigV4Signer.unsignedPayload
     }
+    let xmlBody =
+      kind == .deleteObjects || kind == .completeMultipartUpload || kind == .createBucket
     return HTTPRequest(
       kind: kind, method: method, host: host, baseURL: "\(scheme)://\(host)",
       encodedPath: path(forFullKey: fullKey), query: query, headers: headers, body: body,
-      payloadHash: payloadHash, sink: sink)
+      payloadHash: payloadHash, sink: sink, contentType: xmlBody ? "application/xml" : nil)
   }
 
   /// Sends a request; returns the response when it succeeded, throws the mapped error otherwise.

@@ -62,6 +62,8 @@ struct HTTPRequest {
   var body: RequestBody = .none
   var payloadHash: String
   var sink: ResponseSink = .memory
+  /// The body's media type, when there is a body worth labelling.
+  var contentType: String? = nil
 }
 
 /// A response: status, lower-cased headers, and the body (in memory unless streamed to a file).
@@ -395,11 +397,7 @@ final class CurlTransport: @unchecked Sendable {
     }
     // Never wait for "100 Continue"; let curl add no content type.
     list = curl_slist_append(list, "Expect:")
-    if request.kind == .deleteObjects || request.kind == .completeMultipartUpload {
-      list = curl_slist_append(list, "Content-Type: application/xml")
-    } else {
-      list = curl_slist_append(list, "Content-Type:")
-    }
+    list = curl_slist_append(list, "Content-Type:\(request.contentType.map { " " + $0 } ?? "")")
     defer { curl_slist_free_all(list) }
 
     var url = request.baseURL + request.encodedPath

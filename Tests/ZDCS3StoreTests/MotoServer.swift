@@ -63,15 +63,26 @@ final class MotoServer: Sendable {
   let pid: pid_t
   let port: UInt16
   let tls: Bool
+  /// The credentials stores on this server use.
+  let credentials: S3Credentials
   var endpoint: String { "\(tls ? "https" : "http")://127.0.0.1:\(port)" }
 
   /// The server of the running suite (see the `.motoServer` trait).
   @TaskLocal static var current: MotoServer?
 
-  private init(pid: pid_t, port: UInt16, tls: Bool) {
+  private init(
+    pid: pid_t, port: UInt16, tls: Bool,
+    credentials: S3Credentials = S3Credentials(accessKeyID: "testing", secretAccessKey: "testing")
+  ) {
     self.pid = pid
     self.port = port
     self.tls = tls
+    self.credentials = credentials
+  }
+
+  /// The same server, used with other credentials (stop the original, not this).
+  func using(_ credentials: S3Credentials) -> MotoServer {
+    MotoServer(pid: pid, port: port, tls: tls, credentials: credentials)
   }
 
   /// The command that starts moto: `$MOTO_SERVER`, else `moto_server` on `PATH`.
@@ -87,7 +98,9 @@ final class MotoServer: Sendable {
 
   /// Starts moto on a free port (with a self-signed certificate if `tls`) and waits until it
   /// accepts connections.
-  static func start(tls: Bool = false) throws -> MotoServer {
+  static func start(tls: Bool = false, environment extra: [String: String] = [:]) throws
+    -> MotoServer
+  {
     let port = try freeLoopbackPort()
     let argv = command() + ["-H", "127.0.0.1", "-p", String(port)] + (tls ? ["-s"] : [])
     let log = FileManager.default.temporaryDirectory
@@ -100,8 +113,12 @@ final class MotoServer: Sendable {
     posix_spawn_file_actions_adddup2(&actions, 1, 2)
     var cArgs: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
     defer { for p in cArgs { free(p) } }
+    var env = ProcessInfo.processInfo.environment
+    env.merge(extra) { $1 }
+    var cEnv: [UnsafeMutablePointer<CChar>?] = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
+    defer { for p in cEnv { free(p) } }
     var pid: pid_t = 0
-    let rc = posix_spawnp(&pid, argv[0], &actions, nil, &cArgs, environ)
+    let rc = posix_spawnp(&pid, argv[0], &actions, nil, &cArgs, &cEnv)
     guard rc == 0 else { throw HelperError("cannot start \(argv[0]): errno \(rc)") }
     let server = MotoServer(pid: pid, port: port, tls: tls)
     let deadline = Date().addingTimeInterval(30)
@@ -142,7 +159,7 @@ final class MotoServer: Sendable {
       bucket: "zdc-\(UUID().uuidString.lowercased().prefix(18))", prefix: prefix,
       endpoint: URL(string: endpoint ?? self.endpoint), region: "us-east-1",
       addressingStyle: addressingStyle,
-      credentials: S3Credentials(accessKeyID: "testing", secretAccessKey: "testing"))
+      credentials: credentials)
     config.transport = transport
     return config
   }
@@ -171,14 +188,19 @@ final class MotoServer: Sendable {
 /// Starts one moto server around a whole suite and stops it when the suite is done.
 struct MotoServerTrait: SuiteTrait, TestScoping {
   var tls = false
+  /// Make moto verify signatures and IAM permissions, with an IAM user's keys made at start.
+  var authenticated = false
   var isRecursive: Bool { false }
 
   func provideScope(
     for test: Test, testCase: Test.Case?, performing function: @Sendable () async throws -> Void
   ) async throws {
-    let server = try MotoServer.start(tls: tls)
+    let server = try MotoServer.start(
+      tls: tls,
+      environment: authenticated ? ["INITIAL_NO_AUTH_ACTION_COUNT": "\(iamSetupActions)"] : [:])
     defer { server.stop() }
-    try await MotoServer.$current.withValue(server) { try await function() }
+    let current = authenticated ? server.using(try createIAMUser(on: server)) : server
+    try await MotoServer.$current.withValue(current) { try await function() }
   }
 }
 
@@ -187,6 +209,8 @@ extension Trait where Self == MotoServerTrait {
   static var motoServer: Self { MotoServerTrait() }
   /// Runs the suite against its own `moto_server` speaking HTTPS (self-signed certificate).
   static var motoServerTLS: Self { MotoServerTrait(tls: true) }
+  /// Runs the suite against its own `moto_server` that checks every request's signature.
+  static var motoServerAuthenticated: Self { MotoServerTrait(authenticated: true) }
 }
 
 /// Transport options that retry fast, for tests.
