@@ -139,6 +139,16 @@ public final class S3Store: CloudStore {
   func send(_ r: HTTPRequest, key: String, range: ByteRange? = nil) throws(StoreError)
     -> HTTPResponse
   {
+    let response = try sendRaw(r, key: key, range: range)
+    guard response.isSuccess else { throw Self.mapError(response, key: key, range: range) }
+    return response
+  }
+
+  /// Sends a request; returns the final response whatever its status, throws when no usable
+  /// response came (network, local I/O, retryable failures to the last attempt).
+  func sendRaw(_ r: HTTPRequest, key: String, range: ByteRange? = nil) throws(StoreError)
+    -> HTTPResponse
+  {
     let signer = self.signer
     let response: HTTPResponse
     do {
@@ -157,7 +167,6 @@ public final class S3Store: CloudStore {
       case .exhausted(let resp): throw Self.mapError(resp, key: key, range: range)
       }
     }
-    guard response.isSuccess else { throw Self.mapError(response, key: key, range: range) }
     return response
   }
 
@@ -311,7 +320,36 @@ public final class S3Store: CloudStore {
         .getObject, "GET", fullKey: full, headers: range.map { [Self.rangeHeader($0)] } ?? [],
         sink: .file(file)),
       key: key, range: range)
+    if let range, r.status == 200 {
+      // The server ignored the Range header and sent the whole object: keep only the range.
+      try Self.cut(file, to: range, key: key)
+    }
     return try info(key, r, range: range)
+  }
+
+  /// Shrinks a file holding a whole object to a range of it, in place.
+  static func cut(_ file: URL, to range: ByteRange, key: String) throws {
+    let fd = open(file.path, O_RDWR | O_CLOEXEC)
+    guard fd >= 0 else { throw StoreError.io("cannot reopen \(file.path)", errno: errno) }
+    defer { close(fd) }
+    var st = stat()
+    guard fstat(fd, &st) == 0 else { throw StoreError.io("cannot stat \(file.path)", errno: errno) }
+    let size = UInt64(st.st_size)
+    guard range.lowerBound < size else { throw StoreError.invalidRange(key: key, range: range) }
+    let end = min(range.upperBound, size)
+    var buffer = [UInt8](repeating: 0, count: 1 << 20)
+    var done: UInt64 = 0
+    while range.lowerBound + done < end {
+      let want = Int(min(UInt64(buffer.count), end - range.lowerBound - done))
+      let got = pread(fd, &buffer, want, off_t(range.lowerBound + done))
+      guard got > 0, pwrite(fd, buffer, got, off_t(done)) == got else {
+        throw StoreError.io("cannot rewrite \(file.path)", errno: errno)
+      }
+      done += UInt64(got)
+    }
+    guard ftruncate(fd, off_t(done)) == 0 else {
+      throw StoreError.io("cannot truncate \(file.path)", errno: errno)
+    }
   }
 
   public func head(key: String) throws -> ObjectInfo {
@@ -479,11 +517,22 @@ public final class S3Store: CloudStore {
         "<Part><PartNumber>\(p.partNumber)</PartNumber><ETag>\(XMLElement.escape(Self.quote(p.eTag)))</ETag></Part>"
     }
     xml += "</CompleteMultipartUpload>"
-    let r = try send(
+    let r = try sendRaw(
       request(
         .completeMultipartUpload, "POST", fullKey: full, query: [("uploadId", uploadID)],
         headers: Self.conditionHeaders(condition), body: .data(Data(xml.utf8))),
       key: key)
+    if r.status == 404 && r.attempts > 1 {
+      // An earlier attempt may have completed the upload and lost its answer: then the object
+      // is there, made of exactly these parts.
+      let totalSize = parts.reduce(UInt64(0)) { $0 + $1.size }
+      if let info = try? head(key: key), info.size == totalSize,
+        info.eTag.hasSuffix("-\(parts.count)")
+      {
+        return info.eTag
+      }
+    }
+    guard r.isSuccess else { throw Self.mapError(r, key: key, range: nil) }
     let doc = try Self.parseXML(
       r.body, root: "CompleteMultipartUploadResult", alternate: "CompleteMultipartUploadResponse")
     guard let eTag = doc.value("ETag") else {

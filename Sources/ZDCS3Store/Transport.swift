@@ -73,6 +73,8 @@ struct HTTPResponse {
   var body: Data
   var errorCode: String? = nil
   var errorMessage: String? = nil
+  /// How many attempts it took.
+  var attempts = 1
 
   var isSuccess: Bool { (200..<300).contains(status) }
 }
@@ -309,6 +311,7 @@ final class CurlTransport: @unchecked Sendable {
         if !response.isSuccess || Self.mayCarryError(request.kind) {
           Self.parseError(&response)
         }
+        response.attempts = attempt
         guard Self.isRetryable(response) else { return response }
         guard attempt < maxAttempts else { throw .exhausted(response) }
         retryReason = "HTTP \(response.status) \(response.errorCode ?? "")"

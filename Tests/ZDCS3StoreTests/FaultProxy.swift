@@ -23,6 +23,11 @@ final class FaultProxy: @unchecked Sendable {
     case garbage
     /// Answer 200 with an S3 `<Error>` body (as CompleteMultipartUpload and CopyObject may).
     case errorIn200(code: String)
+    /// Forward the request, then reset the connection instead of relaying the answer.
+    case loseAnswer
+    /// Forward, but relay the answer without its `Range` support: strip the request's `Range`
+    /// header so the whole object comes back with 200.
+    case ignoreRange
   }
 
   let port: UInt16
@@ -170,8 +175,10 @@ final class FaultProxy: @unchecked Sendable {
         continue
       case .delay(let seconds)?:
         Thread.sleep(forTimeInterval: seconds)
-      case .truncate?, nil:
+      case .truncate?, .loseAnswer?, nil:
         break
+      case .ignoreRange?:
+        lines = lines.filter { !$0.lowercased().hasPrefix("range:") }
       }
       lines = lines.filter {
         let l = $0.lowercased()
@@ -180,6 +187,11 @@ final class FaultProxy: @unchecked Sendable {
       lines.append("Connection: close")
       let request = Data((lines.joined(separator: "\r\n") + "\r\n\r\n").utf8) + body
       guard let response = forward(request) else { return }
+      if case .loseAnswer? = fault {
+        var l = linger(l_onoff: 1, l_linger: 0)
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, socklen_t(MemoryLayout<linger>.size))
+        return
+      }
       if case .truncate? = fault {
         let split = response.range(of: Data("\r\n\r\n".utf8))?.upperBound ?? response.count
         let bodyCount = response.count - split

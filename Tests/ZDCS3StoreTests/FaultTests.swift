@@ -138,6 +138,56 @@ import ZDCS3Store
     #expect(store.requestCount(.getObject) == 3)
   }
 
+  /// The answer to CompleteMultipartUpload is lost and the retry finds the upload gone (as S3
+  /// answers once an upload is complete): the store recognises its own object.
+  @Test func lostCompletionAnswer() throws {
+    let (store, proxy) = try proxied()
+    defer { proxy.stop() }
+    let dir = try TempDir()
+    defer { dir.cleanup() }
+    let source = dir.file("src")
+    let part: UInt64 = 5 << 20
+    try writePatternFile(source, seed: 12, size: part + 100)
+    let id = try store.createMultipartUpload(key: "obj")
+    let e1 = try store.uploadPart(
+      key: "obj", uploadID: id, partNumber: 1, body: .file(source, range: ByteRange(0, part)))
+    let e2 = try store.uploadPart(
+      key: "obj", uploadID: id, partNumber: 2,
+      body: .file(source, range: ByteRange(part, part + 100)))
+    let parts = [
+      UploadedPart(partNumber: 1, eTag: e1, size: part),
+      UploadedPart(partNumber: 2, eTag: e2, size: 100),
+    ]
+    proxy.inject(.loseAnswer, method: "POST")
+    proxy.inject(.status(404, code: "NoSuchUpload"), method: "POST")
+    let eTag = try store.completeMultipartUpload(
+      key: "obj", uploadID: id, parts: parts, condition: .ifNoneMatch)
+    #expect(eTag == (try store.head(key: "obj").eTag))
+    #expect(store.requestCount(.completeMultipartUpload) == 2)
+    _ = try store.get(key: "obj", range: nil, to: dir.file("back"))
+    #expect(try filesEqual(source, dir.file("back")))
+    // A first-attempt 404 is not mistaken for success (even though the object is there).
+    proxy.inject(.status(404, code: "NoSuchUpload"), method: "POST")
+    #expect(throws: StoreError.notFound(key: "obj")) {
+      try store.completeMultipartUpload(key: "obj", uploadID: id, parts: parts, condition: .none)
+    }
+  }
+
+  @Test func serversIgnoringRangeAreHandled() throws {
+    let (store, proxy) = try proxied()
+    defer { proxy.stop() }
+    let dir = try TempDir()
+    defer { dir.cleanup() }
+    let body = patternBytes(seed: 13, offset: 0, count: 3_000_000)
+    _ = try store.put(key: "obj", body: .data(body), condition: .none)
+    proxy.inject(.ignoreRange, count: 2, method: "GET")
+    #expect(try store.get(key: "obj", range: ByteRange(10, 20)) == body.subdata(in: 10..<20))
+    let info = try store.get(
+      key: "obj", range: ByteRange(1_500_000, 2_600_000), to: dir.file("part"))
+    #expect(try Data(contentsOf: dir.file("part")) == body.subdata(in: 1_500_000..<2_600_000))
+    #expect(info.size == 3_000_000)
+  }
+
   @Test func copyFailingAfter200IsRetried() throws {
     let (store, proxy) = try proxied()
     defer { proxy.stop() }
