@@ -97,6 +97,8 @@ final class Transfer {
   var bodyStart: UInt64 = 0
   var bodyLength: UInt64 = 0
   var bodySent: UInt64 = 0
+  /// Times libcurl rewound the body to send the request again by itself.
+  var resends = 0
   // Response.
   var status = 0
   var headers: [String: String] = [:]
@@ -108,6 +110,7 @@ final class Transfer {
 
   func rewind() {
     bodySent = 0
+    resends = 0
     status = 0
     headers = [:]
     memory = Data()
@@ -144,6 +147,18 @@ private func curlRead(
   }
   t.bodySent += UInt64(n)
   return n
+}
+
+/// Rewinds the request body when libcurl resends it (a reused connection that turned out dead).
+private func curlSeek(_ context: UnsafeMutableRawPointer?, _ offset: curl_off_t, _ origin: Int32)
+  -> Int32
+{
+  guard let context, origin == SEEK_SET, offset >= 0 else { return Int32(CURL_SEEKFUNC_CANTSEEK) }
+  let t = Unmanaged<Transfer>.fromOpaque(context).takeUnretainedValue()
+  guard UInt64(offset) <= t.bodyLength else { return Int32(CURL_SEEKFUNC_FAIL) }
+  t.bodySent = UInt64(offset)
+  t.resends += 1
+  return Int32(CURL_SEEKFUNC_OK)
 }
 
 private func curlWrite(
@@ -311,7 +326,8 @@ final class CurlTransport: @unchecked Sendable {
         if !response.isSuccess || Self.mayCarryError(request.kind) {
           Self.parseError(&response)
         }
-        response.attempts = attempt
+        // libcurl resends a request by itself when a reused connection dies before answering.
+        response.attempts = attempt + transfer.resends
         guard Self.isRetryable(response) else { return response }
         guard attempt < maxAttempts else { throw .exhausted(response) }
         retryReason = "HTTP \(response.status) \(response.errorCode ?? "")"
@@ -382,6 +398,7 @@ final class CurlTransport: @unchecked Sendable {
     52,  // GOT_NOTHING
     55,  // SEND_ERROR
     56,  // RECV_ERROR
+    65,  // SEND_FAIL_REWIND
     92,  // HTTP2_STREAM
   ]
 
@@ -433,6 +450,8 @@ final class CurlTransport: @unchecked Sendable {
       _ = zdc_curl_setopt_long(h, CURLOPT_UPLOAD, 1)
       _ = zdc_curl_setopt_read_callback(h, curlRead)
       _ = zdc_curl_setopt_pointer(h, CURLOPT_READDATA, context)
+      _ = zdc_curl_setopt_seek_callback(h, curlSeek)
+      _ = zdc_curl_setopt_pointer(h, CURLOPT_SEEKDATA, context)
       _ = zdc_curl_setopt_off_t(h, CURLOPT_INFILESIZE_LARGE, curl_off_t(transfer.bodyLength))
       if request.method == "POST" {
         _ = zdc_curl_setopt_string(h, CURLOPT_CUSTOMREQUEST, "POST")

@@ -38,6 +38,9 @@ final class FaultProxy: @unchecked Sendable {
   private var served = 0
   private var forwarded = 0
   private var stopped = false
+  private var connections = 0
+  private var active = 0
+  private var maxActive = 0
 
   /// Starts listening on a free port of 127.0.0.1.
   init(upstreamPort: UInt16) throws {
@@ -90,6 +93,27 @@ final class FaultProxy: @unchecked Sendable {
     return served
   }
 
+  /// Client connections accepted so far.
+  var connectionsAccepted: Int {
+    lock.lock()
+    defer { lock.unlock() }
+    return connections
+  }
+
+  /// The most requests seen in progress at once.
+  var maxConcurrentRequests: Int {
+    lock.lock()
+    defer { lock.unlock() }
+    return maxActive
+  }
+
+  private func track(_ delta: Int) {
+    lock.lock()
+    active += delta
+    maxActive = max(maxActive, active)
+    lock.unlock()
+  }
+
   /// Faults still planned.
   var faultsPending: Int {
     lock.lock()
@@ -127,6 +151,9 @@ final class FaultProxy: @unchecked Sendable {
         if done || (errno != EINTR && errno != ECONNABORTED) { return }
         continue
       }
+      lock.lock()
+      connections += 1
+      lock.unlock()
       let thread = Thread { [self] in serve(client) }
       thread.start()
     }
@@ -148,6 +175,8 @@ final class FaultProxy: @unchecked Sendable {
         }
       }
       guard let body = conn.readExactly(length) else { return }
+      track(1)
+      defer { track(-1) }
       let fault = nextFault(method: method)
       switch fault {
       case .reset?:
@@ -186,7 +215,15 @@ final class FaultProxy: @unchecked Sendable {
       }
       lines.append("Connection: close")
       let request = Data((lines.joined(separator: "\r\n") + "\r\n\r\n").utf8) + body
-      guard let response = forward(request) else { return }
+      guard var response = forward(request) else { return }
+      // Relay the answer as if the upstream kept the connection open.
+      if let end = response.range(of: Data("\r\n\r\n".utf8)) {
+        let head = String(decoding: response[..<end.lowerBound], as: UTF8.self)
+          .components(separatedBy: "\r\n")
+          .filter { !$0.lowercased().hasPrefix("connection:") }
+          .joined(separator: "\r\n")
+        response = Data(head.utf8) + response[end.lowerBound...]
+      }
       if case .loseAnswer? = fault {
         var l = linger(l_onoff: 1, l_linger: 0)
         setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, socklen_t(MemoryLayout<linger>.size))

@@ -25,8 +25,9 @@ import ZDCS3Store
     proxy.inject(.status(503, code: "SlowDown"), count: 2, method: "PUT")
     let e = try store.put(key: "k", body: .data(body), condition: .ifNoneMatch)
     #expect(proxy.faultsServed == 4)
-    #expect(store.requestCount(.putObject) == 5)
-    #expect(store.retryCounts[.putObject] == 4)
+    // A reset on a reused connection may be absorbed by libcurl's own resend.
+    #expect((3...5).contains(store.requestCount(.putObject)))
+    #expect((2...4).contains(store.retryCounts[.putObject] ?? 0))
     proxy.inject(.status(500, code: "InternalError"), method: "GET")
     proxy.inject(.reset, method: "GET")
     #expect(try store.get(key: "k") == body)
@@ -82,7 +83,8 @@ import ZDCS3Store
     #expect(throws: StoreError.notFound(key: "mp")) { try store.listParts(key: "mp", uploadID: id) }
     _ = try store.get(key: "mp", range: nil, to: dir.file("back"))
     #expect(try filesEqual(source, dir.file("back")))
-    #expect(store.retryCounts[.uploadPart] == 2)
+    #expect(proxy.faultsPending == 0)
+    #expect((1...2).contains(store.retryCounts[.uploadPart] ?? 0))
     #expect(store.retryCounts[.completeMultipartUpload] == 2)
   }
 
@@ -163,7 +165,9 @@ import ZDCS3Store
     let eTag = try store.completeMultipartUpload(
       key: "obj", uploadID: id, parts: parts, condition: .ifNoneMatch)
     #expect(eTag == (try store.head(key: "obj").eTag))
-    #expect(store.requestCount(.completeMultipartUpload) == 2)
+    #expect(proxy.faultsPending == 0)
+    // The resend is the store's retry or libcurl's own (the connection was reused).
+    #expect((1...2).contains(store.requestCount(.completeMultipartUpload)))
     _ = try store.get(key: "obj", range: nil, to: dir.file("back"))
     #expect(try filesEqual(source, dir.file("back")))
     // A first-attempt 404 is not mistaken for success (even though the object is there).
@@ -200,6 +204,36 @@ import ZDCS3Store
     proxy.inject(.errorIn200(code: "AccessDenied"), method: "PUT")
     #expect(throws: StoreError.self) { try store.copy(from: "a", to: "c", condition: .none) }
     #expect(store.requestCount(.copyObject) == 3)
+  }
+
+  @Test func connectionsAreReused() throws {
+    let (store, proxy) = try proxied()
+    defer { proxy.stop() }
+    let before = proxy.connectionsAccepted
+    for i in 0..<40 {
+      _ = try store.put(key: "k\(i)", body: .data(Data([UInt8(i)])), condition: .none)
+      _ = try store.get(key: "k\(i)")
+    }
+    #expect(proxy.connectionsAccepted - before <= 1, "sequential requests share one connection")
+    #expect(store.totalRequestCount == 80)
+  }
+
+  @Test func concurrencyIsBounded() throws {
+    let (store, proxy) = try proxied {
+      $0.maxConcurrentRequests = 3
+    }
+    defer { proxy.stop() }
+    proxy.inject(.delay(0.05), count: 24, method: "PUT")
+    let failures = Locked(0)
+    DispatchQueue.concurrentPerform(iterations: 24) { i in
+      do {
+        _ = try store.put(key: "c\(i)", body: .data(Data([UInt8(i)])), condition: .none)
+      } catch { failures.withLock { $0 += 1 } }
+    }
+    #expect(failures.withLock { $0 } == 0)
+    #expect(proxy.maxConcurrentRequests <= 3)
+    #expect(proxy.maxConcurrentRequests >= 2, "requests do run in parallel")
+    #expect(try store.listAll(prefix: "c").count == 24)
   }
 
   @Test func malformedResponses() throws {
