@@ -360,11 +360,21 @@ public final class S3Store: CloudStore {
 
   public func put(key: String, body: UploadBody, condition: WriteCondition) throws -> String {
     let full = try fullKey(key)
-    let r = try send(
+    let r = try sendRaw(
       request(
         .putObject, "PUT", fullKey: full, headers: Self.conditionHeaders(condition),
         body: Self.requestBody(body)),
       key: key)
+    if r.status == 412, r.attempts > 1, case .data(let bytes) = body, bytes.count <= 1 << 20 {
+      // The request was sent more than once: the 412 may answer our own earlier, successful
+      // attempt whose answer was lost. Small bodies are compared with what is there.
+      if let current = try? send(request(.getObject, "GET", fullKey: full), key: key),
+        current.body == bytes, let eTag = current.headers["etag"]
+      {
+        return Self.unquote(eTag)
+      }
+    }
+    guard r.isSuccess else { throw Self.mapError(r, key: key, range: nil) }
     guard let eTag = r.headers["etag"] else {
       throw StoreError.malformedResponse("no ETag after writing \(key)")
     }

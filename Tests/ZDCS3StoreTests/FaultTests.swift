@@ -177,6 +177,24 @@ import ZDCS3Store
     }
   }
 
+  /// A conditional PUT whose answer is lost is sent again and meets its own write (412): the
+  /// store sees the content is its own and reports success; someone else's content is a 412.
+  @Test func lostAnswerToConditionalPut() throws {
+    let (store, proxy) = try proxied()
+    defer { proxy.stop() }
+    proxy.inject(.loseAnswer, method: "PUT")
+    let e = try store.put(key: "rcrd", body: .data(Data("mine".utf8)), condition: .ifNoneMatch)
+    #expect(e == (try store.head(key: "rcrd").eTag))
+    #expect(proxy.faultsPending == 0)
+    proxy.inject(.loseAnswer, method: "PUT")
+    let e2 = try store.put(key: "rcrd", body: .data(Data("mine 2".utf8)), condition: .ifMatch(e))
+    #expect(try store.get(key: "rcrd") == Data("mine 2".utf8))
+    #expect(e2 != e)
+    #expect(throws: StoreError.preconditionFailed(key: "rcrd")) {
+      try store.put(key: "rcrd", body: .data(Data("theirs".utf8)), condition: .ifNoneMatch)
+    }
+  }
+
   @Test func serversIgnoringRangeAreHandled() throws {
     let (store, proxy) = try proxied()
     defer { proxy.stop() }
