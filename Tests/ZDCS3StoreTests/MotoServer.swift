@@ -280,9 +280,43 @@ func filesEqual(_ a: URL, _ b: URL) throws -> Bool {
   }
 }
 
-/// The process's peak resident set size, in bytes.
-func peakRSS() -> Int {
-  var u = rusage()
-  getrusage(Int32(RUSAGE_SELF.rawValue), &u)
-  return u.ru_maxrss * 1024
+/// The process's current resident set size, in bytes (from /proc/self/statm).
+func currentRSS() -> Int {
+  guard let text = try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8) else {
+    return 0
+  }
+  let fields = text.split(separator: " ")
+  guard fields.count > 1, let pages = Int(fields[1]) else { return 0 }
+  return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
+}
+
+/// Samples the resident set size every few milliseconds on its own thread and keeps the largest.
+final class RSSSampler: @unchecked Sendable {
+  private let lock = NSLock()
+  private var running = true
+  private var peak = 0
+  let start = currentRSS()
+
+  init() {
+    Thread { [self] in
+      while true {
+        let now = currentRSS()
+        lock.lock()
+        peak = max(peak, now)
+        let go = running
+        lock.unlock()
+        if !go { return }
+        usleep(2000)
+      }
+    }.start()
+  }
+
+  /// Stops sampling; returns how far the resident set grew above where it started, in bytes.
+  func stop() -> Int {
+    lock.lock()
+    running = false
+    let p = peak
+    lock.unlock()
+    return max(0, p - start)
+  }
 }

@@ -14,7 +14,7 @@ import ZDCS3Store
     let partSize = 16 * Self.mib
     let source = dir.file("source")
     try writePatternFile(source, seed: 42, size: size)
-    let rssBefore = peakRSS()
+    let rss = RSSSampler()
 
     // First "session": start, upload two parts, then stop.
     let uploadID = try store.createMultipartUpload(key: "big.data")
@@ -59,8 +59,13 @@ import ZDCS3Store
         == patternBytes(seed: 42, offset: 20 * Self.mib + 7, count: Int(Self.mib)))
 
     // 64 MiB went up and down; the process never held it (allowing for other tests' noise).
-    let growth = peakRSS() - rssBefore
-    #expect(growth < 48 * Int(Self.mib), "peak RSS grew by \(growth) bytes")
+    let growth = rss.stop()
+    #expect(growth < 48 * Int(Self.mib), "resident set grew by \(growth) bytes")
+    // The sampler does see an object read into memory.
+    let control = RSSSampler()
+    let inMemory = try store.get(key: "big.data", range: ByteRange(0, 32 * Self.mib))
+    #expect(inMemory.count == 32 * Int(Self.mib))
+    #expect(control.stop() >= 24 * Int(Self.mib))
 
     #expect(store.requestCount(.createMultipartUpload) == 1)
     #expect(store.requestCount(.uploadPart) == 4)
