@@ -33,6 +33,26 @@ import ZDCCore
     #expect(d.host == "s3.eu-west-1.amazonaws.com" && d.encodedPath == "/my.bucket/k")
   }
 
+  /// The store builds the AWS documentation's GET object example exactly: same host, path,
+  /// headers and therefore signature.
+  @Test func storeRequestsMatchTheAWSExample() throws {
+    let s = S3Store(
+      configuration: S3Configuration(
+        bucket: "examplebucket", region: "us-east-1",
+        credentials: S3Credentials(
+          accessKeyID: "AKIAIOSFODNN7EXAMPLE",
+          secretAccessKey: "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")))
+    let r = s.request(
+      .getObject, "GET", fullKey: try s.fullKey("test.txt"),
+      headers: [S3Store.rangeHeader(ByteRange(0, 10))])
+    #expect(r.baseURL == "https://examplebucket.s3.us-east-1.amazonaws.com")
+    let signed = s.signer.sign(
+      method: r.method, encodedPath: r.encodedPath, query: r.query,
+      headers: [("host", "examplebucket.s3.amazonaws.com")] + r.headers,
+      payloadHash: r.payloadHash, date: Date(timeIntervalSince1970: 1_369_353_600))
+    #expect(signed.signature == "f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41")
+  }
+
   @Test func customEndpoints() {
     let path = store("http://127.0.0.1:9000", .auto)
     let r = path.request(.putObject, "PUT", fullKey: "pre/k")

@@ -103,8 +103,7 @@ final class MotoServer: Sendable {
   {
     let port = try freeLoopbackPort()
     let argv = command() + ["-H", "127.0.0.1", "-p", String(port)] + (tls ? ["-s"] : [])
-    let log = FileManager.default.temporaryDirectory
-      .appendingPathComponent("zdc-moto-\(port).log").path
+    let log = logPath(port: port)
     var actions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&actions)
     defer { posix_spawn_file_actions_destroy(&actions) }
@@ -138,8 +137,9 @@ final class MotoServer: Sendable {
     throw HelperError("moto_server did not answer on port \(port) within 30 s; see \(log)")
   }
 
-  /// Stops the server: SIGTERM, then SIGKILL after 5 s, and reaps it.
+  /// Stops the server: SIGTERM, then SIGKILL after 5 s, and reaps it; removes its log.
   func stop() {
+    defer { unlink(Self.logPath(port: port)) }
     kill(pid, SIGTERM)
     var status: Int32 = 0
     for _ in 0..<50 {
@@ -148,6 +148,10 @@ final class MotoServer: Sendable {
     }
     kill(pid, SIGKILL)
     waitpid(pid, &status, 0)
+  }
+
+  static func logPath(port: UInt16) -> String {
+    FileManager.default.temporaryDirectory.appendingPathComponent("zdc-moto-\(port).log").path
   }
 
   /// A configuration for a new, unique bucket on this server (or on `endpoint`).
