@@ -173,8 +173,11 @@ public final class S3Store: CloudStore {
   /// Maps an unsuccessful response to a `StoreError`.
   static func mapError(_ r: HTTPResponse, key: String, range: ByteRange?) -> StoreError {
     let code = r.errorCode ?? ""
-    let detail =
+    var detail =
       code.isEmpty ? "HTTP \(r.status)" : "HTTP \(r.status) \(code): \(r.errorMessage ?? "")"
+    if let region = r.headers["x-amz-bucket-region"], [301, 400, 403].contains(r.status) {
+      detail += " (the bucket is in region \(region))"
+    }
     switch r.status {
     case 404: return .notFound(key: key)
     case 403: return .accessDenied(detail)

@@ -98,6 +98,10 @@ import ZDCCore
     if case .transient = map(400, "RequestTimeout") {} else { Issue.record("RequestTimeout") }
     if case .transient = map(429, nil) {} else { Issue.record("429") }
     if case .unsupported = map(400, "InvalidPart") {} else { Issue.record("400") }
+    let moved = S3Store.mapError(
+      HTTPResponse(status: 301, headers: ["x-amz-bucket-region": "eu-north-1"], body: Data()),
+      key: "k", range: nil)
+    #expect(moved.description.contains("eu-north-1"))
     #expect(!CurlTransport.isRetryable(HTTPResponse(status: 412, headers: [:], body: Data())))
     #expect(!CurlTransport.isRetryable(HTTPResponse(status: 404, headers: [:], body: Data())))
     #expect(!CurlTransport.isRetryable(HTTPResponse(status: 403, headers: [:], body: Data())))
