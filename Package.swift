@@ -70,6 +70,12 @@ let package = Package(
         .product(name: "Logging", package: "swift-log"),
       ],
       swiftSettings: strict),
+    .target(
+      name: "ZDCS3Store",
+      dependencies: [
+        "ZDCCore", "CCurl", "CSodium", .product(name: "Logging", package: "swift-log"),
+      ],
+      swiftSettings: strict),
     .executableTarget(
       name: "zdc",
       dependencies: [
@@ -88,7 +94,12 @@ let package = Package(
       swiftSettings: strict),
 
     .target(
-      name: "ZDCTestSupport", dependencies: ["ZDCCore"], path: "Tests/ZDCTestSupport",
+      name: "ZDCTestSupport",
+      dependencies: ["ZDCCore", "ZDCS3Store"],
+      path: "Tests/ZDCTestSupport",
+      swiftSettings: strict),
+    .testTarget(
+      name: "ZDCS3StoreTests", dependencies: ["ZDCS3Store", "ZDCCore", "ZDCTestSupport"],
       swiftSettings: strict),
     .testTarget(name: "ZDCCoreTests", dependencies: ["ZDCCore"], swiftSettings: strict),
     .testTarget(
@@ -99,7 +110,7 @@ let package = Package(
       swiftSettings: strict),
     .testTarget(
       name: "ZDCStoreTests",
-      dependencies: ["ZDCCore", "ZDCLocalStore", "zdc-testhelper"],
+      dependencies: ["ZDCCore", "ZDCLocalStore", "ZDCS3Store", "ZDCTestSupport", "zdc-testhelper"],
       swiftSettings: strict),
     .testTarget(
       name: "ZDCAccountTests",

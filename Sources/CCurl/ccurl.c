@@ -14,6 +14,9 @@ CURLcode zdc_curl_setopt_read_callback(CURL *h, size_t (*cb)(char *, size_t, siz
 CURLcode zdc_curl_setopt_header_callback(CURL *h, size_t (*cb)(char *, size_t, size_t, void *)) {
   return curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, cb);
 }
+CURLcode zdc_curl_setopt_seek_callback(CURL *h, int (*cb)(void *, curl_off_t, int)) {
+  return curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, cb);
+}
 CURLcode zdc_curl_getinfo_long(CURL *h, CURLINFO i, long *v) { return curl_easy_getinfo(h, i, v); }
 CURLcode zdc_curl_getinfo_off_t(CURL *h, CURLINFO i, curl_off_t *v) { return curl_easy_getinfo(h, i, v); }
 CURLMcode zdc_curl_multi_setopt_long(CURLM *m, CURLMoption o, long v) { return curl_multi_setopt(m, o, v); }

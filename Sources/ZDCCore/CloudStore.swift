@@ -197,3 +197,24 @@ extension CloudStore {
   /// Reads a whole object.
   public func get(key: String) throws -> Data { try get(key: key, range: nil) }
 }
+
+/// The object keys every `CloudStore` accepts, so that a treesystem behaves the same on every
+/// store: 1 to 1024 bytes of UTF-8, no NUL, no leading `/`, and no empty, `.` or `..`
+/// components. Stores may refuse more (the local-folder store also limits component length).
+public enum ObjectKey {
+  /// The longest key, in UTF-8 bytes (S3's limit).
+  public static let maxLength = 1024
+
+  /// Throws `StoreError.invalidKey` unless `key` is portable.
+  public static func validate(_ key: String) throws {
+    let bytes = Array(key.utf8)
+    guard !bytes.isEmpty, bytes.count <= maxLength, bytes.first != 0x2F, !bytes.contains(0) else {
+      throw StoreError.invalidKey(key)
+    }
+    for c in bytes.split(separator: 0x2F, omittingEmptySubsequences: false) {
+      guard !c.isEmpty, !c.elementsEqual([0x2E]), !c.elementsEqual([0x2E, 0x2E]) else {
+        throw StoreError.invalidKey(key)
+      }
+    }
+  }
+}

@@ -66,12 +66,8 @@ public final class LocalFolderStore: CloudStore {
 
   /// Throws `StoreError.invalidKey` unless the key can name an object.
   static func validate(key: String) throws {
-    let bytes = Array(key.utf8)
-    guard !bytes.isEmpty, bytes.count <= maxKeyLength, bytes.first != 0x2F, !bytes.contains(0)
-    else {
-      throw StoreError.invalidKey(key)
-    }
-    for component in bytes.split(separator: 0x2F, omittingEmptySubsequences: false) {
+    try ObjectKey.validate(key)
+    for component in Array(key.utf8).split(separator: 0x2F, omittingEmptySubsequences: false) {
       guard isValidComponent(Array(component)) else { throw StoreError.invalidKey(key) }
     }
   }

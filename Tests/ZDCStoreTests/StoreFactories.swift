@@ -2,6 +2,8 @@ import Foundation
 import Testing
 import ZDCCore
 import ZDCLocalStore
+import ZDCS3Store
+import ZDCTestSupport
 
 /// A way to get a fresh, empty store for one test; the conformance suite runs against each.
 struct StoreFactory: Sendable, CustomTestStringConvertible {
@@ -9,17 +11,34 @@ struct StoreFactory: Sendable, CustomTestStringConvertible {
   let name: String
   /// A new empty store and a function that removes whatever it made.
   let make: @Sendable () throws -> (store: any CloudStore, cleanup: @Sendable () -> Void)
+  /// False for servers known not to report an unknown multipart upload (moto 5.2 answers
+  /// UploadPart with 500 and AbortMultipartUpload with 204 instead of 404 NoSuchUpload).
+  var reportsUnknownUploads = true
+
+  init(
+    name: String, reportsUnknownUploads: Bool = true,
+    make: @escaping @Sendable () throws -> (store: any CloudStore, cleanup: @Sendable () -> Void)
+  ) {
+    self.name = name
+    self.make = make
+    self.reportsUnknownUploads = reportsUnknownUploads
+  }
 
   var testDescription: String { name }
 }
 
-/// Every store the conformance suite runs against. Add the S3 store here.
+/// Every store the conformance suite runs against.
 let allStoreFactories: [StoreFactory] = [
   StoreFactory(name: "LocalFolderStore") {
     let dir = try makeTemporaryDirectory()
     let store = try LocalFolderStore(root: dir.appendingPathComponent("store"))
     return (store, { removeDirectory(dir) })
-  }
+  },
+  // A fresh bucket on the suite's own moto_server (the `.motoServer` trait starts and stops it).
+  StoreFactory(name: "S3Store (moto)", reportsUnknownUploads: false) {
+    let store = try MotoServer.require().makeStore(transport: fastRetries())
+    return (store, {})
+  },
 ]
 
 /// A new empty directory under the system temporary directory.

@@ -11,6 +11,7 @@ CURLcode zdc_curl_setopt_slist(CURL *handle, CURLoption option, struct curl_slis
 CURLcode zdc_curl_setopt_write_callback(CURL *handle, size_t (*cb)(char *, size_t, size_t, void *));
 CURLcode zdc_curl_setopt_read_callback(CURL *handle, size_t (*cb)(char *, size_t, size_t, void *));
 CURLcode zdc_curl_setopt_header_callback(CURL *handle, size_t (*cb)(char *, size_t, size_t, void *));
+CURLcode zdc_curl_setopt_seek_callback(CURL *handle, int (*cb)(void *, curl_off_t, int));
 CURLcode zdc_curl_getinfo_long(CURL *handle, CURLINFO info, long *value);
 CURLcode zdc_curl_getinfo_off_t(CURL *handle, CURLINFO info, curl_off_t *value);
 CURLMcode zdc_curl_multi_setopt_long(CURLM *multi, CURLMoption option, long value);
