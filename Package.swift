@@ -50,9 +50,16 @@ let package = Package(
       dependencies: ["ZDCCore", "CSodium"],
       swiftSettings: strict),
     .target(
+      name: "ZDCDisk",
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", .product(name: "GRDB", package: "GRDB.swift"),
+        .product(name: "Logging", package: "swift-log"),
+      ],
+      swiftSettings: strict),
+    .target(
       name: "ZDCSync",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCDisk",
         .product(name: "Logging", package: "swift-log"),
       ],
       swiftSettings: strict),
@@ -101,9 +108,14 @@ let package = Package(
       ],
       swiftSettings: strict),
     .testTarget(
+      name: "ZDCDiskTests",
+      dependencies: ["ZDCCore", "ZDCCrypto", "ZDCDisk", "ZDCTestSupport"],
+      swiftSettings: strict),
+    .testTarget(
       name: "ZDCSyncTests",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCSync", "ZDCLocalStore", "ZDCTestSupport",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCSync", "ZDCDisk", "ZDCLocalStore",
+        "ZDCTestSupport",
       ],
       swiftSettings: strict),
     .testTarget(

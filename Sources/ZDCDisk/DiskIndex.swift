@@ -1,0 +1,131 @@
+import Foundation
+import GRDB
+import ZDCCore
+
+/// One row of the disk index, as stored.
+struct IndexRow: Sendable {
+  var id: Int64
+  var pool: DiskPool
+  var nodeID: NodeID?
+  var version: Int64
+  var cloudID: String?
+  var eTag: String?
+  var fileName: String
+  var size: UInt64
+  var diskBytes: UInt64
+  var lastAccess: Int64
+  var dirty: Bool
+  var committed: Bool
+  var complete: Bool
+  var chunks: Data?
+}
+
+/// The index database (`disk.sqlite`): schema, migrations and the few statements the disk
+/// manager runs. Every method runs on the caller's thread through one serialized connection.
+final class DiskIndex: Sendable {
+  let queue: DatabaseQueue
+
+  static var migrator: DatabaseMigrator {
+    var m = DatabaseMigrator()
+    m.registerMigration("v1") { db in
+      try db.execute(
+        sql: """
+          CREATE TABLE entries (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            pool TEXT NOT NULL CHECK (pool IN ('staging', 'cache')),
+            nodeID INTEGER,
+            version INTEGER NOT NULL DEFAULT 0,
+            cloudID TEXT,
+            eTag TEXT,
+            fileName TEXT NOT NULL UNIQUE,
+            size INTEGER NOT NULL,
+            diskBytes INTEGER NOT NULL,
+            lastAccess INTEGER NOT NULL,
+            dirty INTEGER NOT NULL DEFAULT 0,
+            committed INTEGER NOT NULL DEFAULT 1,
+            complete INTEGER NOT NULL DEFAULT 1,
+            chunks BLOB
+          );
+          CREATE UNIQUE INDEX entries_cache ON entries (cloudID, eTag) WHERE pool = 'cache';
+          CREATE INDEX entries_node ON entries (nodeID, version);
+          """)
+    }
+    return m
+  }
+
+  init(path: String) throws {
+    var config = Configuration()
+    config.busyMode = .timeout(10)
+    config.prepareDatabase { db in
+      try db.execute(sql: "PRAGMA journal_mode = WAL")
+      try db.execute(sql: "PRAGMA synchronous = FULL")
+    }
+    queue = try DatabaseQueue(path: path, configuration: config)
+    try Self.migrator.migrate(queue)
+  }
+
+  func allRows() throws -> [IndexRow] {
+    try queue.read { db in
+      try Row.fetchAll(db, sql: "SELECT * FROM entries ORDER BY id").map { r in
+        IndexRow(
+          id: r["id"], pool: DiskPool(rawValue: r["pool"]) ?? .cache, nodeID: r["nodeID"],
+          version: r["version"], cloudID: r["cloudID"], eTag: r["eTag"], fileName: r["fileName"],
+          size: UInt64(bitPattern: r["size"]), diskBytes: UInt64(bitPattern: r["diskBytes"]),
+          lastAccess: r["lastAccess"], dirty: r["dirty"], committed: r["committed"],
+          complete: r["complete"], chunks: r["chunks"])
+      }
+    }
+  }
+
+  /// Inserts a row (its `id` is ignored) and returns the new id.
+  func insert(_ row: IndexRow) throws -> Int64 {
+    try queue.write { db in
+      try db.execute(
+        sql: """
+          INSERT INTO entries (pool, nodeID, version, cloudID, eTag, fileName, size, diskBytes,
+            lastAccess, dirty, committed, complete, chunks)
+          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+          """,
+        arguments: [
+          row.pool.rawValue, row.nodeID, row.version, row.cloudID, row.eTag, row.fileName,
+          Int64(bitPattern: row.size), Int64(bitPattern: row.diskBytes), row.lastAccess,
+          row.dirty, row.committed, row.complete, row.chunks,
+        ])
+      return db.lastInsertedRowID
+    }
+  }
+
+  /// Rewrites every column of an existing row.
+  func update(_ row: IndexRow) throws {
+    try queue.write { db in
+      try db.execute(
+        sql: """
+          UPDATE entries SET pool = ?, nodeID = ?, version = ?, cloudID = ?, eTag = ?,
+            size = ?, diskBytes = ?, lastAccess = ?, dirty = ?, committed = ?, complete = ?,
+            chunks = ?
+          WHERE id = ?
+          """,
+        arguments: [
+          row.pool.rawValue, row.nodeID, row.version, row.cloudID, row.eTag,
+          Int64(bitPattern: row.size), Int64(bitPattern: row.diskBytes), row.lastAccess,
+          row.dirty, row.committed, row.complete, row.chunks, row.id,
+        ])
+    }
+  }
+
+  func delete(ids: [Int64]) throws {
+    guard !ids.isEmpty else { return }
+    try queue.write { db in
+      for id in ids { try db.execute(sql: "DELETE FROM entries WHERE id = ?", arguments: [id]) }
+    }
+  }
+
+  /// Stores a batch of access times in one transaction.
+  func setLastAccess(_ ticks: [(Int64, Int64)]) throws {
+    guard !ticks.isEmpty else { return }
+    try queue.write { db in
+      let stmt = try db.cachedStatement(sql: "UPDATE entries SET lastAccess = ? WHERE id = ?")
+      for (id, tick) in ticks { try stmt.execute(arguments: [tick, id]) }
+    }
+  }
+}

@@ -1,0 +1,818 @@
+public import Foundation
+import Glibc
+import Logging
+public import ZDCCore
+public import ZDCCrypto
+
+/// The encrypted local disk cache and write-back staging area of one state directory.
+///
+/// Two pools, every file a CryptoFile under one local cache key, named randomly:
+/// - *staging* (`staging/`): content written locally, one version per commit, pinned until the
+///   push side reports it uploaded; then it becomes the clean cached copy;
+/// - *cache* (`cache/`): downloaded content per (cloudID, DATA eTag), complete or partial
+///   (64 KiB chunks), evicted least recently used first when over the size cap.
+///
+/// The index (`disk.sqlite`) survives restarts and is reconciled with the directories when
+/// opened. Dirty and open entries are never evicted. All methods are thread-safe and may block
+/// on disk I/O; reads through open handles do not touch the index database.
+public final class DiskManager: @unchecked Sendable {
+  // @unchecked: mutable state is guarded by `stateLock` (the in-memory index, pins, access
+  // times) and `mutationLock` (index database writes and structure changes, held first).
+
+  /// The state directory.
+  public let directory: URL
+  /// Where cached content lives.
+  public let cacheDirectory: URL
+  /// Where staged content lives.
+  public let stagingDirectory: URL
+  /// The local cache key every file is encrypted under.
+  public let key: Data
+
+  let index: DiskIndex
+  let logger = Logger(label: "zdc.disk")
+  private let automaticEviction: Bool
+  private let background = DispatchQueue(label: "zdc.disk.maintenance", qos: .utility)
+
+  private let stateLock = NSLock()
+  private let mutationLock = NSLock()
+  private var byID: [Int64: Entry] = [:]
+  private var cacheEntries: [CacheKey: Entry] = [:]
+  private var stagingEntries: [NodeID: [Entry]] = [:]
+  private var totals = DiskUsage()
+  private var lastTick: Int64 = 0
+  private var accessed: Set<Int64> = []
+  private var flushScheduled = false
+  private var evictionScheduled = false
+  private var lost: [NodeID] = []
+
+  struct CacheKey: Hashable {
+    var cloudID: String
+    var eTag: String
+  }
+
+  /// Seconds between batched writes of access times to the index.
+  public static let accessFlushInterval: TimeInterval = 2
+
+  /// Opens (creating if needed) the cache and staging of `directory` under `key` (32 bytes),
+  /// reconciling the index with the files found. `capBytes` defaults to
+  /// ``defaultCap(for:)``; with `automaticEviction` off, only ``evictIfNeeded()`` evicts.
+  public init(
+    directory: URL, key: Data, capBytes: UInt64? = nil, automaticEviction: Bool = true
+  ) throws {
+    guard key.count == 32 else { throw DiskError.invalidKey }
+    self.directory = directory
+    self.key = key
+    self.automaticEviction = automaticEviction
+    cacheDirectory = directory.appendingPathComponent("cache", isDirectory: true)
+    stagingDirectory = directory.appendingPathComponent("staging", isDirectory: true)
+    for d in [directory, cacheDirectory, stagingDirectory] {
+      try FileManager.default.createDirectory(
+        at: d, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+    }
+    do {
+      index = try DiskIndex(path: directory.appendingPathComponent("disk.sqlite").path)
+    } catch {
+      throw DiskError.io("cannot open the disk index: \(error)")
+    }
+    totals.capBytes = capBytes ?? Self.defaultCap(for: directory)
+    try reconcile()
+  }
+
+  deinit { flush() }
+
+  /// 10% of the free space of the filesystem holding `directory`, at least 256 MiB.
+  public static func defaultCap(for directory: URL) -> UInt64 {
+    let minimum: UInt64 = 256 << 20
+    var s = statvfs()
+    guard statvfs(directory.path, &s) == 0 else { return minimum }
+    return max(UInt64(s.f_bavail) * UInt64(s.f_frsize) / 10, minimum)
+  }
+
+  // MARK: Accounting
+
+  /// The size cap eviction aims for.
+  public var capBytes: UInt64 {
+    get { stateLock.withLock { totals.capBytes } }
+    set {
+      stateLock.withLock { totals.capBytes = newValue }
+      scheduleEviction()
+    }
+  }
+
+  /// Bytes, entries and dirty bytes held now.
+  public var usage: DiskUsage {
+    stateLock.withLock {
+      var u = totals
+      u.pinnedEntries = byID.values.filter { $0.pins > 0 }.count
+      return u
+    }
+  }
+
+  /// Nodes whose committed staged content was missing when the index was opened (lost).
+  public var lostStagedNodes: [NodeID] { stateLock.withLock { lost } }
+
+  /// Bytes a CryptoFile takes on disk for a complete entry, or for the present chunks of a
+  /// partial one.
+  static func diskBytes(size: UInt64, bitmap: ChunkBitmap?) -> UInt64 {
+    guard let bitmap else { return CryptoFile.physicalSize(plaintextSize: size) }
+    return UInt64(CryptoFile.headerSize) + bitmap.presentCount * UInt64(CryptoFile.slotSize)
+  }
+
+  private func add(_ e: Entry) {
+    byID[e.id] = e
+    switch e.row.pool {
+    case .cache:
+      if let c = e.row.cloudID, let t = e.row.eTag { cacheEntries[CacheKey(cloudID: c, eTag: t)] = e }
+      totals.cacheBytes += e.row.diskBytes
+      totals.cacheEntries += 1
+    case .staging:
+      if let n = e.row.nodeID {
+        stagingEntries[n, default: []].append(e)
+        stagingEntries[n]!.sort { $0.row.version < $1.row.version }
+      }
+      if e.row.dirty { totals.dirtyBytes += e.row.diskBytes }
+    }
+    totals.bytes += e.row.diskBytes
+    totals.entries += 1
+  }
+
+  private func detach(_ e: Entry) {
+    guard byID.removeValue(forKey: e.id) != nil else { return }
+    switch e.row.pool {
+    case .cache:
+      if let c = e.row.cloudID, let t = e.row.eTag,
+        cacheEntries[CacheKey(cloudID: c, eTag: t)] === e
+      {
+        cacheEntries[CacheKey(cloudID: c, eTag: t)] = nil
+      }
+      totals.cacheBytes -= e.row.diskBytes
+      totals.cacheEntries -= 1
+    case .staging:
+      if let n = e.row.nodeID {
+        stagingEntries[n]?.removeAll { $0 === e }
+        if stagingEntries[n]?.isEmpty == true { stagingEntries[n] = nil }
+      }
+      if e.row.dirty { totals.dirtyBytes -= e.row.diskBytes }
+    }
+    totals.bytes -= e.row.diskBytes
+    totals.entries -= 1
+  }
+
+  /// Replaces an attached entry's row (the maps and totals follow).
+  private func replaceRow(_ e: Entry, _ row: IndexRow) {
+    let attached = byID[e.id] === e
+    if attached { detach(e) }
+    e.row = row
+    if attached { add(e) }
+  }
+
+  private func nextTick() -> Int64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_REALTIME, &ts)
+    let now = Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
+    lastTick = max(now, lastTick + 1)
+    return lastTick
+  }
+
+  /// Records an access in memory (under `stateLock`); written to the index in batches.
+  private func touchLocked(_ e: Entry) {
+    e.row.lastAccess = nextTick()
+    guard !e.removed else { return }
+    accessed.insert(e.id)
+    if !flushScheduled {
+      flushScheduled = true
+      background.asyncAfter(deadline: .now() + Self.accessFlushInterval) { [weak self] in
+        self?.flush()
+      }
+    }
+  }
+
+  /// Writes pending access times to the index now.
+  public func flush() {
+    mutationLock.withLock {
+      let ticks = stateLock.withLock { () -> [(Int64, Int64)] in
+        flushScheduled = false
+        defer { accessed.removeAll() }
+        return accessed.compactMap { id in byID[id].map { (id, $0.row.lastAccess) } }
+      }
+      do {
+        try index.setLastAccess(ticks)
+      } catch {
+        logger.warning("could not store access times: \(error)")
+      }
+    }
+  }
+
+  // MARK: Paths and names
+
+  func url(of e: Entry) -> URL {
+    stateLock.withLock { url(pool: e.row.pool, fileName: e.row.fileName) }
+  }
+
+  private func url(pool: DiskPool, fileName: String) -> URL {
+    (pool == .cache ? cacheDirectory : stagingDirectory).appendingPathComponent(fileName)
+  }
+
+  private static func randomName() -> String {
+    SecureRandom.bytes(16).map { String(format: "%02x", $0) }.joined()
+  }
+
+  private func unlink(_ url: URL) {
+    if Glibc.unlink(url.path) != 0 && errno != ENOENT {
+      logger.warning("could not delete a disk cache file: errno \(errno)")
+    }
+  }
+
+  // MARK: Start-up
+
+  private func reconcile() throws {
+    let rows: [IndexRow]
+    do { rows = try index.allRows() } catch { throw DiskError.io("cannot read the disk index: \(error)") }
+    var files: [DiskPool: Set<String>] = [:]
+    for pool in [DiskPool.cache, .staging] {
+      let dir = pool == .cache ? cacheDirectory : stagingDirectory
+      let names = (try? FileManager.default.contentsOfDirectory(atPath: dir.path)) ?? []
+      files[pool] = Set(names)
+    }
+    var drop: [Int64] = []
+    var keep: [Entry] = []
+    for row in rows {
+      let path = url(pool: row.pool, fileName: row.fileName)
+      guard files[row.pool]?.remove(row.fileName) != nil else {
+        if row.pool == .staging && row.dirty {
+          logger.error(
+            "staged content of node \(row.nodeID ?? 0) version \(row.version) is missing: lost")
+          lost.append(row.nodeID ?? 0)
+        }
+        drop.append(row.id)
+        continue
+      }
+      if row.pool == .staging && !row.committed {
+        // Written but never committed (interrupted): not content anyone acknowledged.
+        unlink(path)
+        drop.append(row.id)
+        continue
+      }
+      var r = row
+      if r.complete, let size = try? CryptoFile.plaintextSize(ofFileAt: path) {
+        r.size = size
+      }
+      let e = Entry(row: r)
+      e.row.diskBytes = Self.diskBytes(size: r.size, bitmap: e.bitmap)
+      lastTick = max(lastTick, r.lastAccess)
+      keep.append(e)
+    }
+    for (pool, names) in files {
+      for name in names { unlink(url(pool: pool, fileName: name)) }
+    }
+    do { try index.delete(ids: drop) } catch { throw DiskError.io("\(error)") }
+    stateLock.withLock { for e in keep { add(e) } }
+    if !drop.isEmpty || files.values.contains(where: { !$0.isEmpty }) {
+      logger.info(
+        "disk index reconciled: \(drop.count) rows dropped, \(files.values.map(\.count).reduce(0, +)) stray files deleted"
+      )
+    }
+  }
+
+  // MARK: Pinning and opening
+
+  /// Opens (or shares) the entry's CryptoFile; the entry must be pinned by the caller.
+  private func openFile(_ e: Entry) throws -> CryptoFile {
+    try e.openLock.withLock {
+      if let f = e.file { return f }
+      let f = try CryptoFile.open(at: url(of: e), key: key)
+      e.file = f
+      return f
+    }
+  }
+
+  /// Pins an entry found in the maps (under `stateLock`), or returns false if it left them.
+  private func pinLocked(_ e: Entry) -> Bool {
+    guard !e.removed else { return false }
+    e.pins += 1
+    touchLocked(e)
+    return true
+  }
+
+  func unpin(_ e: Entry) {
+    let (last, deleteFile, discard) = stateLock.withLock { () -> (Bool, Bool, Bool) in
+      e.pins -= 1
+      if !e.removed { touchLocked(e) }
+      let last = e.pins == 0
+      return (
+        last, last && e.removed, last && !e.removed && e.row.pool == .staging && !e.row.committed
+      )
+    }
+    guard last else { return }
+    e.openLock.withLock {
+      guard stateLock.withLock({ e.pins == 0 }) else { return }
+      do { try e.file?.close() } catch { logger.debug("closing a disk cache file: \(error)") }
+      e.file = nil
+    }
+    if deleteFile { unlink(url(of: e)) }
+    if discard {
+      background.async { [weak self] in self?.discardIfUnused(e) }
+    }
+  }
+
+  /// Another pinned handle on the entry of `handle`.
+  func duplicate(_ handle: CachedFileHandle) -> CachedFileHandle {
+    stateLock.withLock {
+      handle.entry.pins += 1
+      touchLocked(handle.entry)
+    }
+    return CachedFileHandle(
+      manager: self, entry: handle.entry, file: handle.file, cloudID: handle.cloudID,
+      eTag: handle.eTag)
+  }
+
+  /// A new pinned handle on the same entry as `handle` (as ``CachedFileHandle/duplicate()``).
+  public func pin(_ handle: CachedFileHandle) throws -> CachedFileHandle {
+    try handle.duplicate()
+  }
+
+  /// Closes a handle (unpins its entry).
+  public func unpin(_ handle: CachedFileHandle) { handle.close() }
+
+  // MARK: Removal
+
+  /// Takes entries out of the index; their files go now, or when their last handle closes.
+  /// Caller holds `mutationLock`.
+  private func removeEntries(_ entries: [Entry]) {
+    guard !entries.isEmpty else { return }
+    do {
+      try index.delete(ids: entries.map(\.id))
+    } catch {
+      logger.error("could not delete disk index rows: \(error)")
+    }
+    let unpinned = stateLock.withLock { () -> [URL] in
+      var out: [URL] = []
+      for e in entries where !e.removed {
+        detach(e)
+        e.removed = true
+        accessed.remove(e.id)
+        if e.pins == 0 { out.append(url(pool: e.row.pool, fileName: e.row.fileName)) }
+      }
+      return out
+    }
+    for u in unpinned { unlink(u) }
+  }
+
+  /// Drops an entry whose file failed authentication (cache) or reports it (staging); returns
+  /// the error to throw.
+  func corrupted(_ e: Entry, _ error: any Error) -> DiskError {
+    let (pool, id) = stateLock.withLock { (e.row.pool, e.id) }
+    if pool == .cache {
+      logger.error("cache entry \(id) failed authentication, dropped: \(error)")
+      // Out of the index at once, so the next lookup misses and downloads again; the file
+      // goes when the last open handle closes.
+      mutationLock.withLock { removeEntries([e]) }
+    } else {
+      logger.error("staged content \(id) failed authentication: \(error)")
+    }
+    return .corrupt("\(pool.rawValue) entry \(id): \(error)")
+  }
+
+  /// Removes every cache entry of `cloudID` (its content changed remotely), except the one of
+  /// `keepingETag` if given. Open handles keep reading the old content until closed.
+  public func invalidate(cloudID: String, keepingETag: String? = nil) {
+    mutationLock.withLock {
+      let victims = stateLock.withLock {
+        cacheEntries.values.filter { $0.row.cloudID == cloudID && $0.row.eTag != keepingETag }
+      }
+      removeEntries(victims)
+    }
+  }
+
+  /// Removes every entry (staged and cached) of a node deleted locally.
+  public func remove(nodeID: NodeID) {
+    mutationLock.withLock {
+      let victims = stateLock.withLock { byID.values.filter { $0.row.nodeID == nodeID } }
+      removeEntries(victims)
+    }
+  }
+
+  // MARK: Eviction
+
+  private func scheduleEviction() {
+    guard automaticEviction else { return }
+    let go = stateLock.withLock { () -> Bool in
+      guard totals.bytes > totals.capBytes, !evictionScheduled else { return false }
+      evictionScheduled = true
+      return true
+    }
+    if go {
+      background.async { [weak self] in
+        guard let self else { return }
+        self.stateLock.withLock { self.evictionScheduled = false }
+        self.evictIfNeeded()
+      }
+    }
+  }
+
+  /// Evicts clean, unopened cache entries, least recently used first, until the total is
+  /// under the cap (or nothing more may go); returns the number evicted. Dirty and open
+  /// entries stay, even over the cap.
+  @discardableResult
+  public func evictIfNeeded() -> Int {
+    mutationLock.withLock {
+      let victims = stateLock.withLock { () -> [Entry] in
+        guard totals.bytes > totals.capBytes else { return [] }
+        var excess = totals.bytes - totals.capBytes
+        var out: [Entry] = []
+        let candidates = cacheEntries.values.filter { $0.pins == 0 }
+          .sorted { $0.row.lastAccess < $1.row.lastAccess }
+        for e in candidates {
+          out.append(e)
+          if e.row.diskBytes >= excess { break }
+          excess -= e.row.diskBytes
+        }
+        // Taken out while still holding the lock, so no reader pins them meanwhile.
+        for e in out {
+          detach(e)
+          e.removed = true
+          accessed.remove(e.id)
+        }
+        return out
+      }
+      guard !victims.isEmpty else { return 0 }
+      do {
+        try index.delete(ids: victims.map(\.id))
+      } catch {
+        logger.error("could not delete evicted rows: \(error)")
+      }
+      for e in victims { unlink(url(pool: e.row.pool, fileName: e.row.fileName)) }
+      logger.debug("evicted \(victims.count) cache entries")
+      return victims.count
+    }
+  }
+
+  // MARK: Cache pool
+
+  /// A pinned handle on the cached content of (cloudID, eTag), complete or partial, or `nil`.
+  /// An entry whose file fails to open or authenticate is dropped (and `nil` returned).
+  public func cachedFile(cloudID: String, eTag: String) -> CachedFileHandle? {
+    let e = stateLock.withLock { () -> Entry? in
+      guard let e = cacheEntries[CacheKey(cloudID: cloudID, eTag: eTag)], pinLocked(e) else {
+        return nil
+      }
+      return e
+    }
+    guard let e else { return nil }
+    do {
+      let f = try openFile(e)
+      return CachedFileHandle(manager: self, entry: e, file: f, cloudID: cloudID, eTag: eTag)
+    } catch {
+      _ = corrupted(e, error)
+      unpin(e)
+      return nil
+    }
+  }
+
+  /// True when (cloudID, eTag) has a complete cache entry (does not pin).
+  public func hasCompleteFile(cloudID: String, eTag: String) -> Bool {
+    stateLock.withLock { cacheEntries[CacheKey(cloudID: cloudID, eTag: eTag)]?.bitmap == nil }
+  }
+
+  /// Stores complete content for (cloudID, eTag), written by `fill` into a new CryptoFile, and
+  /// returns it pinned. Replaces any other cache entry of the cloudID. If `fill` throws,
+  /// nothing is stored.
+  public func storeCachedFile(
+    cloudID: String, eTag: String, nodeID: NodeID? = nil,
+    fill: (CryptoFile) throws -> Void
+  ) throws -> CachedFileHandle {
+    let name = Self.randomName()
+    let path = url(pool: .cache, fileName: name)
+    let file = try CryptoFile.create(at: path, key: key)
+    do {
+      try fill(file)
+    } catch {
+      try? file.close()
+      unlink(path)
+      throw error
+    }
+    let size = file.size
+    let row = IndexRow(
+      id: 0, pool: .cache, nodeID: nodeID, version: 0, cloudID: cloudID, eTag: eTag,
+      fileName: name, size: size, diskBytes: Self.diskBytes(size: size, bitmap: nil),
+      lastAccess: 0, dirty: false, committed: true, complete: true, chunks: nil)
+    let e = try insertCacheEntry(row, file: file)
+    scheduleEviction()
+    return CachedFileHandle(manager: self, entry: e, file: file, cloudID: cloudID, eTag: eTag)
+  }
+
+  /// Inserts a cache row (replacing the cloudID's other entries), pinned once, with `file`.
+  private func insertCacheEntry(_ row: IndexRow, file: CryptoFile) throws -> Entry {
+    try mutationLock.withLock {
+      let old = stateLock.withLock {
+        cacheEntries.values.filter { $0.row.cloudID == row.cloudID }
+      }
+      removeEntries(old)
+      var r = row
+      r.lastAccess = stateLock.withLock { nextTick() }
+      do {
+        r.id = try index.insert(r)
+      } catch {
+        try? file.close()
+        unlink(url(pool: .cache, fileName: r.fileName))
+        throw DiskError.io("cannot index a cache entry: \(error)")
+      }
+      let e = Entry(row: r)
+      e.file = file
+      e.pins = 1
+      stateLock.withLock { add(e) }
+      return e
+    }
+  }
+
+  /// A pinned handle on the cache entry of (cloudID, eTag), creating an empty partial entry of
+  /// `size` bytes if there is none; fill it with ``CachedFileHandle/fill(chunks:with:)``.
+  public func partialCachedFile(cloudID: String, eTag: String, nodeID: NodeID? = nil, size: UInt64)
+    throws -> CachedFileHandle
+  {
+    if let h = cachedFile(cloudID: cloudID, eTag: eTag) { return h }
+    let name = Self.randomName()
+    let path = url(pool: .cache, fileName: name)
+    let file = try CryptoFile.create(at: path, key: key)
+    do {
+      try file.truncate(to: size)
+    } catch {
+      try? file.close()
+      unlink(path)
+      throw error
+    }
+    var bitmap: ChunkBitmap? = ChunkBitmap(count: CacheChunks.count(fileSize: size))
+    if size == 0 { bitmap = nil }
+    let row = IndexRow(
+      id: 0, pool: .cache, nodeID: nodeID, version: 0, cloudID: cloudID, eTag: eTag,
+      fileName: name, size: size, diskBytes: Self.diskBytes(size: size, bitmap: bitmap),
+      lastAccess: 0, dirty: false, committed: true, complete: bitmap == nil, chunks: bitmap?.data)
+    // Another thread may have created one meanwhile: prefer it.
+    if let h = cachedFile(cloudID: cloudID, eTag: eTag) {
+      try? file.close()
+      unlink(path)
+      return h
+    }
+    let e = try insertCacheEntry(row, file: file)
+    return CachedFileHandle(manager: self, entry: e, file: file, cloudID: cloudID, eTag: eTag)
+  }
+
+  func isComplete(_ e: Entry) -> Bool { stateLock.withLock { e.bitmap == nil } }
+
+  func contains(_ e: Entry, _ range: ByteRange) -> Bool {
+    stateLock.withLock {
+      guard let b = e.bitmap else { return true }
+      return b.missingSpan(in: CacheChunks.chunks(covering: range, fileSize: e.row.size)) == nil
+    }
+  }
+
+  func missingChunks(_ e: Entry, _ chunks: Range<UInt64>) -> Range<UInt64>? {
+    stateLock.withLock { e.bitmap?.missingSpan(in: chunks) }
+  }
+
+  /// Checks that a read may proceed and records the access (memory only).
+  func willRead(_ e: Entry, _ range: ByteRange) throws {
+    try stateLock.withLock {
+      if let b = e.bitmap,
+        b.missingSpan(in: CacheChunks.chunks(covering: range, fileSize: e.row.size)) != nil
+      {
+        throw DiskError.notPresent(range)
+      }
+      touchLocked(e)
+    }
+  }
+
+  func fill(_ e: Entry, file: CryptoFile, chunks: Range<UInt64>, bytes: UnsafeRawBufferPointer)
+    throws
+  {
+    let size = stateLock.withLock { e.row.size }
+    let range = CacheChunks.byteRange(of: chunks, fileSize: size)
+    guard UInt64(bytes.count) == range.count else {
+      throw DiskError.io("fill of \(chunks) needs \(range.count) bytes, got \(bytes.count)")
+    }
+    guard stateLock.withLock({ e.bitmap != nil }) else { return }
+    try file.write(bytes, at: range.lowerBound)
+    // On stable storage before the index says present: a hole must never read as content.
+    try file.sync()
+    try mutationLock.withLock {
+      let row = try stateLock.withLock { () -> IndexRow? in
+        guard !e.removed else { throw DiskError.gone }
+        guard var b = e.bitmap else { return nil }
+        b.insert(chunks)
+        var r = e.row
+        let full = b.isFull
+        r.complete = full
+        r.chunks = full ? nil : b.data
+        r.diskBytes = Self.diskBytes(size: r.size, bitmap: full ? nil : b)
+        return r
+      }
+      guard let row else { return }
+      do { try index.update(row) } catch { throw DiskError.io("\(error)") }
+      stateLock.withLock {
+        let full = row.complete
+        if full {
+          e.bitmap = nil
+        } else {
+          e.bitmap = ChunkBitmap(data: row.chunks!, count: e.bitmap!.count)
+        }
+        replaceRow(e, row)
+      }
+    }
+    scheduleEviction()
+  }
+
+  // MARK: Staging pool
+
+  func isSealed(_ e: Entry) -> Bool { stateLock.withLock { e.row.committed || e.removed } }
+
+  /// A writable staging version of a node: the node's open uncommitted version if there is
+  /// one, else a new version holding a copy of its newest committed staged version, else a
+  /// copy of `base`, else empty. With `truncate`, a new version starts empty.
+  public func stagingFile(forNode nodeID: NodeID, truncate: Bool = false, base: CachedFileHandle? = nil)
+    throws -> StagingFile
+  {
+    if let open = try openUncommitted(nodeID) { return open }
+    // Build the new version outside the locks (copying may be long).
+    let name = Self.randomName()
+    let path = url(pool: .staging, fileName: name)
+    let file = try CryptoFile.create(at: path, key: key)
+    do {
+      if !truncate {
+        if let latest = stagedData(forNode: nodeID) {
+          let src = try CryptoFile.open(at: latest.url, key: key)
+          defer { try? src.close() }
+          try copy(from: { try src.read(into: $0, at: $1) }, size: src.size, to: file)
+        } else if let base {
+          try copy(from: { try base.read(into: $0, at: $1) }, size: base.size, to: file)
+        }
+      }
+    } catch {
+      try? file.close()
+      unlink(path)
+      throw error
+    }
+    return try mutationLock.withLock {
+      if let open = try openUncommitted(nodeID) {
+        try? file.close()
+        unlink(path)
+        return open
+      }
+      let version = stateLock.withLock { (stagingEntries[nodeID]?.last?.row.version ?? 0) + 1 }
+      var row = IndexRow(
+        id: 0, pool: .staging, nodeID: nodeID, version: version, cloudID: nil, eTag: nil,
+        fileName: name, size: file.size,
+        diskBytes: Self.diskBytes(size: file.size, bitmap: nil),
+        lastAccess: stateLock.withLock { nextTick() }, dirty: false, committed: false,
+        complete: true, chunks: nil)
+      do {
+        row.id = try index.insert(row)
+      } catch {
+        try? file.close()
+        unlink(path)
+        throw DiskError.io("cannot index a staging file: \(error)")
+      }
+      let e = Entry(row: row)
+      e.file = file
+      e.pins = 1
+      stateLock.withLock { add(e) }
+      return StagingFile(manager: self, entry: e, file: file)
+    }
+  }
+
+  private func copy(
+    from read: (UnsafeMutableRawBufferPointer, UInt64) throws -> Int, size: UInt64,
+    to file: CryptoFile
+  ) throws {
+    let buf = UnsafeMutableRawBufferPointer.allocate(byteCount: CryptoFile.chunkSize, alignment: 16)
+    defer {
+      buf.initializeMemory(as: UInt8.self, repeating: 0)
+      buf.deallocate()
+    }
+    var offset: UInt64 = 0
+    while offset < size {
+      let n = try read(buf, offset)
+      guard n > 0 else { break }
+      try file.write(UnsafeRawBufferPointer(rebasing: buf[0..<n]), at: offset)
+      offset += UInt64(n)
+    }
+  }
+
+  private func openUncommitted(_ nodeID: NodeID) throws -> StagingFile? {
+    let e = stateLock.withLock { () -> Entry? in
+      guard let e = stagingEntries[nodeID]?.last(where: { !$0.row.committed }), pinLocked(e)
+      else { return nil }
+      return e
+    }
+    guard let e else { return nil }
+    do {
+      return StagingFile(manager: self, entry: e, file: try openFile(e))
+    } catch {
+      unpin(e)
+      throw error
+    }
+  }
+
+  /// Commits a staging version: flushes it to stable storage and marks it dirty (to upload).
+  /// Older committed versions of the node are superseded and removed. The version is sealed.
+  public func commitStaging(_ staging: StagingFile) throws {
+    let e = staging.entry
+    try staging.file.sync()
+    try mutationLock.withLock {
+      let row = try stateLock.withLock { () -> IndexRow in
+        guard !e.removed else { throw DiskError.gone }
+        guard !e.row.committed else { throw DiskError.sealed }
+        var r = e.row
+        r.committed = true
+        r.dirty = true
+        r.size = staging.file.size
+        r.diskBytes = Self.diskBytes(size: r.size, bitmap: nil)
+        r.lastAccess = nextTick()
+        return r
+      }
+      do { try index.update(row) } catch { throw DiskError.io("cannot commit: \(error)") }
+      let older = stateLock.withLock { () -> [Entry] in
+        replaceRow(e, row)
+        return (stagingEntries[staging.nodeID] ?? []).filter {
+          $0 !== e && $0.row.committed && $0.row.version < row.version
+        }
+      }
+      removeEntries(older)
+    }
+    scheduleEviction()
+  }
+
+  /// Throws a staging version away (committed or not) and closes the handle.
+  public func discardStaging(_ staging: StagingFile) {
+    mutationLock.withLock { removeEntries([staging.entry]) }
+    staging.close()
+  }
+
+  private func discardIfUnused(_ e: Entry) {
+    mutationLock.withLock {
+      let stale = stateLock.withLock { e.pins == 0 && !e.removed && !e.row.committed }
+      if stale { removeEntries([e]) }
+    }
+  }
+
+  /// The newest committed staged version of a node, or `nil`.
+  public func stagedData(forNode nodeID: NodeID) -> StagedData? {
+    stateLock.withLock {
+      guard let e = stagingEntries[nodeID]?.last(where: { $0.row.committed && $0.row.dirty }) else {
+        return nil
+      }
+      return StagedData(
+        nodeID: nodeID, version: e.row.version,
+        url: url(pool: .staging, fileName: e.row.fileName), key: key, size: e.row.size)
+    }
+  }
+
+  /// True when the node has committed staged content not yet uploaded.
+  public func isDirty(nodeID: NodeID) -> Bool { stagedData(forNode: nodeID) != nil }
+
+  /// Records that a staged version (the newest committed one by default) reached the store as
+  /// DATA `eTag` of `cloudID`: it becomes the clean cached copy of that version (no download
+  /// needed), and it and older versions stop being dirty. Returns false if that version is
+  /// gone (superseded meanwhile); newer versions stay staged either way.
+  @discardableResult
+  public func markUploaded(nodeID: NodeID, version: Int64? = nil, cloudID: String, eTag: String)
+    throws -> Bool
+  {
+    try mutationLock.withLock {
+      let (target, older, stale) = stateLock.withLock { () -> (Entry?, [Entry], [Entry]) in
+        let versions = (stagingEntries[nodeID] ?? []).filter { $0.row.committed }
+        let target =
+          version.map { v in versions.first { $0.row.version == v } }
+          ?? versions.last
+        let upTo = target?.row.version ?? version ?? 0
+        let older = versions.filter { $0 !== target && $0.row.version < upTo }
+        let stale = target == nil ? [] : cacheEntries.values.filter { $0.row.cloudID == cloudID }
+        return (target, older, stale)
+      }
+      removeEntries(older + stale)
+      guard let e = target else { return false }
+      let row = stateLock.withLock { () -> IndexRow in
+        var r = e.row
+        r.pool = .cache
+        r.dirty = false
+        r.cloudID = cloudID
+        r.eTag = eTag
+        r.lastAccess = nextTick()
+        return r
+      }
+      let from = url(pool: .staging, fileName: row.fileName)
+      let to = url(pool: .cache, fileName: row.fileName)
+      guard Glibc.rename(from.path, to.path) == 0 else {
+        throw DiskError.io("rename of an uploaded staging file: errno \(errno)")
+      }
+      do {
+        try index.update(row)
+      } catch {
+        _ = Glibc.rename(to.path, from.path)
+        throw DiskError.io("cannot record an upload: \(error)")
+      }
+      stateLock.withLock { replaceRow(e, row) }
+      scheduleEviction()
+      return true
+    }
+  }
+}

@@ -1,0 +1,368 @@
+import Foundation
+import Testing
+import ZDCCore
+import ZDCCrypto
+import ZDCTestSupport
+
+@testable import ZDCDisk
+
+/// Content with a recognizable, never-encrypted-looking marker.
+func marked(_ marker: String, count: Int) -> Data {
+  var d = Data()
+  let unit = Data("\(marker)-PLAINTEXT-MARKER|".utf8)
+  while d.count < count { d.append(unit) }
+  return d.prefix(count)
+}
+
+func makeDisk(
+  _ tmp: TemporaryDirectory, key: Data, cap: UInt64 = 1 << 40, auto: Bool = false
+) throws -> DiskManager {
+  try DiskManager(directory: tmp.path("state"), key: key, capBytes: cap, automaticEviction: auto)
+}
+
+@discardableResult
+func cache(_ disk: DiskManager, _ cloudID: String, _ eTag: String = "e1", _ content: Data) throws
+  -> CachedFileHandle
+{
+  try disk.storeCachedFile(cloudID: cloudID, eTag: eTag) { try $0.write(content, at: 0) }
+}
+
+/// Flips one byte of a file.
+func flipByte(at offset: UInt64, of url: URL) throws {
+  let h = try FileHandle(forUpdating: url)
+  defer { try? h.close() }
+  try h.seek(toOffset: offset)
+  let b = try h.read(upToCount: 1)!
+  try h.seek(toOffset: offset)
+  h.write(Data([b[0] ^ 0x55]))
+}
+
+@Suite struct DiskManagerTests {
+  let key = SecureRandom.bytes(32)
+
+  @Test func cachedContentRoundTrips() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let disk = try makeDisk(tmp, key: key)
+    let content = marked("roundtrip", count: 200_000)
+    try cache(disk, "c1", "e1", content).close()
+    let h = try #require(disk.cachedFile(cloudID: "c1", eTag: "e1"))
+    #expect(h.isComplete)
+    #expect(h.size == UInt64(content.count))
+    #expect(try h.readAll() == content)
+    #expect(try h.read(offset: 70_000, count: 10) == content[70_000..<70_010])
+    #expect(disk.cachedFile(cloudID: "c1", eTag: "other") == nil)
+    #expect(disk.usage.entries == 1)
+    #expect(disk.usage.pinnedEntries == 1)
+    h.close()
+    #expect(disk.usage.pinnedEntries == 0)
+    // A new version of the same cloudID replaces the old one.
+    try cache(disk, "c1", "e2", Data("new".utf8)).close()
+    #expect(disk.cachedFile(cloudID: "c1", eTag: "e1") == nil)
+    #expect(disk.usage.entries == 1)
+  }
+
+  @Test func evictsLeastRecentlyUsedDownToTheCap() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let size = 100_000
+    let one = CryptoFile.physicalSize(plaintextSize: UInt64(size))
+    let disk = try makeDisk(tmp, key: key, cap: 3 * one)
+    for name in ["A", "B", "C", "D"] { try cache(disk, name, "e", marked(name, count: size)).close() }
+    #expect(disk.usage.bytes == 4 * one)
+    // Use A again: B is now the least recently used.
+    disk.cachedFile(cloudID: "A", eTag: "e")!.close()
+    #expect(disk.evictIfNeeded() == 1)
+    #expect(disk.cachedFile(cloudID: "B", eTag: "e") == nil)
+    #expect(disk.usage.bytes == 3 * one)
+    // Reading touches too: read D, then shrink the cap to two entries: C goes.
+    let d = disk.cachedFile(cloudID: "D", eTag: "e")!
+    _ = try d.read(offset: 0, count: 10)
+    d.close()
+    disk.capBytes = 2 * one
+    #expect(disk.evictIfNeeded() == 1)
+    #expect(disk.cachedFile(cloudID: "C", eTag: "e") == nil)
+    for name in ["A", "D"] {
+      let h = try #require(disk.cachedFile(cloudID: name, eTag: "e"))
+      #expect(try h.readAll() == marked(name, count: size))
+    }
+    #expect(disk.usage.bytes <= disk.capBytes)
+    // Nothing left on disk of the evicted entries.
+    let files = try FileManager.default.contentsOfDirectory(atPath: disk.cacheDirectory.path)
+    #expect(files.count == 2)
+  }
+
+  @Test func automaticEvictionRunsInTheBackground() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let one = CryptoFile.physicalSize(plaintextSize: 50_000)
+    let disk = try makeDisk(tmp, key: key, cap: 2 * one, auto: true)
+    for name in ["A", "B", "C", "D", "E"] { try cache(disk, name, "e", marked(name, count: 50_000)).close() }
+    let deadline = Date().addingTimeInterval(10)
+    while disk.usage.bytes > disk.capBytes && Date() < deadline { usleep(10_000) }
+    #expect(disk.usage.bytes <= disk.capBytes)
+    #expect(disk.cachedFile(cloudID: "E", eTag: "e") != nil)
+  }
+
+  @Test func dirtyAndPinnedEntriesAreNeverEvicted() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let disk = try makeDisk(tmp, key: key, cap: 1)
+    let staged = try disk.stagingFile(forNode: 42)
+    try staged.write(marked("dirty", count: 150_000), at: 0)
+    try disk.commitStaging(staged)
+    staged.close()
+    let pinned = try cache(disk, "pinned", "e", marked("pinned", count: 150_000))
+    try cache(disk, "clean", "e", marked("clean", count: 150_000)).close()
+    #expect(disk.evictIfNeeded() == 1)
+    #expect(disk.cachedFile(cloudID: "clean", eTag: "e") == nil)
+    #expect(disk.usage.bytes > disk.capBytes)  // over the cap, and that is fine
+    #expect(disk.usage.dirtyBytes > 0)
+    #expect(try pinned.readAll() == marked("pinned", count: 150_000))
+    let data = try #require(disk.stagedData(forNode: 42))
+    #expect(try CryptoFile.open(at: data.url, key: key).read(offset: 0, count: 150_000)
+      == marked("dirty", count: 150_000))
+    #expect(disk.evictIfNeeded() == 0)
+    pinned.close()
+    #expect(disk.evictIfNeeded() == 1)
+    #expect(disk.stagedData(forNode: 42) != nil)
+    #expect(disk.usage.entries == 1)
+  }
+
+  @Test func indexSurvivesARestart() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let one = CryptoFile.physicalSize(plaintextSize: 70_000)
+    do {
+      let disk = try makeDisk(tmp, key: key)
+      try cache(disk, "old", "e", marked("old", count: 70_000)).close()
+      try cache(disk, "new", "e", marked("new", count: 70_000)).close()
+      let s = try disk.stagingFile(forNode: 9)
+      try s.write(marked("staged", count: 1000), at: 0)
+      try disk.commitStaging(s)
+      s.close()
+      let p = try disk.partialCachedFile(cloudID: "part", eTag: "e", size: 200_000)
+      let chunk = marked("part", count: 65_536)
+      try chunk.withUnsafeBytes { try p.fill(chunks: 1..<2, with: $0) }
+      p.close()
+      // Touch "old" last; the batched access times reach the index on flush (and deinit).
+      disk.cachedFile(cloudID: "old", eTag: "e")!.close()
+    }
+    let disk = try makeDisk(tmp, key: key)
+    #expect(disk.usage.entries == 4)
+    // The LRU order survived (no access since the reopen): new < part < old. A cap that fits
+    // the staged file, the partial entry and one full entry evicts "new" only.
+    let partialBytes = UInt64(CryptoFile.headerSize + CryptoFile.slotSize)
+    disk.capBytes = one + partialBytes + CryptoFile.physicalSize(plaintextSize: 1000)
+    #expect(disk.evictIfNeeded() == 1)
+    #expect(disk.cachedFile(cloudID: "new", eTag: "e") == nil)
+    #expect(try disk.cachedFile(cloudID: "old", eTag: "e")!.readAll() == marked("old", count: 70_000))
+    let staged = try #require(disk.stagedData(forNode: 9))
+    #expect(staged.version == 1)
+    #expect(staged.size == 1000)
+    let p = try #require(disk.cachedFile(cloudID: "part", eTag: "e"))
+    #expect(!p.isComplete)
+    #expect(p.contains(ByteRange(65_536, 131_072)))
+    #expect(!p.contains(ByteRange(0, 10)))
+    #expect(try p.read(offset: 65_536, count: 65_536) == marked("part", count: 65_536))
+    #expect(throws: DiskError.self) { try p.read(offset: 0, count: 10) }
+    p.close()
+  }
+
+  @Test func reconcilesStrayFilesAndMissingFiles() throws {
+    let tmp = try TemporaryDirectory("disk")
+    var lostURL: URL
+    var goneURL: URL
+    do {
+      let disk = try makeDisk(tmp, key: key)
+      try cache(disk, "keep", "e", marked("keep", count: 1000)).close()
+      let gone = try cache(disk, "gone", "e", marked("gone", count: 1000))
+      goneURL = gone.url
+      gone.close()
+      let s = try disk.stagingFile(forNode: 5)
+      try s.write(marked("lost", count: 1000), at: 0)
+      try disk.commitStaging(s)
+      lostURL = s.url
+      s.close()
+      disk.flush()
+    }
+    try Data("stray".utf8).write(to: tmp.path("state/cache/0123456789abcdef"))
+    try Data("stray".utf8).write(to: tmp.path("state/staging/fedcba9876543210"))
+    try Data("partial download".utf8).write(to: tmp.path("state/cache/dl-123"))
+    try FileManager.default.removeItem(at: goneURL)
+    try FileManager.default.removeItem(at: lostURL)
+
+    let disk = try makeDisk(tmp, key: key)
+    #expect(disk.usage.entries == 1)
+    #expect(disk.lostStagedNodes == [5])
+    #expect(disk.stagedData(forNode: 5) == nil)
+    #expect(disk.cachedFile(cloudID: "gone", eTag: "e") == nil)
+    #expect(try disk.cachedFile(cloudID: "keep", eTag: "e")!.readAll() == marked("keep", count: 1000))
+    let cacheFiles = try FileManager.default.contentsOfDirectory(atPath: disk.cacheDirectory.path)
+    let stagingFiles = try FileManager.default.contentsOfDirectory(
+      atPath: disk.stagingDirectory.path)
+    #expect(cacheFiles.count == 1)
+    #expect(stagingFiles.isEmpty)
+  }
+
+  @Test func corruptEntryIsDroppedNotCrashedOn() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let disk = try makeDisk(tmp, key: key)
+    let content = marked("corrupt", count: 300_000)
+    let h = try cache(disk, "c", "e", content)
+    let url = h.url
+    h.close()
+    // A flipped byte in chunk 1: found when that chunk is read.
+    try flipByte(at: UInt64(CryptoFile.headerSize + CryptoFile.slotSize + 100), of: url)
+    let r = try #require(disk.cachedFile(cloudID: "c", eTag: "e"))
+    #expect(try r.read(offset: 0, count: 100) == content.prefix(100))
+    #expect {
+      try r.read(offset: 70_000, count: 100)
+    } throws: { error in
+      if case DiskError.corrupt = error { return true }
+      return false
+    }
+    #expect(disk.cachedFile(cloudID: "c", eTag: "e") == nil)
+    #expect(disk.usage.entries == 0)
+    r.close()
+    #expect(!FileManager.default.fileExists(atPath: url.path))
+
+    // A flipped byte in the last chunk: found when opening.
+    let h2 = try cache(disk, "c2", "e", content)
+    let url2 = h2.url
+    h2.close()
+    try flipByte(at: CryptoFile.physicalSize(plaintextSize: 300_000) - 5, of: url2)
+    #expect(disk.cachedFile(cloudID: "c2", eTag: "e") == nil)
+    #expect(disk.usage.entries == 0)
+    #expect(!FileManager.default.fileExists(atPath: url2.path))
+  }
+
+  @Test func stagingCommitThenUploadBecomesTheCachedCopy() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let disk = try makeDisk(tmp, key: key)
+    let v1 = marked("version-one", count: 100_000)
+    let s = try disk.stagingFile(forNode: 3)
+    #expect(disk.stagedData(forNode: 3) == nil)  // not committed yet
+    try s.write(v1, at: 0)
+    // A second writer shares the open version.
+    let s2 = try disk.stagingFile(forNode: 3)
+    #expect(s2.version == s.version)
+    try s2.write(Data("X".utf8), at: 0)
+    try disk.commitStaging(s)
+    #expect(throws: DiskError.sealed) { try s2.write(Data("Y".utf8), at: 0) }
+    s.close()
+    s2.close()
+    var expected = v1
+    expected[0] = UInt8(ascii: "X")
+    let staged = try #require(disk.stagedData(forNode: 3))
+    #expect(try CryptoFile.open(at: staged.url, key: key).read(offset: 0, count: 200_000) == expected)
+    #expect(disk.isDirty(nodeID: 3))
+
+    // Version 2 starts as a copy of version 1; committing it supersedes version 1.
+    let s3 = try disk.stagingFile(forNode: 3)
+    #expect(s3.version == 2)
+    #expect(try s3.read(offset: 0, count: 200_000) == expected)
+    try s3.write(Data("version-two".utf8), at: 100_000)
+    try disk.commitStaging(s3)
+    s3.close()
+    #expect(disk.stagedData(forNode: 3)?.version == 2)
+    #expect(disk.usage.entries == 1)
+
+    // Uploaded: the file moves to the cache as the clean copy of that eTag.
+    #expect(try disk.markUploaded(nodeID: 3, cloudID: "cloud-3", eTag: "etag-2"))
+    #expect(disk.stagedData(forNode: 3) == nil)
+    #expect(disk.usage.dirtyBytes == 0)
+    let h = try #require(disk.cachedFile(cloudID: "cloud-3", eTag: "etag-2"))
+    #expect(h.url.deletingLastPathComponent().lastPathComponent == "cache")
+    #expect(try h.readAll() == expected + Data("version-two".utf8))
+    h.close()
+
+    // Truncating open, discard, and closing an uncommitted version.
+    let s4 = try disk.stagingFile(forNode: 3, truncate: true)
+    #expect(s4.size == 0)
+    disk.discardStaging(s4)
+    #expect(throws: DiskError.self) { try s4.write(Data("Z".utf8), at: 0) }
+    let s5 = try disk.stagingFile(forNode: 3, truncate: true)
+    s5.close()
+    let deadline = Date().addingTimeInterval(5)
+    while disk.usage.entries > 1 && Date() < deadline { usleep(10_000) }
+    #expect(disk.usage.entries == 1)
+    disk.remove(nodeID: 3)
+    #expect(disk.usage.entries == 0)
+  }
+
+  @Test func partialEntriesFillChunkByChunk() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let disk = try makeDisk(tmp, key: key)
+    let content = marked("partial", count: 200_000)
+    let p = try disk.partialCachedFile(cloudID: "p", eTag: "e", size: UInt64(content.count))
+    #expect(!p.isComplete)
+    #expect(p.missingChunks(in: 0..<4) == 0..<4)
+    try content[65_536..<131_072].withUnsafeBytes { try p.fill(chunks: 1..<2, with: $0) }
+    #expect(p.missingChunks(in: 0..<4) == 0..<4)
+    #expect(p.missingChunks(in: 1..<2) == nil)
+    #expect(try p.read(offset: 70_000, count: 1000) == content[70_000..<71_000])
+    #expect(throws: DiskError.notPresent(ByteRange(0, 1000))) { try p.read(offset: 0, count: 1000) }
+    try content[0..<65_536].withUnsafeBytes { try p.fill(chunks: 0..<1, with: $0) }
+    try content[131_072...].withUnsafeBytes { try p.fill(chunks: 2..<4, with: $0) }
+    #expect(p.isComplete)
+    #expect(try p.readAll() == content)
+    #expect(disk.usage.bytes == CryptoFile.physicalSize(plaintextSize: 200_000))
+  }
+
+  @Test func concurrentReadersWhileEvicting() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let one = CryptoFile.physicalSize(plaintextSize: 100_000)
+    let disk = try makeDisk(tmp, key: key, cap: 4 * one, auto: true)
+    for i in 0..<8 { try cache(disk, "c\(i)", "e", marked("c\(i)", count: 100_000)).close() }
+    let failures = Counter()
+    let group = DispatchGroup()
+    for t in 0..<8 {
+      group.enter()
+      Thread {
+        defer { group.leave() }
+        for round in 0..<50 {
+          let i = (t + round) % 8
+          if let h = disk.cachedFile(cloudID: "c\(i)", eTag: "e") {
+            if (try? h.read(offset: 0, count: 100)) != marked("c\(i)", count: 100) {
+              failures.increment()
+            }
+            h.close()
+          } else {
+            try? cache(disk, "c\(i)", "e", marked("c\(i)", count: 100_000)).close()
+          }
+        }
+      }.start()
+    }
+    group.wait()
+    #expect(failures.value == 0)
+    disk.evictIfNeeded()
+    #expect(disk.usage.bytes <= disk.capBytes)
+  }
+
+  @Test func nothingPlaintextOnDisk() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let content = marked("SECRET-CONTENT", count: 300_000)
+    do {
+      let disk = try makeDisk(tmp, key: key)
+      try cache(disk, "c", "e", content).close()
+      let s = try disk.stagingFile(forNode: 1)
+      try s.write(content, at: 0)
+      try disk.commitStaging(s)
+      s.close()
+      let s2 = try disk.stagingFile(forNode: 2)
+      try s2.write(content, at: 5)
+      try disk.commitStaging(s2)
+      s2.close()
+      let p = try disk.partialCachedFile(cloudID: "p", eTag: "e", size: 300_000)
+      try content[0..<65_536].withUnsafeBytes { try p.fill(chunks: 0..<1, with: $0) }
+      p.close()
+      disk.flush()
+      let hits = try findPlaintext(
+        [Data("SECRET-CONTENT-PLAINTEXT-MARKER".utf8), content.prefix(64)], under: disk.directory)
+      #expect(hits.isEmpty, "\(hits)")
+    }
+  }
+}
+
+final class Counter: @unchecked Sendable {
+  private let lock = NSLock()
+  private var n = 0
+  func increment() { lock.withLock { n += 1 } }
+  var value: Int { lock.withLock { n } }
+}
