@@ -70,10 +70,24 @@ let package = Package(
         .product(name: "Logging", package: "swift-log"),
       ],
       swiftSettings: strict),
+    .target(
+      name: "ZDCFileSystem",
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCDisk", "ZDCSync",
+        .product(name: "Logging", package: "swift-log"),
+      ],
+      swiftSettings: strict),
+    .target(
+      name: "ZDCFuse",
+      dependencies: [
+        "CFuse", "ZDCCore", "ZDCFileSystem", .product(name: "Logging", package: "swift-log"),
+      ],
+      swiftSettings: strict),
     .executableTarget(
       name: "zdc",
       dependencies: [
         "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "CFuse", "CCurl",
+        "ZDCDisk", "ZDCSync", "ZDCFileSystem", "ZDCFuse",
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
         .product(name: "Logging", package: "swift-log"),
       ],
@@ -117,6 +131,10 @@ let package = Package(
         "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCSync", "ZDCDisk", "ZDCLocalStore",
         "ZDCTestSupport",
       ],
+      swiftSettings: strict),
+    .testTarget(
+      name: "ZDCMountTests",
+      dependencies: ["ZDCCore", "ZDCTestSupport", "zdc"],
       swiftSettings: strict),
     .testTarget(
       name: "ZDCIntegrationTests",
