@@ -134,7 +134,7 @@ let package = Package(
       swiftSettings: strict),
     .testTarget(
       name: "ZDCMountTests",
-      dependencies: ["ZDCCore", "ZDCTestSupport", "zdc"],
+      dependencies: ["ZDCCore", "ZDCFileSystem", "ZDCTestSupport", "zdc"],
       swiftSettings: strict),
     .testTarget(
       name: "ZDCIntegrationTests",

@@ -228,17 +228,21 @@ public final class FileSystem: @unchecked Sendable {
     }
     if lock.withLock({ unlinked[node.id] }) != nil { links = 0 }
     if type == .regular, section == .node || section == .data {
-      if let recent = lock.withLock({ recentCommits[node.id] }) {
+      // The open writer first, then the latest commit: a commit records itself before it
+      // drops the writer, so one of the two is always seen (whatever the snapshot's age).
+      var fromWriter = false
+      if let c = lock.withLock({ contents[ContentKey(node.id, .data)] }) {
+        c.lock.withLock {
+          if let w = c.writer {
+            size = w.size
+            fromWriter = true
+            if let m = c.pendingMtime { mtime = m }
+          }
+        }
+      }
+      if !fromWriter, let recent = lock.withLock({ recentCommits[node.id] }) {
         size = recent.size
         mtime = recent.mtime
-      }
-    }
-    if type == .regular, section == .node || section == .data,
-      let c = lock.withLock({ contents[ContentKey(node.id, .data)] })
-    {
-      c.lock.withLock {
-        if let w = c.writer { size = w.size }
-        if let m = c.pendingMtime { mtime = m }
       }
     }
     if section == .meta || section == .thumb,

@@ -66,7 +66,7 @@ final class ControlServer: @unchecked Sendable {
       }
       let h = FileHandle(fileDescriptor: c, closeOnDealloc: true)
       let line = h.readLine() ?? ""
-      h.write(Data((answer(line) + "\n").utf8))
+      h.writeIgnoringErrors(Data((answer(line) + "\n").utf8))
     }
   }
 
@@ -117,7 +117,8 @@ enum ControlClient {
     }
     let h = FileHandle(fileDescriptor: fd, closeOnDealloc: true)
     guard rc == 0 else { return nil }
-    h.write(Data("{\"command\":\"\(command)\"}\n".utf8))
+    signal(SIGPIPE, SIG_IGN)
+    h.writeIgnoringErrors(Data("{\"command\":\"\(command)\"}\n".utf8))
     return h.readLine()
   }
 }

@@ -99,7 +99,7 @@ extension ZDC {
       p.standardOutput = output
       p.standardError = log
       try p.run()
-      input.fileHandleForWriting.write(Data((passphrase + "\n").utf8))
+      input.fileHandleForWriting.writeIgnoringErrors(Data((passphrase + "\n").utf8))
       try? input.fileHandleForWriting.close()
       let line = output.fileHandleForReading.readLine()
       if line == "ready" {
@@ -141,7 +141,7 @@ extension ZDC {
       control.start()
       logger.info("mounted")
       if daemonChild {
-        FileHandle.standardOutput.write(Data("ready\n".utf8))
+        FileHandle.standardOutput.writeIgnoringErrors(Data("ready\n".utf8))
         let null = open("/dev/null", O_RDWR)
         if null >= 0 {
           dup2(null, STDIN_FILENO)
@@ -235,14 +235,21 @@ extension ZDC {
 }
 
 extension FileHandle {
-  /// Reads one line (without the newline), or `nil` at end of file.
+  /// Reads one line (without the newline), or `nil` at end of file or on an error.
   func readLine() -> String? {
     var bytes: [UInt8] = []
+    var b: UInt8 = 0
     while true {
-      let d = readData(ofLength: 1)
-      guard let b = d.first else { return bytes.isEmpty ? nil : String(decoding: bytes, as: UTF8.self) }
+      let n = Glibc.read(fileDescriptor, &b, 1)
+      if n < 0, errno == EINTR { continue }
+      guard n == 1 else { return bytes.isEmpty ? nil : String(decoding: bytes, as: UTF8.self) }
       if b == 0x0A { return String(decoding: bytes, as: UTF8.self) }
       bytes.append(b)
     }
+  }
+
+  /// Writes everything, ignoring errors (the peer may be gone).
+  func writeIgnoringErrors(_ data: Data) {
+    try? write(contentsOf: data)
   }
 }
