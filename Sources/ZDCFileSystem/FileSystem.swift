@@ -357,7 +357,9 @@ public final class FileSystem: @unchecked Sendable {
         if section == .node, isDir { throw FileSystemError.isADirectory }
         try truncate(id, to: size)
       case .meta, .thumb:
-        try mutateSection(id, section) { $0 = Data($0.prefix(Int(size))) + Data(count: max(0, Int(size) - $0.count)) }
+        try mutateSection(id, section) {
+          $0 = Data($0.prefix(Int(size))) + Data(count: max(0, Int(size) - $0.count))
+        }
       }
     }
     if changes.mode != nil || changes.mtime != nil {
@@ -427,7 +429,9 @@ public final class FileSystem: @unchecked Sendable {
     let (id, _) = resolve(ino)
     return try read { tx in
       let n = try existingNode(id, tx)
-      guard n.kind == .symlink, let t = n.symlinkTarget else { throw FileSystemError.invalidArgument }
+      guard n.kind == .symlink, let t = n.symlinkTarget else {
+        throw FileSystemError.invalidArgument
+      }
       return t
     }
   }

@@ -83,7 +83,8 @@ public enum NameEscape {
     var i = 0
     while i < u.count {
       if u[i] == 0x25 {
-        guard i + 2 < u.count, let v = UInt8(String(decoding: u[(i + 1)...(i + 2)], as: UTF8.self), radix: 16)
+        guard i + 2 < u.count,
+          let v = UInt8(String(decoding: u[(i + 1)...(i + 2)], as: UTF8.self), radix: 16)
         else { return nil }
         bytes.append(v)
         i += 3

@@ -232,7 +232,8 @@ extension FileSystem {
             content.reader = try openReadSource(node)
           }
         } else if content.buffer == nil {
-          content.buffer = writable && flags & O_TRUNC != 0 ? Data() : try sectionBytes(node, key.section)
+          content.buffer =
+            writable && flags & O_TRUNC != 0 ? Data() : try sectionBytes(node, key.section)
           if writable, flags & O_TRUNC != 0 { content.dirty = true }
         }
       }
@@ -260,7 +261,8 @@ extension FileSystem {
         guard offset < UInt64(b.count) else { return 0 }
         let n = min(buffer.count, b.count - Int(offset))
         b.withUnsafeBytes { src in
-          buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: src[Int(offset)..<(Int(offset) + n)]))
+          buffer.copyMemory(
+            from: UnsafeRawBufferPointer(rebasing: src[Int(offset)..<(Int(offset) + n)]))
         }
         return n
       }
@@ -276,7 +278,8 @@ extension FileSystem {
   }
 
   /// Writes bytes at `offset` (or at the end with `O_APPEND`); a gap reads as zeros.
-  public func write(_ h: FileHandleID, offset: UInt64, bytes: UnsafeRawBufferPointer) throws -> Int {
+  public func write(_ h: FileHandleID, offset: UInt64, bytes: UnsafeRawBufferPointer) throws -> Int
+  {
     let oh = try handle(h)
     guard oh.writable else { throw FileSystemError.badHandle }
     let c = oh.content

@@ -111,7 +111,9 @@ final class KernelNotifications: KernelNotifier, @unchecked Sendable {
 
   func invalidateEntry(parent: Inode, name: String) {
     guard let se = context.session else { return }
-    _ = name.withCString { fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, strlen($0)) }
+    _ = name.withCString {
+      fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, strlen($0))
+    }
   }
 
   func deleteEntry(parent: Inode, child: Inode, name: String) {

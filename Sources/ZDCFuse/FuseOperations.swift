@@ -309,7 +309,8 @@ enum FuseOperations {
     }
   }
 
-  static func readdir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: off_t, plus: Bool) {
+  static func readdir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: off_t, plus: Bool)
+  {
     let ctx = context(req)
     let buf = UnsafeMutablePointer<CChar>.allocate(capacity: max(size, 1))
     defer { buf.deallocate() }
@@ -329,7 +330,8 @@ enum FuseOperations {
               req, buf + used, left, name, &e, off_t(Int64(bitPattern: entry.nextOffset)))
           }
           var st = FuseOperations.stat(entry.attributes)
-          return fuse_add_direntry(req, buf + used, left, name, &st, off_t(Int64(bitPattern: entry.nextOffset)))
+          return fuse_add_direntry(
+            req, buf + used, left, name, &st, off_t(Int64(bitPattern: entry.nextOffset)))
         }
         guard need <= left else { return false }
         used += need

@@ -79,7 +79,7 @@ final class ControlServer: @unchecked Sendable {
       if let s = try? fs.status() {
         out["pendingItems"] = s.pendingItems
         out["pendingBytes"] = s.pendingBytes
-        out["conflicts"] = s.conflicts
+        out["conflicts"] = s.conflicts ?? NSNull()
         out["errors"] = s.errors
         out["openFiles"] = s.openFiles
       }

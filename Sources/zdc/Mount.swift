@@ -33,7 +33,8 @@ extension ZDC {
     @Flag(help: "Serve in this process until unmounted (logs on standard error).")
     var foreground = false
 
-    @Option(name: .customShort("o"), help: "FUSE mount options (comma-separated), e.g. allow_other.")
+    @Option(
+      name: .customShort("o"), help: "FUSE mount options (comma-separated), e.g. allow_other.")
     var options: [String] = []
 
     @Flag(help: "Log debugging detail (never names or content).")
@@ -107,7 +108,8 @@ extension ZDC {
         return
       }
       p.waitUntilExit()
-      let tail = (try? String(contentsOf: logURL, encoding: .utf8))?
+      let tail =
+        (try? String(contentsOf: logURL, encoding: .utf8))?
         .split(separator: "\n").suffix(3).joined(separator: "\n") ?? ""
       throw CLIError.usage("mount failed: \(tail)")
     }
@@ -188,7 +190,8 @@ extension ZDC {
                   .utf8))
             throw ExitCode(ExitStatus.temporaryFailure.rawValue)
           }
-          throw CLIError.usage("cannot unmount \(mp): \(message.trimmingCharacters(in: .whitespacesAndNewlines))")
+          throw CLIError.usage(
+            "cannot unmount \(mp): \(message.trimmingCharacters(in: .whitespacesAndNewlines))")
         }
         // The serving process removes its control socket when it has finished.
         let sock = state.stateDirectory.url.appendingPathComponent("control.sock").path
@@ -225,8 +228,10 @@ extension ZDC {
         guard let obj = try? JSONSerialization.jsonObject(with: Data(answer.utf8)) as? [String: Any]
         else { throw CLIError.usage("unexpected answer from the mount") }
         print("Mounted on \(obj["mountpoint"] ?? "?").")
-        print("Pending uploads: \(obj["pendingItems"] ?? 0) items, \(obj["pendingBytes"] ?? 0) bytes.")
-        print("Conflicts: \(obj["conflicts"] ?? 0). Errors: \(obj["errors"] ?? 0).")
+        print(
+          "Pending uploads: \(obj["pendingItems"] ?? 0) items, \(obj["pendingBytes"] ?? 0) bytes.")
+        let conflicts = (obj["conflicts"] as? Int).map(String.init) ?? "unknown"
+        print("Conflicts: \(conflicts). Errors: \(obj["errors"] ?? 0).")
         print("Open files: \(obj["openFiles"] ?? 0).")
         print("Sync engine: \(obj["sync"] ?? "not running").")
       }

@@ -27,7 +27,8 @@ final class MountFixture: @unchecked Sendable {
     store = dir.path("store")
     mnt = dir.path("mnt")
     try FileManager.default.createDirectory(at: mnt, withIntermediateDirectories: true)
-    let r = try runProcess(zdc, ["init", "--kdf", "minimum", "--store", store.path], environment: env)
+    let r = try runProcess(
+      zdc, ["init", "--kdf", "minimum", "--store", store.path], environment: env)
     try #require(r.status == 0, "init failed: \(r.stderr)")
     try mount()
   }
@@ -36,7 +37,9 @@ final class MountFixture: @unchecked Sendable {
 
   var isMounted: Bool {
     let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
-    return mounts.split(separator: "\n").contains { $0.split(separator: " ").dropFirst().first.map(String.init) == mnt.path }
+    return mounts.split(separator: "\n").contains {
+      $0.split(separator: " ").dropFirst().first.map(String.init) == mnt.path
+    }
   }
 
   func mount() throws {
@@ -65,7 +68,9 @@ final class MountFixture: @unchecked Sendable {
 
   /// Runs a shell script inside the mount point.
   @discardableResult
-  func sh(_ script: String, expect status: Int32 = 0, sourceLocation: SourceLocation = #_sourceLocation)
+  func sh(
+    _ script: String, expect status: Int32 = 0, sourceLocation: SourceLocation = #_sourceLocation
+  )
     throws -> ProcessResult
   {
     let r = try runProcess(

@@ -99,12 +99,15 @@ import ZDCTestSupport
     try m.sh("! setfattr -n user.zdc.state -v synced f 2>/dev/null")
     try m.sh("! setfattr -n trusted.x -v 1 f 2>/dev/null")
     // A file node's metadata and thumbnail sections are xattrs.
-    try m.sh("setfattr -n user.zdc.meta -v '{\"k\":1}' f && setfattr -n user.zdc.thumb -v 0x89504e47 f")
+    try m.sh(
+      "setfattr -n user.zdc.meta -v '{\"k\":1}' f && setfattr -n user.zdc.thumb -v 0x89504e47 f")
     #expect(try m.sh("getfattr --only-values -n user.zdc.meta f").stdout == "{\"k\":1}")
     try m.sh("getfattr -d f | grep -q user.zdc.thumb")
     // chmod and touch -d survive (stored in the node).
     try m.sh("chmod 751 f && test \"$(stat -c %a f)\" = 751")
-    try m.sh("touch -d '2001-02-03 04:05:06' f && test \"$(stat -c %Y f)\" = \"$(date -d '2001-02-03 04:05:06' +%s)\"")
+    try m.sh(
+      "touch -d '2001-02-03 04:05:06' f && test \"$(stat -c %Y f)\" = \"$(date -d '2001-02-03 04:05:06' +%s)\""
+    )
     try m.sh("! chown 4242 f 2>/dev/null && ! ln f hard 2>/dev/null")
   }
 
@@ -125,8 +128,11 @@ import ZDCTestSupport
 
   @Test func symlinksSparseAppendAndOpenUnlinked() throws {
     let m = try MountFixture()
-    try m.sh("mkdir t && echo target > t/real && ln -s real t/link && ln -s /nonexistent/x t/dangling")
-    #expect(try m.sh("readlink t/link; readlink t/dangling; cat t/link").stdout == "real\n/nonexistent/x\ntarget\n")
+    try m.sh(
+      "mkdir t && echo target > t/real && ln -s real t/link && ln -s /nonexistent/x t/dangling")
+    #expect(
+      try m.sh("readlink t/link; readlink t/dangling; cat t/link").stdout
+        == "real\n/nonexistent/x\ntarget\n")
     try m.sh("test -L t/link && rm t/link && test ! -e t/link")
     try m.python(
       """
@@ -208,8 +214,11 @@ import ZDCTestSupport
     let secret = "zdcfs-plaintext-marker-\(UUID().uuidString)"
     let big = String(repeating: secret + "\n", count: 5000)
     try Data(big.utf8).write(to: m.dir.path("big.txt"))
-    try m.sh("mkdir keep && printf '%s' '\(secret)' > keep/small && cp '\(m.dir.path("big.txt").path)' keep/big")
-    try m.sh("ln -s small keep/link && setfattr -n user.note -v kept keep/small && chmod 640 keep/small")
+    try m.sh(
+      "mkdir keep && printf '%s' '\(secret)' > keep/small && cp '\(m.dir.path("big.txt").path)' keep/big"
+    )
+    try m.sh(
+      "ln -s small keep/link && setfattr -n user.note -v kept keep/small && chmod 640 keep/small")
     let status = try m.sh("'\(m.zdc.path)' status").stdout
     #expect(status.contains("Mounted on"))
     m.unmount()
@@ -218,10 +227,14 @@ import ZDCTestSupport
     try m.mount()
     #expect(try m.sh("cat keep/small").stdout == secret)
     try m.sh("cmp keep/big '\(m.dir.path("big.txt").path)'")
-    #expect(try m.sh("readlink keep/link; getfattr --only-values -n user.note keep/small; echo; stat -c %a keep/small").stdout == "small\nkept\n640\n")
+    #expect(
+      try m.sh(
+        "readlink keep/link; getfattr --only-values -n user.note keep/small; echo; stat -c %a keep/small"
+      ).stdout == "small\nkept\n640\n")
     m.unmount()
-    let hits = try findPlaintext(
-      [Data(secret.utf8)], under: m.state.appendingPathComponent("staging"))
+    let hits =
+      try findPlaintext(
+        [Data(secret.utf8)], under: m.state.appendingPathComponent("staging"))
       + findPlaintext([Data(secret.utf8)], under: m.state.appendingPathComponent("cache"))
       + findPlaintext([Data(secret.utf8)], under: m.store)
     #expect(hits.isEmpty, "plaintext found: \(hits)")
