@@ -324,7 +324,10 @@ extension FileSystem {
     let c = oh.content
     var failure: (any Error)?
     if oh.writable, lock.withLock({ c.writableCount == 1 }) {
-      do { try c.lock.withLock { try commitLocked(c) } } catch { failure = error }
+      do { try c.lock.withLock { try commitLocked(c) } } catch {
+        log.error("commit at close failed; the written content may be lost: \(error)")
+        failure = error
+      }
     }
     let (last, gone) = lock.withLock { () -> (Bool, Node?) in
       c.openCount -= 1

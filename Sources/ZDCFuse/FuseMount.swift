@@ -76,6 +76,17 @@ public final class FuseMount: @unchecked Sendable {
     let userdata = Unmanaged.passUnretained(context).toOpaque()
     guard let se = zdc_fuse_session_new(a, &ops, userdata) else { throw FuseMountError.session }
     context.session = se
+    // libfuse installs its handlers only over the default disposition; a parent (a test runner,
+    // nohup) may have left these ignored, and ignored signals survive exec.
+    // Likewise for a blocked mask (Foundation's Process starts children with signals blocked);
+    // the loop's worker threads inherit this thread's mask.
+    var unblock = sigset_t()
+    sigemptyset(&unblock)
+    for sig in [SIGINT, SIGTERM, SIGHUP] {
+      signal(sig, SIG_DFL)
+      sigaddset(&unblock, sig)
+    }
+    pthread_sigmask(SIG_UNBLOCK, &unblock, nil)
     guard fuse_set_signal_handlers(se) == 0 else { throw FuseMountError.session }
     guard fuse_session_mount(se, mountpoint) == 0 else {
       fuse_remove_signal_handlers(se)

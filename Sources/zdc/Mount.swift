@@ -40,6 +40,15 @@ extension ZDC {
     @Flag(help: "Log debugging detail (never names or content).")
     var verbose = false
 
+    @Option(
+      help:
+        "On first use only: where the encrypted objects live (default ~/.local/share/zdcfs/store)."
+    )
+    var store: String?
+
+    @Option(help: .hidden)
+    var kdf: String?
+
     @Flag(help: .hidden)
     var daemonChild = false
 
@@ -58,11 +67,14 @@ extension ZDC {
             prompt: stateDirectory.isInitialized ? "Passphrase: " : "New passphrase: ",
             confirm: !stateDirectory.isInitialized)
           if !stateDirectory.isInitialized {
+            let location =
+              try store.map { try StoreLocation(argument: $0) }
+              ?? .localFolder(path: StateDirectory.defaultStoreFolder().path)
+            let minimum = kdf == "minimum"
             let (account, recovery) = try Account.create(
-              stateDirectory: stateDirectory,
-              store: .localFolder(path: StateDirectory.defaultStoreFolder().path),
-              passphrase: passphrase, deviceName: ProcessInfo.processInfo.hostName,
-              storeKDF: .moderate, localKDF: .interactive)
+              stateDirectory: stateDirectory, store: location, passphrase: passphrase,
+              deviceName: ProcessInfo.processInfo.hostName,
+              storeKDF: minimum ? .minimum : .moderate, localKDF: minimum ? .minimum : .interactive)
             print("Created user \(account.config.userID).")
             print("Recovery key (write it down; with it and the store, any device can join):")
             print("  \(recovery)")

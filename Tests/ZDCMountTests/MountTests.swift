@@ -263,6 +263,43 @@ import ZDCTestSupport
     #expect(!m.isMounted)
   }
 
+  @Test func firstMountInitialisesAndForegroundStopsOnSIGTERM() throws {
+    let dir = try TemporaryDirectory("zdc-fg")
+    let mnt = dir.path("mnt")
+    try FileManager.default.createDirectory(at: mnt, withIntermediateDirectories: true)
+    let zdc = BuiltProducts.executable("zdc")
+    var env = ProcessInfo.processInfo.environment
+    env["ZDC_STATE_DIR"] = dir.path("state").path
+    env["ZDC_PASSPHRASE"] = "first use"
+    let p = Process()
+    p.executableURL = zdc
+    p.arguments = [
+      "mount", mnt.path, "--foreground", "--store", dir.path("store").path, "--kdf", "minimum",
+    ]
+    p.environment = env
+    p.standardOutput = FileHandle.nullDevice
+    p.standardError = FileHandle.nullDevice
+    try p.run()
+    defer {
+      if p.isRunning { kill(p.processIdentifier, SIGKILL) }
+      _ = try? runProcess(URL(fileURLWithPath: "/usr/bin/fusermount3"), ["-u", "-z", mnt.path])
+    }
+    func mounted() -> Bool {
+      let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
+      return mounts.contains(" \(mnt.path) fuse.zdc ")
+    }
+    let deadline = Date().addingTimeInterval(20)
+    while !mounted(), p.isRunning, Date() < deadline { usleep(50_000) }
+    try #require(mounted())
+    #expect(FileManager.default.fileExists(atPath: dir.path("state/config.json").path))
+    try Data("hi".utf8).write(to: mnt.appendingPathComponent("f"))
+    #expect(try String(contentsOf: mnt.appendingPathComponent("f"), encoding: .utf8) == "hi")
+    kill(p.processIdentifier, SIGTERM)
+    p.waitUntilExit()
+    #expect(p.terminationStatus == 0)
+    #expect(!mounted())
+  }
+
   @Test func nameEscapeRoundTrips() throws {
     for name in [
       "plain", ".data", ".meta", ".thumb", ".", "..", "a/b", "%%x", "100%", "%%", "x\u{0}y",
