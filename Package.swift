@@ -134,7 +134,10 @@ let package = Package(
       swiftSettings: strict),
     .testTarget(
       name: "ZDCMountTests",
-      dependencies: ["ZDCCore", "ZDCFileSystem", "ZDCTestSupport", "zdc"],
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCDisk", "ZDCSync", "ZDCLocalStore",
+        "ZDCFileSystem", "ZDCTestSupport", "zdc",
+      ],
       swiftSettings: strict),
     .testTarget(
       name: "ZDCIntegrationTests",
