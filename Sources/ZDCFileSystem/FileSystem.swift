@@ -62,6 +62,8 @@ public final class FileSystem: @unchecked Sendable {
   /// that started just before a commit would otherwise show the old size.
   var recentCommits: [NodeID: (size: UInt64, mtime: FileTime)] = [:]
   var recentOrder: [NodeID] = []
+  /// Nodes with a download in progress (for `user.zdc.state`).
+  var downloading: [NodeID: Int] = [:]
   var nextHandle: FileHandleID = 1
   let notifyQueue = DispatchQueue(label: "zdc.fs.notify")
 
@@ -275,8 +277,10 @@ public final class FileSystem: @unchecked Sendable {
     else { return Data() }
     guard let downloads else { throw FileSystemError.unavailable }
     do {
-      return section == .meta
-        ? try downloads.metadata(nodeID: node.id) : try downloads.thumbnail(nodeID: node.id)
+      return try downloadingNode(node.id) {
+        section == .meta
+          ? try downloads.metadata(nodeID: node.id) : try downloads.thumbnail(nodeID: node.id)
+      }
     } catch { throw FileSystemError.io("download failed") }
   }
 
@@ -298,6 +302,18 @@ public final class FileSystem: @unchecked Sendable {
   /// Forgets what `noteCommit` recorded (the node changed otherwise).
   func forgetCommit(_ id: NodeID) {
     lock.withLock { recentCommits[id] = nil }
+  }
+
+  /// Runs a download, showing the node as `downloading` meanwhile.
+  func downloadingNode<T>(_ id: NodeID, _ body: () throws -> T) throws -> T {
+    lock.withLock { downloading[id, default: 0] += 1 }
+    defer {
+      lock.withLock {
+        let left = (downloading[id] ?? 1) - 1
+        downloading[id] = left > 0 ? left : nil
+      }
+    }
+    return try body()
   }
 
   // MARK: Lookup and attributes

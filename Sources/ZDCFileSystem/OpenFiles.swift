@@ -57,7 +57,9 @@ enum ReadSource {
       if let h, h.contains(range) { return try h.read(into: buf, at: offset) }
       guard let downloads = fs.downloads else { throw FileSystemError.unavailable }
       let fresh: CachedFileHandle
-      do { fresh = try downloads.downloadRange(nodeID: id, range: range) } catch {
+      do {
+        fresh = try fs.downloadingNode(id) { try downloads.downloadRange(nodeID: id, range: range) }
+      } catch {
         throw FileSystemError.io("download failed")
       }
       h?.close()
@@ -124,7 +126,9 @@ extension FileSystem {
     if node.dataSize >= options.rangedReadThreshold {
       return .ranged(nodeID: node.id, size: node.dataSize, handle: nil)
     }
-    do { return .cached(try downloads.downloadData(nodeID: node.id)) } catch {
+    do {
+      return .cached(try downloadingNode(node.id) { try downloads.downloadData(nodeID: node.id) })
+    } catch {
       throw FileSystemError.io("download failed")
     }
   }
@@ -142,7 +146,9 @@ extension FileSystem {
       if let h = disk.cachedFile(cloudID: node.cloudID, eTag: eTag), h.isComplete {
         base = h
       } else if let downloads {
-        do { base = try downloads.downloadData(nodeID: node.id) } catch {
+        do {
+          base = try downloadingNode(node.id) { try downloads.downloadData(nodeID: node.id) }
+        } catch {
           throw FileSystemError.io("download failed")
         }
       } else {

@@ -9,9 +9,11 @@ extension FileSystem {
   static let stateNames: Set<String> = ["user.zdc.state", "user.zdc.cloudid", "user.zdc.etag"]
   static let sectionNames: [String: Section] = ["user.zdc.meta": .meta, "user.zdc.thumb": .thumb]
 
-  /// The sync state of a node: synced, pending-upload, uploading, conflict or error.
+  /// The sync state of a node: synced, pending-upload, uploading, downloading, conflict or
+  /// error.
   public func syncState(_ ino: Inode) throws -> String {
     let (id, _) = resolve(ino)
+    if lock.withLock({ downloading[id] != nil }) { return "downloading" }
     if let c = lock.withLock({ contents[ContentKey(id, .data)] }), c.lock.withLock({ c.dirty }) {
       return "pending-upload"
     }

@@ -133,4 +133,42 @@ import ZDCTestSupport
     let ops = try w.catalog.read(w.userID) { try $0.pendingOperations(forNodeID: node.id) }
     #expect(ops.contains { $0.kind == .putData })
   }
+
+  final class Recorder: KernelNotifier, @unchecked Sendable {
+    // @unchecked: `calls` is guarded by `lock`.
+    let lock = NSLock()
+    var calls: [String] = []
+    func invalidateInode(_ inode: Inode) { lock.withLock { calls.append("inode \(inode)") } }
+    func invalidateEntry(parent: Inode, name: String) {
+      lock.withLock { calls.append("entry \(parent) \(name)") }
+    }
+    func deleteEntry(parent: Inode, child: Inode, name: String) {
+      lock.withLock { calls.append("delete \(parent) \(child) \(name)") }
+    }
+    func wait(for count: Int) -> [String] {
+      for _ in 0..<200 where lock.withLock({ calls.count }) < count { usleep(10_000) }
+      return lock.withLock { calls }
+    }
+  }
+
+  @Test func pullDiscoveriesBecomeKernelInvalidations() throws {
+    let w = try World()
+    let node = try w.remoteFile(".data", data: Data("x".utf8))
+    let fs = try w.fileSystem(online: true)
+    let recorder = Recorder()
+    fs.notifier = recorder
+    let delegate = FileSystemSyncDelegate(fileSystem: fs)
+    let ino = try fs.lookup(parent: 1, name: "%%.data").inode
+    try w.catalog.write(w.userID) { tx in
+      let path = try tx.path(of: node.id)
+      delegate.didDiscoverNewNode(node, at: path, transaction: tx)
+      delegate.didDiscoverModifiedNode(node, change: .data, at: path, transaction: tx)
+      delegate.didDiscoverDeletedNode(node, at: path, timestamp: nil, transaction: tx)
+    }
+    let calls = recorder.wait(for: 4)
+    // Names are sent as shown through the mount (escaped).
+    #expect(calls.contains("entry 1 %%.data"))
+    #expect(calls.contains("inode \(ino)"))
+    #expect(calls.contains("delete 1 \(ino) %%.data"))
+  }
 }
