@@ -175,7 +175,12 @@ public final class FileSystem: @unchecked Sendable {
   /// The child of a directory named `shown` (as typed through the mount), or `nil`.
   func child(of parent: NodeID, shown: String, _ tx: CloudTransaction) throws -> Node? {
     switch try NameEscape.parse(shown) {
-    case .name(let name): return try tx.child(of: parent, named: name)
+    case .name(let name):
+      // The catalog matches names case-insensitively; the mount shows exact names only, so
+      // the kernel never holds two spellings of one node (and `mv a A` reaches `rename`).
+      guard let c = try tx.child(of: parent, named: name), Array(c.name.utf8) == Array(name.utf8)
+      else { return nil }
+      return c
     case .hashed(let typed):
       var after: NodeID = 0
       while true {
@@ -474,7 +479,8 @@ public final class FileSystem: @unchecked Sendable {
     do {
       attrs = try makeNode(parent: parent, name: name, kind: .file, mode: mode, target: nil)
     } catch FileSystemError.exists where flags & O_EXCL == 0 {
-      let a = try lookup(parent: parent, name: name)
+      // Raced with another create, or the name differs only in case from a sibling's.
+      guard let a = try? lookup(parent: parent, name: name) else { throw FileSystemError.exists }
       return (a, try open(a.inode, flags: flags))
     }
     return (attrs, try open(attrs.inode, flags: flags & ~O_TRUNC))
@@ -578,6 +584,10 @@ public final class FileSystem: @unchecked Sendable {
           return .deleted(dst)
         }
         if src.kind == .file && dst.kind == .file {
+          if Array(dst.name.utf8) != Array(newName.utf8) {
+            // The target's name differs in case only: it takes the name typed.
+            try tx.moveNode(dst.id, toParent: np.id, name: newName)
+          }
           return .replaceContent(source: src, target: dst.id)
         }
         try tx.deleteNode(dst.id)

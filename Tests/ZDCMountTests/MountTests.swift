@@ -124,6 +124,12 @@ import ZDCTestSupport
     #expect(try m.sh("ls -A e | tr '\\n' ' '").stdout == "%%%25%25x %%.data %%a%2Fb ")
     try m.sh("test ! -e e/.data && test \"$(cat 'e/%%.data')\" = a")
     try m.sh("! touch 'e/%%abc' 2>/dev/null && ! touch 'e/%%bad%' 2>/dev/null")
+    // Names compare case-insensitively in the treesystem; lookups through the mount are exact.
+    try m.sh(
+      "mkdir c && echo 1 > c/Read.me && test ! -e c/read.me && ! touch c/read.me 2>/dev/null")
+    try m.sh(
+      "mv c/Read.me c/README && test \"$(ls c)\" = README && echo 2 > c/new && mv c/new c/readme")
+    #expect(try m.sh("ls c; cat c/readme").stdout == "readme\n2\n")
   }
 
   @Test func symlinksSparseAppendAndOpenUnlinked() throws {
