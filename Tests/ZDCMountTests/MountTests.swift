@@ -83,6 +83,11 @@ import ZDCTestSupport
       assert not os.path.exists('doc.txt.tmp')
       """)
     #expect(try m.cloudID("doc.txt") == before)
+    if FileManager.default.isExecutableFile(atPath: "/usr/bin/vim") {
+      try m.sh("vim -u NONE -N -es -c 's/python/vim/' -c wq doc.txt")
+      #expect(try m.sh("cat doc.txt").stdout == "rewritten by vim\n")
+      #expect(try m.cloudID("doc.txt") == before)
+    }
     // A plain rename onto a new name moves the node (same identity too).
     try m.sh("mv doc.txt moved.txt")
     #expect(try m.cloudID("moved.txt") == before)
