@@ -237,10 +237,11 @@ extension FileSystem {
             // Lazy download happens here, so reads afterwards are local.
             content.reader = try openReadSource(node)
           }
+        } else if writable, flags & O_TRUNC != 0 {
+          content.buffer = Data()
+          content.dirty = true
         } else if content.buffer == nil {
-          content.buffer =
-            writable && flags & O_TRUNC != 0 ? Data() : try sectionBytes(node, key.section)
-          if writable, flags & O_TRUNC != 0 { content.dirty = true }
+          content.buffer = try sectionBytes(node, key.section)
         }
       }
     } catch {

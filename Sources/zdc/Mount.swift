@@ -59,6 +59,19 @@ extension ZDC {
         var isDir: ObjCBool = false
         guard FileManager.default.fileExists(atPath: mp, isDirectory: &isDir), isDir.boolValue
         else { throw CLIError.usage("mount point \(mp) is not a directory") }
+        let sock = stateDirectory.url.appendingPathComponent("control.sock").path
+        if let answer = ControlClient.request(socketPath: sock, command: "status") {
+          let at =
+            ((try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any])?[
+              "mountpoint"] as? String ?? "?"
+          throw CLIError.usage("this account is already mounted on \(at)")
+        }
+        let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
+        if mounts.split(separator: "\n").contains(where: {
+          $0.split(separator: " ").dropFirst().first.map(String.init) == mp
+        }) {
+          throw CLIError.usage("\(mp) is already a mount point")
+        }
         let passphrase: String
         if daemonChild {
           passphrase = readLine(strippingNewline: true) ?? ""

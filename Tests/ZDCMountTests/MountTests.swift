@@ -254,6 +254,8 @@ import ZDCTestSupport
   @Test func unmountRefusesWhileBusy() throws {
     let m = try MountFixture()
     try m.sh("echo x > f")
+    let twice = try runProcess(m.zdc, ["mount", m.mnt.path], environment: m.env)
+    #expect(twice.status == 64 && twice.stderr.contains("already mounted"))
     let holder = Process()
     holder.executableURL = URL(fileURLWithPath: "/bin/sh")
     holder.arguments = ["-c", "exec sleep 30 3<'\(m.mnt.path)/f'"]
