@@ -185,7 +185,16 @@ import ZDCTestSupport
           raise SystemExit('O_EXCL did not fail')
       except FileExistsError:
           pass
+
+      # Locks are kept locally by the kernel.
+      import fcntl
+      with open('t1', 'r+') as f:
+          fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+          fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+          fcntl.flock(f, fcntl.LOCK_UN)
+          fcntl.lockf(f, fcntl.LOCK_UN)
       """)
+    try m.sh("flock t1 true")
   }
 
   @Test func renameFlags() throws {
