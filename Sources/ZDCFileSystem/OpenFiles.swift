@@ -206,6 +206,8 @@ extension FileSystem {
     let (id, section) = resolve(ino)
     let node = try read { tx -> Node in
       let n = try existingNode(id, tx)
+      // The mount root (a trunk) has no content or sections of its own.
+      if n.kind == .trunk { throw FileSystemError.notPermitted }
       if section == .node {
         if n.kind == .symlink { throw FileSystemError.invalidArgument }
         if try isDirectory(n, tx) { throw FileSystemError.isADirectory }

@@ -91,5 +91,8 @@ import ZDCFileSystem
       try fs.setxattr(f.inode, name: "user.absent", value: Data(), mode: .replace)
     }
     #expect(fs.statfs().nameMax == 255)
+    #expect(throws: FileSystemError.notPermitted) {
+      try fs.create(parent: 1, name: ".data", mode: 0o644, flags: O_WRONLY)
+    }
   }
 }
