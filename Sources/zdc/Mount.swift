@@ -141,7 +141,11 @@ extension ZDC {
 
     /// Opens everything and serves the mount in this process.
     func serve(_ stateDirectory: StateDirectory, passphrase: String, mountpoint mp: String) throws {
-      if daemonChild { setsid() }
+      if daemonChild {
+        setsid()
+        // Hold no directory of the caller's busy (paths here are absolute).
+        _ = chdir("/")
+      }
       let level: Logger.Level = verbose ? .debug : .info
       LoggingSystem.bootstrap { label in
         var h = StreamLogHandler.standardError(label: label)
@@ -244,6 +248,14 @@ extension ZDC {
         let sock = state.stateDirectory.url.appendingPathComponent("control.sock").path
         guard let answer = ControlClient.request(socketPath: sock, command: "status") else {
           print("Not mounted.")
+          // The catalog needs no key: report what waits for upload.
+          let dir = state.stateDirectory
+          if dir.isInitialized, let config = try? Account.readConfig(dir),
+            let catalog = try? Catalog(path: dir.catalogURL.path),
+            let count = try? catalog.read(config.userID, { try $0.operationCount() })
+          {
+            print("Pending uploads: \(count) items.")
+          }
           return
         }
         if json {
