@@ -42,10 +42,14 @@ public final class FileSystem: @unchecked Sendable {
   public let options: FileSystemOptions
   /// The home trunk's node id (inode 1).
   public let homeID: NodeID
-  /// Where kernel invalidations go (set by the FUSE adapter).
+  /// Where kernel invalidations go (set by the FUSE adapter). Setting `nil` waits for the
+  /// invalidations already queued, so none reaches a session being torn down.
   public var notifier: (any KernelNotifier)? {
     get { lock.withLock { _notifier } }
-    set { lock.withLock { _notifier = newValue } }
+    set {
+      lock.withLock { _notifier = newValue }
+      if newValue == nil { notifyQueue.sync {} }
+    }
   }
 
   let log = Logger(label: "zdc.fs")
