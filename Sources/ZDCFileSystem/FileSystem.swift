@@ -56,8 +56,9 @@ public final class FileSystem: @unchecked Sendable {
   let lock = NSLock()
   var _notifier: (any KernelNotifier)?
   var lookups: [Inode: UInt64] = [:]
-  /// Inodes of nodes whose content went into another node by a replacing rename.
-  var aliases: [Inode: NodeID] = [:]
+  /// Inodes of nodes whose content went into another node (or its `.data`) by a replacing
+  /// rename.
+  var aliases: [Inode: (NodeID, Section)] = [:]
   var handles: [FileHandleID: OpenHandle] = [:]
   var contents: [ContentKey: NodeContent] = [:]
   /// Nodes deleted while open: their last state, until the last handle closes.
@@ -129,7 +130,9 @@ public final class FileSystem: @unchecked Sendable {
   func resolve(_ ino: Inode) -> (NodeID, Section) {
     let section = Section(rawValue: ino >> Self.sectionShift) ?? .node
     let base = ino & ((1 << Self.sectionShift) - 1)
-    if let alias = lock.withLock({ aliases[base] }) { return (alias, section) }
+    if let alias = lock.withLock({ aliases[base] }) {
+      return (alias.0, section == .node ? alias.1 : section)
+    }
     let id: NodeID = base == 1 ? homeID : (NodeID(base) == homeID ? 1 : NodeID(base))
     return (id, section)
   }
@@ -551,7 +554,7 @@ public final class FileSystem: @unchecked Sendable {
     let newName = targetSection == nil ? try self.newName(shownNew) : shownNew
     enum Plan {
       case done
-      case replaceContent(source: Node, target: NodeID)
+      case replaceContent(source: Node, target: NodeID, section: Section)
       case deleted(Node)
     }
     let plan = try write { tx -> Plan in
@@ -564,7 +567,7 @@ public final class FileSystem: @unchecked Sendable {
         guard targetSection == .data, !srcIsDir, src.kind == .file, !flags.contains(.exchange)
         else { throw FileSystemError.notPermitted }
         if flags.contains(.noReplace), np.dataSize > 0 { throw FileSystemError.exists }
-        return .replaceContent(source: src, target: np.id)
+        return .replaceContent(source: src, target: np.id, section: .data)
       }
       let dst = try tx.child(of: np.id, named: newName)
       if let dst, dst.id != src.id {
@@ -592,7 +595,7 @@ public final class FileSystem: @unchecked Sendable {
             // The target's name differs in case only: it takes the name typed.
             try tx.moveNode(dst.id, toParent: np.id, name: newName)
           }
-          return .replaceContent(source: src, target: dst.id)
+          return .replaceContent(source: src, target: dst.id, section: .node)
         }
         try tx.deleteNode(dst.id)
         try tx.moveNode(src.id, toParent: np.id, name: newName)
@@ -605,17 +608,20 @@ public final class FileSystem: @unchecked Sendable {
     switch plan {
     case .done: break
     case .deleted(let n): afterDelete(n)
-    case .replaceContent(let source, let target): try replaceContent(of: target, with: source)
+    case .replaceContent(let source, let target, let section):
+      try replaceContent(of: target, section, with: source)
     }
   }
 
   /// The editors' save rule: the target keeps its identity (cloudID, keys, place) and takes the
-  /// source's content, mode, mtime, xattrs and sections; the source node is deleted.
-  func replaceContent(of targetID: NodeID, with source: Node) throws {
+  /// source's content, mtime and sections — and, for a file target, its mode and xattrs; the
+  /// source node is deleted. `section` is `.data` when the target is a directory's `.data`.
+  func replaceContent(of targetID: NodeID, _ section: Section, with original: Node) throws {
     // Settle the source's own open writes first.
-    if let c = lock.withLock({ contents[ContentKey(source.id, .data)] }) {
+    if let c = lock.withLock({ contents[ContentKey(original.id, .data)] }) {
       try c.lock.withLock { try commitLocked(c) }
     }
+    let source = (try? read { tx in try tx.node(id: original.id) }) ?? original
     let staging: StagingFile
     do {
       staging = try disk.stagingFile(forNode: targetID, truncate: true)
@@ -642,9 +648,11 @@ public final class FileSystem: @unchecked Sendable {
       var t = try tx.existingNode(id: targetID)
       t.dataSize = size
       t.mtime = source.mtime
-      t.mode = source.mode
-      t.xattrs = source.xattrs
-      if t.kind == .file || t.kind == .directory { try tx.updateNode(t) }
+      if section == .node {
+        t.mode = source.mode
+        t.xattrs = source.xattrs
+      }
+      if t.kind != .trunk { try tx.updateNode(t) }
       for section in [Section.meta, .thumb] {
         let v = try tx.tag(forNodeID: source.id, identifier: section.tag)
         try tx.setTag(v, forNodeID: targetID, identifier: section.tag)
@@ -655,10 +663,16 @@ public final class FileSystem: @unchecked Sendable {
     noteCommit(targetID, size: size, mtime: source.mtime)
     afterDelete(source)
     let srcIno = inode(of: source.id)
-    lock.withLock { aliases[srcIno] = targetID }
-    if let t = try? read({ tx in try tx.node(id: targetID) }), let parent = t.parentID {
+    lock.withLock { aliases[srcIno] = (targetID, section) }
+    // The kernel moved the source's dentry over the target's: send it back to the node.
+    if section == .data {
+      let dir = inode(of: targetID)
+      post { n in
+        n.invalidateInode(dir | (Section.data.rawValue << Self.sectionShift))
+        n.invalidateEntry(parent: dir, name: Section.data.fileName)
+      }
+    } else if let t = try? read({ tx in try tx.node(id: targetID) }), let parent = t.parentID {
       let name = t.name
-      // The kernel moved the source's dentry over the target's: send it back to the node.
       post { n in
         n.invalidateInode(self.inode(of: targetID))
         n.invalidateEntry(parent: self.inode(of: parent), name: NameEscape.shown(name))

@@ -124,6 +124,11 @@ import ZDCTestSupport
     #expect(try m.sh("cat d/.data d/.meta d/.thumb").stdout == "own\nmeta\nT")
     try m.sh("! rmdir d/.data 2>/dev/null && rm d/c && ! rmdir d 2>/dev/null")
     try m.sh("rm d/.data d/.meta d/.thumb && test -z \"$(ls -A d)\" && rmdir d")
+    // Renaming a file onto a directory's .data gives the directory that content.
+    try m.sh("mkdir g && chmod 750 g && echo saved > tmp && mv tmp g/.data && test ! -e tmp")
+    #expect(
+      try m.sh("cat g/.data; stat -c %a g; test -d g && test -f g/.data && echo ok").stdout
+        == "saved\n750\nok\n")
     // Names POSIX cannot show round-trip through the escape.
     try m.sh("mkdir e && echo a > 'e/%%.data' && echo b > 'e/%%a%2Fb' && echo c > 'e/%%%25%25x'")
     #expect(try m.sh("ls -A e | tr '\\n' ' '").stdout == "%%%25%25x %%.data %%a%2Fb ")
