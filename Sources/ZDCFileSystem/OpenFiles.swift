@@ -392,8 +392,29 @@ extension FileSystem {
 
   // MARK: Metadata and thumbnail sections
 
+  /// Stages a node's current content (downloading it if needed) when nothing is staged, so
+  /// that an upload caused by a section change carries the data too, not an empty section.
+  func stageCurrentContent(_ id: NodeID) throws {
+    let node = try read { tx in try existingNode(id, tx) }
+    guard node.eTagData != nil, node.dataSize > 0, disk.stagedData(forNode: id) == nil else {
+      return
+    }
+    if let open = lock.withLock({ contents[ContentKey(id, .data)] }),
+      open.lock.withLock({ open.writer != nil })
+    {
+      return  // its commit will queue the upload with everything
+    }
+    let c = NodeContent(key: ContentKey(id, .data))
+    try c.lock.withLock {
+      let w = try ensureWriterLocked(c, truncate: false)
+      defer { w.close() }
+      do { try disk.commitStaging(w) } catch { throw Self.map(error) }
+    }
+  }
+
   /// Stores a section locally and queues the node's DATA upload (sections travel with it).
   func setSection(_ id: NodeID, _ section: Section, _ value: Data, updateOpen: Bool = true) throws {
+    try stageCurrentContent(id)
     try write { tx in
       guard try tx.node(id: id) != nil else { throw FileSystemError.notFound }
       try tx.setTag(.data(value), forNodeID: id, identifier: section.tag)

@@ -134,6 +134,36 @@ import ZDCTestSupport
     #expect(ops.contains { $0.kind == .putData })
   }
 
+  @Test func sectionChangeStagesTheDataSoTheUploadKeepsIt() throws {
+    let w = try World()
+    let content = SecureRandom.bytes(100_000)
+    let node = try w.remoteFile("keep.bin", data: content)
+    let fs = try w.fileSystem(online: true)
+    let ino = try fs.lookup(parent: 1, name: "keep.bin").inode
+    try fs.setxattr(ino, name: "user.zdc.meta", value: Data("{}".utf8), mode: .any)
+    let delegate = FileSystemSyncDelegate(fileSystem: fs)
+    let (data, meta) = try w.catalog.read(w.userID) { tx in
+      let n = try tx.existingNode(id: node.id)
+      let path = try tx.path(of: node.id)
+      return (
+        delegate.data(for: n, at: path, transaction: tx),
+        delegate.metadata(for: n, at: path, transaction: tx)
+      )
+    }
+    guard case .cryptoFile(let url, let key)? = data else {
+      Issue.record("no staged data for the upload")
+      return
+    }
+    let file = try CryptoFile.open(at: url, key: key)
+    #expect(try file.read(offset: 0, count: content.count + 1) == content)
+    try file.close()
+    guard case .data(let m)? = meta else {
+      Issue.record("no metadata section")
+      return
+    }
+    #expect(m == Data("{}".utf8))
+  }
+
   final class Recorder: KernelNotifier, @unchecked Sendable {
     // @unchecked: `calls` is guarded by `lock`.
     let lock = NSLock()
