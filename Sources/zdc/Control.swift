@@ -13,14 +13,19 @@ final class ControlServer: @unchecked Sendable {
   let path: String
   let mountpoint: String
   let fs: FileSystem
+  let sync: (any MountSyncHooks)?
   let fd: Int32
   let lock = NSLock()
   var stopped = false
 
-  init(socketPath: String, mountpoint: String, fileSystem: FileSystem) throws {
+  init(
+    socketPath: String, mountpoint: String, fileSystem: FileSystem,
+    sync: (any MountSyncHooks)?
+  ) throws {
     path = socketPath
     self.mountpoint = mountpoint
     fs = fileSystem
+    self.sync = sync
     unlink(path)
     fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
     guard fd >= 0 else { throw CLIError.usage("cannot create the control socket") }
@@ -83,9 +88,14 @@ final class ControlServer: @unchecked Sendable {
         out["errors"] = s.errors
         out["openFiles"] = s.openFiles
       }
-      out["sync"] = "not running"
+      out["sync"] = sync == nil ? "not running" : "running"
+    case "sync":
+      if let sync {
+        do { try sync.syncNow() } catch { out["error"] = "sync failed: \(error)" }
+      } else {
+        out["error"] = "the sync engine is not running"
+      }
     default:
-      // `sync` (drain the push queue now) needs the sync engine: not wired yet.
       out["error"] = "unsupported command \(command)"
     }
     let data = (try? JSONSerialization.data(withJSONObject: out, options: [.sortedKeys])) ?? Data()

@@ -161,14 +161,15 @@ extension ZDC {
         store: account.store, disk: disk, catalog: account.catalog, userID: account.config.userID)
       let fs = try FileSystem(
         catalog: account.catalog, userID: account.config.userID, disk: disk, downloads: downloads)
-      // Sync hook: a PushManager/PullManager started here gets
-      // `FileSystemSyncDelegate(fileSystem: fs)` as its delegate; `zdc sync` and draining the
-      // queue at unmount plug in at the control server.
+      // The sync engine plugs in here (see MountSyncHooks): nil until PushManager and
+      // PullManager exist.
+      let sync: (any MountSyncHooks)? = nil
+      try sync?.start(delegate: FileSystemSyncDelegate(fileSystem: fs))
       let mount = FuseMount(fileSystem: fs, mountpoint: mp, options: options)
       try mount.mount()
       let control = try ControlServer(
         socketPath: stateDirectory.url.appendingPathComponent("control.sock").path,
-        mountpoint: mp, fileSystem: fs)
+        mountpoint: mp, fileSystem: fs, sync: sync)
       control.start()
       logger.info("mounted")
       if daemonChild {
@@ -182,6 +183,12 @@ extension ZDC {
       }
       defer { control.stop() }
       try mount.run()
+      if let sync {
+        _ = sync.drain(timeout: 60) { items, bytes in
+          logger.info("waiting for uploads: \(items) items, \(bytes) bytes")
+        }
+        sync.stop()
+      }
       disk.flush()
       logger.info("unmounted")
     }
