@@ -76,10 +76,24 @@ let package = Package(
         "ZDCCore", "CCurl", "CSodium", .product(name: "Logging", package: "swift-log"),
       ],
       swiftSettings: strict),
+    .target(
+      name: "ZDCFileSystem",
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCDisk", "ZDCSync",
+        .product(name: "Logging", package: "swift-log"),
+      ],
+      swiftSettings: strict),
+    .target(
+      name: "ZDCFuse",
+      dependencies: [
+        "CFuse", "ZDCCore", "ZDCFileSystem", .product(name: "Logging", package: "swift-log"),
+      ],
+      swiftSettings: strict),
     .executableTarget(
       name: "zdc",
       dependencies: [
         "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "CFuse", "CCurl",
+        "ZDCDisk", "ZDCSync", "ZDCFileSystem", "ZDCFuse",
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
         .product(name: "Logging", package: "swift-log"),
       ],
@@ -127,6 +141,13 @@ let package = Package(
       dependencies: [
         "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCSync", "ZDCDisk", "ZDCLocalStore",
         "ZDCTestSupport",
+      ],
+      swiftSettings: strict),
+    .testTarget(
+      name: "ZDCMountTests",
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCDisk", "ZDCSync", "ZDCLocalStore",
+        "ZDCFileSystem", "ZDCTestSupport", "zdc",
       ],
       swiftSettings: strict),
     .testTarget(

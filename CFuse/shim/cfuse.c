@@ -53,3 +53,5 @@ void zdc_conn_want(struct fuse_conn_info *conn, unsigned int flag) {
   if (conn->capable & flag) conn->want |= flag;
 }
 unsigned int zdc_conn_capable(const struct fuse_conn_info *conn) { return conn->capable; }
+void zdc_conn_unwant(struct fuse_conn_info *conn, unsigned int flag) { conn->want &= ~flag; }
+unsigned int zdc_conn_wanted(const struct fuse_conn_info *conn) { return conn->want; }

@@ -45,5 +45,9 @@ int zdc_fi_get_writepage(const struct fuse_file_info *fi);
 /// Capability flags offered by the kernel and requested by the filesystem.
 void zdc_conn_want(struct fuse_conn_info *conn, unsigned int flag);
 unsigned int zdc_conn_capable(const struct fuse_conn_info *conn);
+/// Clears a capability from `conn->want`.
+void zdc_conn_unwant(struct fuse_conn_info *conn, unsigned int flag);
+/// The capabilities requested so far (`conn->want`).
+unsigned int zdc_conn_wanted(const struct fuse_conn_info *conn);
 
 #endif

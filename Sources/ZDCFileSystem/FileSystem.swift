@@ -1,0 +1,790 @@
+import Foundation
+import Logging
+public import ZDCCatalog
+public import ZDCCore
+import ZDCCrypto
+public import ZDCDisk
+public import ZDCSync
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// Tuning of the filesystem engine.
+public struct FileSystemOptions: Sendable {
+  /// Files at least this large are read through ranged downloads instead of whole.
+  public var rangedReadThreshold: UInt64 = 4 << 20
+  /// Largest value of one extended attribute.
+  public var maxXattrSize = 64 << 10
+  /// Owner reported for every inode.
+  public var uid: UInt32 = getuid()
+  /// Group reported for every inode.
+  public var gid: UInt32 = getgid()
+
+  public init() {}
+}
+
+/// The mounted treesystem as POSIX sees it: inodes, presentation rules, open files, write-back
+/// staging and kernel invalidation. Knows nothing of libfuse; every call is synchronous and
+/// may be made from any thread.
+public final class FileSystem: @unchecked Sendable {
+  // @unchecked: mutable state is guarded by `lock` (tables) and each `NodeContent.lock`.
+
+  /// The catalog holding the treesystem.
+  public let catalog: Catalog
+  /// The local user whose home trunk is the mount root.
+  public let userID: String
+  /// Encrypted cache and staging.
+  public let disk: DiskManager
+  /// Lazy downloads; `nil` when offline-only (content not cached reads as an I/O error).
+  public let downloads: DownloadManager?
+  /// Tuning.
+  public let options: FileSystemOptions
+  /// The home trunk's node id (inode 1).
+  public let homeID: NodeID
+  /// Where kernel invalidations go (set by the FUSE adapter). Setting `nil` waits for the
+  /// invalidations already queued, so none reaches a session being torn down.
+  public var notifier: (any KernelNotifier)? {
+    get { lock.withLock { _notifier } }
+    set {
+      lock.withLock { _notifier = newValue }
+      if newValue == nil { notifyQueue.sync {} }
+    }
+  }
+
+  let log = Logger(label: "zdc.fs")
+  let lock = NSLock()
+  var _notifier: (any KernelNotifier)?
+  var lookups: [Inode: UInt64] = [:]
+  /// Inodes of nodes whose content went into another node (or its `.data`) by a replacing
+  /// rename.
+  var aliases: [Inode: (NodeID, Section)] = [:]
+  var handles: [FileHandleID: OpenHandle] = [:]
+  var contents: [ContentKey: NodeContent] = [:]
+  /// Nodes deleted while open: their last state, until the last handle closes.
+  var unlinked: [NodeID: Node] = [:]
+  /// Size and mtime of the latest local commits, newest last (bounded): a read transaction
+  /// that started just before a commit would otherwise show the old size.
+  var recentCommits: [NodeID: (size: UInt64, mtime: FileTime)] = [:]
+  var recentOrder: [NodeID] = []
+  /// Nodes with a download in progress (for `user.zdc.state`).
+  var downloading: [NodeID: Int] = [:]
+  var nextHandle: FileHandleID = 1
+  let notifyQueue = DispatchQueue(label: "zdc.fs.notify")
+
+  /// Starts the engine over an account's catalog and disk cache.
+  public init(
+    catalog: Catalog, userID: String, disk: DiskManager, downloads: DownloadManager?,
+    options: FileSystemOptions = FileSystemOptions()
+  ) throws {
+    self.catalog = catalog
+    self.userID = userID
+    self.disk = disk
+    self.downloads = downloads
+    self.options = options
+    guard let home = try catalog.read(userID, { try $0.trunkNode(.home) }) else {
+      throw FileSystemError.io("no home trunk for the user")
+    }
+    homeID = home.id
+  }
+
+  // MARK: Inodes
+
+  /// Section of a node an inode stands for.
+  enum Section: UInt64, Sendable {
+    case node = 0
+    case data = 1
+    case meta = 2
+    case thumb = 3
+
+    var fileName: String {
+      switch self {
+      case .node: return ""
+      case .data: return ".data"
+      case .meta: return ".meta"
+      case .thumb: return ".thumb"
+      }
+    }
+
+    init?(fileName: String) {
+      switch fileName {
+      case ".data": self = .data
+      case ".meta": self = .meta
+      case ".thumb": self = .thumb
+      default: return nil
+      }
+    }
+
+    var tag: String { self == .meta ? "zdcfs.meta" : "zdcfs.thumb" }
+  }
+
+  static let sectionShift: UInt64 = 56
+
+  /// The inode of a node (the home trunk and node 1 trade places so the root is inode 1).
+  func inode(of id: NodeID, _ section: Section = .node) -> Inode {
+    let base: UInt64 = id == homeID ? 1 : (id == 1 ? UInt64(homeID) : UInt64(id))
+    return base | (section.rawValue << Self.sectionShift)
+  }
+
+  /// The node and section of an inode.
+  func resolve(_ ino: Inode) -> (NodeID, Section) {
+    let section = Section(rawValue: ino >> Self.sectionShift) ?? .node
+    let base = ino & ((1 << Self.sectionShift) - 1)
+    if let alias = lock.withLock({ aliases[base] }) {
+      return (alias.0, section == .node ? alias.1 : section)
+    }
+    let id: NodeID = base == 1 ? homeID : (NodeID(base) == homeID ? 1 : NodeID(base))
+    return (id, section)
+  }
+
+  // MARK: Catalog helpers
+
+  func read<T>(_ body: (CloudTransaction) throws -> T) throws -> T {
+    do { return try catalog.read(userID, body) } catch { throw Self.map(error) }
+  }
+
+  func write<T>(_ body: (CloudTransaction) throws -> T) throws -> T {
+    do { return try catalog.write(userID, body) } catch { throw Self.map(error) }
+  }
+
+  static func map(_ error: any Error) -> any Error {
+    switch error {
+    case let e as FileSystemError: return e
+    case let e as CatalogError:
+      switch e {
+      case .nodeNotFound, .parentNotFound, .pathNotFound: return FileSystemError.notFound
+      case .nameTaken: return FileSystemError.exists
+      case .notADirectory: return FileSystemError.notADirectory
+      case .cycle: return FileSystemError.invalidArgument
+      case .invalidOperation: return FileSystemError.notPermitted
+      default: return FileSystemError.io("catalog: \(e)")
+      }
+    case let e as DiskError: return FileSystemError.io("disk: \(e)")
+    default: return FileSystemError.io("\(type(of: error))")
+    }
+  }
+
+  /// True when a node shows as a directory.
+  func isDirectory(_ node: Node, _ tx: CloudTransaction) throws -> Bool {
+    switch node.kind {
+    case .trunk, .directory: return true
+    case .symlink: return false
+    case .file: return try tx.childCount(of: node.id) > 0
+    }
+  }
+
+  func existingNode(_ id: NodeID, _ tx: CloudTransaction) throws -> Node {
+    if let n = try tx.node(id: id) { return n }
+    if let snap = lock.withLock({ unlinked[id] }) { return snap }
+    throw FileSystemError.notFound
+  }
+
+  /// The child of a directory named `shown` (as typed through the mount), or `nil`.
+  func child(of parent: NodeID, shown: String, _ tx: CloudTransaction) throws -> Node? {
+    switch try NameEscape.parse(shown) {
+    case .name(let name):
+      // The catalog matches names case-insensitively; the mount shows exact names only, so
+      // the kernel never holds two spellings of one node (and `mv a A` reaches `rename`).
+      guard let c = try tx.child(of: parent, named: name), Array(c.name.utf8) == Array(name.utf8)
+      else { return nil }
+      return c
+    case .hashed(let typed):
+      var after: NodeID = 0
+      while true {
+        let batch = try tx.children(of: parent, afterID: after, limit: 512)
+        if batch.isEmpty { return nil }
+        if let hit = batch.first(where: { NameEscape.shown($0.name) == typed }) { return hit }
+        after = batch.last!.id
+      }
+    }
+  }
+
+  /// The treesystem name for a new entry typed through the mount.
+  func newName(_ shown: String) throws -> String {
+    if shown.utf8.count > NameEscape.maxBytes { throw FileSystemError.nameTooLong }
+    switch try NameEscape.parse(shown) {
+    case .name(let n): return n
+    case .hashed: throw FileSystemError.invalidArgument
+    }
+  }
+
+  // MARK: Attributes
+
+  func attributes(of node: Node, _ section: Section, _ tx: CloudTransaction, ino: Inode? = nil)
+    throws -> Attributes
+  {
+    let inode = ino ?? self.inode(of: node.id, section)
+    var type: FileType
+    var size: UInt64
+    var mode = node.mode & 0o7777
+    var mtime = node.mtime
+    var links: UInt32 = 1
+    switch section {
+    case .node:
+      if node.kind == .symlink {
+        type = .symlink
+        size = UInt64(node.symlinkTarget?.utf8.count ?? 0)
+      } else if try isDirectory(node, tx) {
+        type = .directory
+        size = 4096
+      } else {
+        type = .regular
+        size = node.dataSize
+      }
+    case .data:
+      type = .regular
+      size = node.dataSize
+      mode &= 0o666
+    case .meta, .thumb:
+      type = .regular
+      size = try sectionSize(node, section, tx)
+      mode &= 0o666
+    }
+    if lock.withLock({ unlinked[node.id] }) != nil { links = 0 }
+    if type == .regular, section == .node || section == .data {
+      // The open writer first, then the latest commit: a commit records itself before it
+      // drops the writer, so one of the two is always seen (whatever the snapshot's age).
+      var fromWriter = false
+      if let c = lock.withLock({ contents[ContentKey(node.id, .data)] }) {
+        c.lock.withLock {
+          if let w = c.writer {
+            size = w.size
+            fromWriter = true
+            if let m = c.pendingMtime { mtime = m }
+          }
+        }
+      }
+      if !fromWriter, let recent = lock.withLock({ recentCommits[node.id] }) {
+        size = recent.size
+        mtime = recent.mtime
+      }
+    }
+    if section == .meta || section == .thumb,
+      let c = lock.withLock({ contents[ContentKey(node.id, section)] })
+    {
+      c.lock.withLock { if let b = c.buffer { size = UInt64(b.count) } }
+    }
+    return Attributes(
+      inode: inode, type: type, mode: mode, size: size, linkCount: links, mtime: mtime,
+      ctime: mtime, uid: options.uid, gid: options.gid)
+  }
+
+  func sectionSize(_ node: Node, _ section: Section, _ tx: CloudTransaction) throws -> UInt64 {
+    if case .data(let d)? = try tx.tag(forNodeID: node.id, identifier: section.tag) {
+      return UInt64(d.count)
+    }
+    guard let info = node.cloudDataInfo, info.eTag == node.eTagData else { return 0 }
+    return section == .meta ? info.metadataSize : info.thumbnailSize
+  }
+
+  /// The section's bytes: the local value, else the cloud's (downloaded).
+  func sectionBytes(_ node: Node, _ section: Section) throws -> Data {
+    let local = try read { tx -> Data? in
+      if case .data(let d)? = try tx.tag(forNodeID: node.id, identifier: section.tag) { return d }
+      return nil
+    }
+    if let local { return local }
+    guard let info = node.cloudDataInfo, info.eTag == node.eTagData,
+      (section == .meta ? info.metadataSize : info.thumbnailSize) > 0
+    else { return Data() }
+    guard let downloads else { throw FileSystemError.unavailable }
+    do {
+      return try downloadingNode(node.id) {
+        section == .meta
+          ? try downloads.metadata(nodeID: node.id) : try downloads.thumbnail(nodeID: node.id)
+      }
+    } catch { throw FileSystemError.io("download failed") }
+  }
+
+  func noteLookup(_ ino: Inode) {
+    lock.withLock { lookups[ino, default: 0] += 1 }
+  }
+
+  /// Records a local commit's size and mtime (see `recentCommits`).
+  func noteCommit(_ id: NodeID, size: UInt64, mtime: FileTime) {
+    lock.withLock {
+      if recentCommits.updateValue((size, mtime), forKey: id) == nil { recentOrder.append(id) }
+      if recentOrder.count > 4096 {
+        for old in recentOrder.prefix(1024) { recentCommits[old] = nil }
+        recentOrder.removeFirst(1024)
+      }
+    }
+  }
+
+  /// Forgets what `noteCommit` recorded (the node changed otherwise).
+  func forgetCommit(_ id: NodeID) {
+    lock.withLock { recentCommits[id] = nil }
+  }
+
+  /// Runs a download, showing the node as `downloading` meanwhile.
+  func downloadingNode<T>(_ id: NodeID, _ body: () throws -> T) throws -> T {
+    lock.withLock { downloading[id, default: 0] += 1 }
+    defer {
+      lock.withLock {
+        let left = (downloading[id] ?? 1) - 1
+        downloading[id] = left > 0 ? left : nil
+      }
+    }
+    return try body()
+  }
+
+  // MARK: Lookup and attributes
+
+  /// Looks up `name` in a directory; counts one kernel reference to the inode found.
+  public func lookup(parent: Inode, name: String) throws -> Attributes {
+    let (pid, psec) = resolve(parent)
+    guard psec == .node else { throw FileSystemError.notADirectory }
+    let attrs = try read { tx -> Attributes in
+      let p = try existingNode(pid, tx)
+      guard try isDirectory(p, tx) else { throw FileSystemError.notADirectory }
+      if let section = Section(fileName: name) {
+        let a = try attributes(of: p, section, tx)
+        if a.size == 0, !isOpen(ContentKey(pid, section == .data ? .data : section)) {
+          throw FileSystemError.notFound
+        }
+        return a
+      }
+      if name.utf8.count > NameEscape.maxBytes { throw FileSystemError.nameTooLong }
+      guard let c = try child(of: pid, shown: name, tx) else { throw FileSystemError.notFound }
+      return try attributes(of: c, .node, tx)
+    }
+    noteLookup(attrs.inode)
+    return attrs
+  }
+
+  /// Drops `count` kernel references to an inode.
+  public func forget(_ ino: Inode, count: UInt64) {
+    lock.withLock {
+      let left = (lookups[ino] ?? 0) &- min(count, lookups[ino] ?? 0)
+      if left == 0 {
+        lookups[ino] = nil
+        aliases[ino & ((1 << Self.sectionShift) - 1)] = nil
+      } else {
+        lookups[ino] = left
+      }
+    }
+  }
+
+  /// The attributes of an inode.
+  public func getattr(_ ino: Inode) throws -> Attributes {
+    let (id, section) = resolve(ino)
+    return try read { tx in try attributes(of: try existingNode(id, tx), section, tx, ino: ino) }
+  }
+
+  /// Changes mode, size, times (and refuses a change of owner).
+  public func setattr(_ ino: Inode, _ changes: AttributeChanges, handle: FileHandleID? = nil)
+    throws -> Attributes
+  {
+    let (id, section) = resolve(ino)
+    if let u = changes.uid, u != options.uid { throw FileSystemError.notPermitted }
+    if let g = changes.gid, g != options.gid { throw FileSystemError.notPermitted }
+    if let size = changes.size {
+      switch section {
+      case .node, .data:
+        let isDir = try read { tx in try isDirectory(try existingNode(id, tx), tx) }
+        if section == .node, isDir { throw FileSystemError.isADirectory }
+        try truncate(id, to: size)
+      case .meta, .thumb:
+        try mutateSection(id, section) {
+          $0 = Data($0.prefix(Int(size))) + Data(count: max(0, Int(size) - $0.count))
+        }
+      }
+    }
+    if changes.mode != nil || changes.mtime != nil {
+      let mtime: FileTime? = changes.mtime.map {
+        if case .time(let t) = $0 { return t }
+        return FileTime(Date())
+      }
+      if let mtime, let c = lock.withLock({ contents[ContentKey(id, .data)] }) {
+        c.lock.withLock { if c.writer != nil { c.pendingMtime = mtime } }
+      }
+      if section == .node || section == .data {
+        try write { tx in
+          guard var n = try tx.node(id: id) else { return }
+          if let m = changes.mode { n.mode = m & 0o7777 }
+          if let mtime { n.mtime = mtime }
+          if n.kind != .trunk { try tx.updateNode(n) }
+          if mtime != nil, lock.withLock({ recentCommits[id] }) != nil {
+            noteCommit(id, size: n.dataSize, mtime: n.mtime)
+          }
+        }
+      }
+    }
+    return try getattr(ino)
+  }
+
+  // MARK: Creating
+
+  func requireDirectory(_ parent: Inode, _ tx: CloudTransaction) throws -> Node {
+    let (pid, psec) = resolve(parent)
+    guard psec == .node else { throw FileSystemError.notADirectory }
+    guard let p = try tx.node(id: pid) else { throw FileSystemError.notFound }
+    guard try isDirectory(p, tx) else { throw FileSystemError.notADirectory }
+    return p
+  }
+
+  func makeNode(parent: Inode, name shown: String, kind: NodeKind, mode: UInt32, target: String?)
+    throws -> Attributes
+  {
+    if Section(fileName: shown) != nil { throw FileSystemError.exists }
+    let name = try newName(shown)
+    let attrs = try write { tx -> Attributes in
+      let p = try requireDirectory(parent, tx)
+      if try tx.child(of: p.id, named: name) != nil { throw FileSystemError.exists }
+      let node = try tx.createNode(
+        Node(
+          uuid: "", localUserID: userID, parentID: p.id, name: name, kind: kind,
+          shareList: .owner(userID), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "",
+          cloudID: "", mode: mode & 0o7777, mtime: FileTime(Date()), symlinkTarget: target))
+      return try attributes(of: node, .node, tx)
+    }
+    noteLookup(attrs.inode)
+    return attrs
+  }
+
+  /// Creates a directory node.
+  public func mkdir(parent: Inode, name: String, mode: UInt32) throws -> Attributes {
+    try makeNode(parent: parent, name: name, kind: .directory, mode: mode, target: nil)
+  }
+
+  /// Creates a symbolic link node.
+  public func symlink(target: String, parent: Inode, name: String) throws -> Attributes {
+    try makeNode(parent: parent, name: name, kind: .symlink, mode: 0o777, target: target)
+  }
+
+  /// A symbolic link's target.
+  public func readlink(_ ino: Inode) throws -> String {
+    let (id, _) = resolve(ino)
+    return try read { tx in
+      let n = try existingNode(id, tx)
+      guard n.kind == .symlink, let t = n.symlinkTarget else {
+        throw FileSystemError.invalidArgument
+      }
+      return t
+    }
+  }
+
+  /// Hard links are refused: a treesystem is a tree.
+  public func link(_ ino: Inode, newParent: Inode, newName: String) throws -> Attributes {
+    throw FileSystemError.notPermitted
+  }
+
+  /// Creates (or, without `O_EXCL`, opens) a regular file and opens it.
+  public func create(parent: Inode, name: String, mode: UInt32, flags: Int32) throws -> (
+    Attributes, OpenedFile
+  ) {
+    let (pid, _) = resolve(parent)
+    if let section = Section(fileName: name) {
+      // Writing a directory's hidden section creates it.
+      _ = try read { tx in try requireDirectory(parent, tx) }
+      let ino = inode(of: pid, section)
+      let opened = try open(ino, flags: flags)
+      noteLookup(ino)
+      return (try getattr(ino), opened)
+    }
+    let attrs: Attributes
+    do {
+      attrs = try makeNode(parent: parent, name: name, kind: .file, mode: mode, target: nil)
+    } catch FileSystemError.exists where flags & O_EXCL == 0 {
+      // Raced with another create, or the name differs only in case from a sibling's.
+      guard let a = try? lookup(parent: parent, name: name) else { throw FileSystemError.exists }
+      return (a, try open(a.inode, flags: flags))
+    }
+    return (attrs, try open(attrs.inode, flags: flags & ~O_TRUNC))
+  }
+
+  // MARK: Removing
+
+  /// Removes a file or symlink (or empties a directory's hidden section).
+  public func unlink(parent: Inode, name: String) throws {
+    let (pid, _) = resolve(parent)
+    if let section = Section(fileName: name) {
+      if section == .data { try truncate(pid, to: 0) } else { try setSection(pid, section, Data()) }
+      return
+    }
+    let removed = try write { tx -> Node in
+      let p = try requireDirectory(parent, tx)
+      guard let c = try child(of: p.id, shown: name, tx) else { throw FileSystemError.notFound }
+      if try isDirectory(c, tx) { throw FileSystemError.isADirectory }
+      try tx.deleteNode(c.id)
+      return c
+    }
+    afterDelete(removed)
+  }
+
+  /// Removes an empty directory (one with no children and empty hidden sections).
+  public func rmdir(parent: Inode, name: String) throws {
+    if Section(fileName: name) != nil { throw FileSystemError.notADirectory }
+    let removed = try write { tx -> Node in
+      let p = try requireDirectory(parent, tx)
+      guard let c = try child(of: p.id, shown: name, tx) else { throw FileSystemError.notFound }
+      guard try isDirectory(c, tx) else { throw FileSystemError.notADirectory }
+      if try tx.childCount(of: c.id) > 0 { throw FileSystemError.notEmpty }
+      let sections = try sectionSize(c, .meta, tx) + sectionSize(c, .thumb, tx)
+      if c.dataSize > 0 || sections > 0 { throw FileSystemError.notEmpty }
+      try tx.deleteNode(c.id)
+      return c
+    }
+    afterDelete(removed)
+  }
+
+  /// Local clean-up after a node left the catalog: open files keep working until closed.
+  func afterDelete(_ node: Node) {
+    let open = lock.withLock { () -> Bool in
+      guard contents[ContentKey(node.id, .data)] != nil else { return false }
+      unlinked[node.id] = node
+      return true
+    }
+    if !open { disk.remove(nodeID: node.id) }
+    forgetCommit(node.id)
+  }
+
+  // MARK: Rename
+
+  /// Renames or moves an entry; see the "Editors' save pattern" article for the rule that keeps
+  /// a replaced file's identity.
+  public func rename(
+    parent: Inode, name: String, newParent: Inode, newName shownNew: String, flags: RenameFlags
+  ) throws {
+    if flags.contains(.whiteout) || (flags.contains(.exchange) && flags.contains(.noReplace)) {
+      throw FileSystemError.invalidArgument
+    }
+    if Section(fileName: name) != nil { throw FileSystemError.notPermitted }
+    let targetSection = Section(fileName: shownNew)
+    let newName = targetSection == nil ? try self.newName(shownNew) : shownNew
+    enum Plan {
+      case done
+      case replaceContent(source: Node, target: NodeID, section: Section)
+      case deleted(Node)
+    }
+    let plan = try write { tx -> Plan in
+      let p = try requireDirectory(parent, tx)
+      let np = try requireDirectory(newParent, tx)
+      guard let src = try child(of: p.id, shown: name, tx) else { throw FileSystemError.notFound }
+      let srcIsDir = try isDirectory(src, tx)
+      if let targetSection {
+        // `mv file dir/.data`: the file's content becomes the directory's own content.
+        guard targetSection == .data, !srcIsDir, src.kind == .file, !flags.contains(.exchange)
+        else { throw FileSystemError.notPermitted }
+        if flags.contains(.noReplace), np.dataSize > 0 { throw FileSystemError.exists }
+        return .replaceContent(source: src, target: np.id, section: .data)
+      }
+      let dst = try tx.child(of: np.id, named: newName)
+      if let dst, dst.id != src.id {
+        if flags.contains(.noReplace) { throw FileSystemError.exists }
+        let dstIsDir = try isDirectory(dst, tx)
+        if flags.contains(.exchange) {
+          let temp = ".zdcfs-exchange-\(src.uuid)"
+          let srcName = src.name
+          let srcParent = p.id
+          try tx.moveNode(src.id, toParent: src.parentID!, name: temp)
+          try tx.moveNode(dst.id, toParent: srcParent, name: srcName)
+          try tx.moveNode(src.id, toParent: np.id, name: newName)
+          return .done
+        }
+        if srcIsDir && !dstIsDir { throw FileSystemError.notADirectory }
+        if !srcIsDir && dstIsDir { throw FileSystemError.isADirectory }
+        if dstIsDir {
+          if try tx.childCount(of: dst.id) > 0 { throw FileSystemError.notEmpty }
+          try tx.deleteNode(dst.id)
+          try tx.moveNode(src.id, toParent: np.id, name: newName)
+          return .deleted(dst)
+        }
+        if src.kind == .file && dst.kind == .file {
+          if Array(dst.name.utf8) != Array(newName.utf8) {
+            // The target's name differs in case only: it takes the name typed.
+            try tx.moveNode(dst.id, toParent: np.id, name: newName)
+          }
+          return .replaceContent(source: src, target: dst.id, section: .node)
+        }
+        try tx.deleteNode(dst.id)
+        try tx.moveNode(src.id, toParent: np.id, name: newName)
+        return .deleted(dst)
+      }
+      if flags.contains(.exchange) { throw FileSystemError.notFound }
+      try tx.moveNode(src.id, toParent: np.id, name: newName)
+      return .done
+    }
+    switch plan {
+    case .done: break
+    case .deleted(let n): afterDelete(n)
+    case .replaceContent(let source, let target, let section):
+      try replaceContent(of: target, section, with: source)
+    }
+  }
+
+  /// The editors' save rule: the target keeps its identity (cloudID, keys, place) and takes the
+  /// source's content, mtime and sections — and, for a file target, its mode and xattrs; the
+  /// source node is deleted. `section` is `.data` when the target is a directory's `.data`.
+  func replaceContent(of targetID: NodeID, _ section: Section, with original: Node) throws {
+    // Settle the source's own open writes first.
+    if let c = lock.withLock({ contents[ContentKey(original.id, .data)] }) {
+      try c.lock.withLock { try commitLocked(c) }
+    }
+    let source = (try? read { tx in try tx.node(id: original.id) }) ?? original
+    let staging: StagingFile
+    do {
+      staging = try disk.stagingFile(forNode: targetID, truncate: true)
+      try staging.truncate(to: 0)
+      try copyContent(of: source, into: staging)
+    } catch { throw Self.map(error) }
+    let size = staging.size
+    do {
+      try disk.commitStaging(staging)
+    } catch {
+      staging.close()
+      throw Self.map(error)
+    }
+    staging.close()
+    if let c = lock.withLock({ contents[ContentKey(targetID, .data)] }) {
+      c.lock.withLock {
+        if c.writer === staging { c.writer = nil }
+        c.dirty = false
+        c.pendingMtime = nil
+        c.resetReader()
+      }
+    }
+    try write { tx in
+      var t = try tx.existingNode(id: targetID)
+      t.dataSize = size
+      t.mtime = source.mtime
+      if section == .node {
+        t.mode = source.mode
+        t.xattrs = source.xattrs
+      }
+      if t.kind != .trunk { try tx.updateNode(t) }
+      for section in [Section.meta, .thumb] {
+        let v = try tx.tag(forNodeID: source.id, identifier: section.tag)
+        try tx.setTag(v, forNodeID: targetID, identifier: section.tag)
+      }
+      try tx.queueDataUpload(nodeID: targetID)
+      if try tx.node(id: source.id) != nil { try tx.deleteNode(source.id) }
+    }
+    noteCommit(targetID, size: size, mtime: source.mtime)
+    afterDelete(source)
+    let srcIno = inode(of: source.id)
+    lock.withLock { aliases[srcIno] = (targetID, section) }
+    // The kernel moved the source's dentry over the target's: send it back to the node.
+    if section == .data {
+      let dir = inode(of: targetID)
+      post { n in
+        n.invalidateInode(dir | (Section.data.rawValue << Self.sectionShift))
+        n.invalidateEntry(parent: dir, name: Section.data.fileName)
+      }
+    } else if let t = try? read({ tx in try tx.node(id: targetID) }), let parent = t.parentID {
+      let name = t.name
+      post { n in
+        n.invalidateInode(self.inode(of: targetID))
+        n.invalidateEntry(parent: self.inode(of: parent), name: NameEscape.shown(name))
+      }
+    }
+  }
+
+  /// Copies a node's current content (staged, cached or downloaded) into a staging file.
+  func copyContent(of node: Node, into staging: StagingFile) throws {
+    var source = try openReadSource(node)
+    defer { source.close() }
+    let size = source.size
+    var buffer = [UInt8](repeating: 0, count: 1 << 16)
+    var offset: UInt64 = 0
+    while offset < size {
+      let n = try buffer.withUnsafeMutableBytes { try source.read(into: $0, at: offset, fs: self) }
+      if n <= 0 { break }
+      try buffer.withUnsafeBytes {
+        try staging.write(UnsafeRawBufferPointer(rebasing: $0[0..<n]), at: offset)
+      }
+      offset += UInt64(n)
+    }
+  }
+
+  // MARK: Listing
+
+  /// Lists a directory from `offset` (0 for the start). `accept` packs one entry and returns
+  /// false when the reply buffer is full; with `plus`, each accepted entry other than `.` and
+  /// `..` counts one kernel reference. Offsets stay valid while the directory changes.
+  public func readdir(
+    _ ino: Inode, offset: UInt64, plus: Bool, accept: (DirectoryEntry) -> Bool
+  ) throws {
+    let (id, section) = resolve(ino)
+    guard section == .node else { throw FileSystemError.notADirectory }
+    let fixed: UInt64 = 5
+    var after = offset
+    var batch: [DirectoryEntry] = []
+    var done = false
+    while !done {
+      batch.removeAll(keepingCapacity: true)
+      try read { tx in
+        let node = try existingNode(id, tx)
+        guard try isDirectory(node, tx) else { throw FileSystemError.notADirectory }
+        if after < fixed {
+          let me = try attributes(of: node, .node, tx, ino: ino)
+          var parentAttrs = me
+          if let pid = node.parentID, node.id != homeID, let p = try tx.node(id: pid) {
+            parentAttrs = try attributes(of: p, .node, tx)
+          }
+          var fixedEntries: [(UInt64, String, Attributes)] = [
+            (1, ".", me), (2, "..", parentAttrs),
+          ]
+          for (i, s) in [Section.data, .meta, .thumb].enumerated() {
+            let a = try attributes(of: node, s, tx)
+            if a.size > 0 { fixedEntries.append((UInt64(3 + i), s.fileName, a)) }
+          }
+          for (cookie, name, a) in fixedEntries where cookie > after {
+            batch.append(DirectoryEntry(name: name, nextOffset: cookie, attributes: a))
+          }
+        }
+        let children = try tx.children(
+          of: id, afterID: NodeID(after > fixed ? after - fixed : 0), limit: 256)
+        for c in children {
+          batch.append(
+            DirectoryEntry(
+              name: NameEscape.shown(c.name), nextOffset: UInt64(c.id) + fixed,
+              attributes: try attributes(of: c, .node, tx)))
+        }
+        if children.count < 256 { done = true }
+      }
+      for e in batch {
+        guard accept(e) else { return }
+        if plus, e.name != ".", e.name != ".." { noteLookup(e.attributes.inode) }
+        after = e.nextOffset
+      }
+    }
+  }
+
+  // MARK: Statistics
+
+  /// Figures for `statfs(2)`: space of the filesystem holding the state directory.
+  public func statfs() -> FileSystemStatistics {
+    var s = statvfs()
+    let ok = statvfs(disk.directory.path, &s) == 0
+    let count = (try? read { tx in try tx.childCount(of: homeID) }) ?? 0
+    let bsize = ok ? UInt64(s.f_frsize) : 4096
+    return FileSystemStatistics(
+      blockSize: bsize, blocks: ok ? UInt64(s.f_blocks) : 0,
+      freeBlocks: ok ? UInt64(s.f_bfree) : 0, availableBlocks: ok ? UInt64(s.f_bavail) : 0,
+      files: UInt64(count) + 1_000_000, freeFiles: 1_000_000_000,
+      nameMax: UInt64(NameEscape.maxBytes))
+  }
+
+  /// Checks that an inode exists (permissions are the kernel's, with `default_permissions`).
+  public func access(_ ino: Inode, mask: Int32) throws {
+    _ = try getattr(ino)
+  }
+
+  // MARK: Notifications
+
+  func post(_ body: @escaping @Sendable (any KernelNotifier) -> Void) {
+    guard let n = notifier else { return }
+    notifyQueue.async { body(n) }
+  }
+}
+
+/// Identifies the content an open file works on.
+struct ContentKey: Hashable {
+  var nodeID: NodeID
+  var section: FileSystem.Section
+  init(_ nodeID: NodeID, _ section: FileSystem.Section) {
+    self.nodeID = nodeID
+    self.section = section == .node ? .data : section
+  }
+}

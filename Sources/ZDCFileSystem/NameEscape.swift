@@ -1,0 +1,107 @@
+import Foundation
+
+/// The reversible mapping between treesystem names and the names shown through the mount.
+///
+/// See the "Names" article: a *plain* name is shown as is; any other name is shown as `%%`
+/// followed by its percent-escaped UTF-8 (`%`, `/` and NUL escaped as `%XX`), and, when that is
+/// longer than 255 bytes, cut and ended with `%~` and a 64-bit FNV-1a hash of the name.
+public enum NameEscape {
+  /// The prefix of every escaped name.
+  public static let prefix = "%%"
+  /// The names of a directory node's sections.
+  public static let reserved: Set<String> = [".data", ".meta", ".thumb"]
+  /// The longest name POSIX shows, in bytes.
+  public static let maxBytes = 255
+
+  /// True when `name` is shown unchanged.
+  public static func isPlain(_ name: String) -> Bool {
+    let bytes = name.utf8
+    return !bytes.isEmpty && bytes.count <= maxBytes && !bytes.contains(0x2F)
+      && !bytes.contains(0) && name != "." && name != ".." && !reserved.contains(name)
+      && !name.hasPrefix(prefix)
+  }
+
+  /// The name shown for a treesystem name.
+  public static func shown(_ name: String) -> String {
+    if isPlain(name) { return name }
+    let full = prefix + percentEncode(name)
+    if full.utf8.count <= maxBytes { return full }
+    // Too long even escaped: a cut prefix plus a hash; resolved by scanning the directory.
+    var cut = ""
+    var bytes = 0
+    let budget = maxBytes - prefix.utf8.count - 2 - 16
+    var scalars = percentEncode(name).unicodeScalars.makeIterator()
+    while let s = scalars.next() {
+      let n = String(s).utf8.count
+      if bytes + n > budget { break }
+      cut.unicodeScalars.append(s)
+      bytes += n
+    }
+    // Never end the cut inside a %XX escape.
+    if let pct = cut.lastIndex(of: "%"), cut.distance(from: pct, to: cut.endIndex) < 3 {
+      cut = String(cut[..<pct])
+    }
+    return prefix + cut + "%~" + String(format: "%016llx", fnv1a(Array(name.utf8)))
+  }
+
+  /// What a name typed through the mount means.
+  public enum Parsed: Sendable, Hashable {
+    /// Exactly this treesystem name.
+    case name(String)
+    /// A hashed form: the treesystem name is the child whose ``shown(_:)`` equals it.
+    case hashed(String)
+  }
+
+  /// Parses a name typed through the mount. Throws `invalidArgument` for an escaped form that
+  /// is not the canonical escape of any name (so every accepted name round-trips).
+  public static func parse(_ typed: String) throws -> Parsed {
+    guard typed.hasPrefix(prefix) else { return .name(typed) }
+    let body = typed.dropFirst(prefix.count)
+    if body.contains("%~") { return .hashed(typed) }
+    guard let decoded = percentDecode(String(body)), !decoded.isEmpty,
+      shown(decoded) == typed
+    else { throw FileSystemError.invalidArgument }
+    return .name(decoded)
+  }
+
+  static func percentEncode(_ name: String) -> String {
+    var out = ""
+    for s in name.unicodeScalars {
+      switch s {
+      case "%": out += "%25"
+      case "/": out += "%2F"
+      case "\0": out += "%00"
+      default: out.unicodeScalars.append(s)
+      }
+    }
+    return out
+  }
+
+  static func percentDecode(_ text: String) -> String? {
+    var bytes: [UInt8] = []
+    let u = Array(text.utf8)
+    var i = 0
+    while i < u.count {
+      if u[i] == 0x25 {
+        guard i + 2 < u.count,
+          let v = UInt8(String(decoding: u[(i + 1)...(i + 2)], as: UTF8.self), radix: 16)
+        else { return nil }
+        bytes.append(v)
+        i += 3
+      } else {
+        bytes.append(u[i])
+        i += 1
+      }
+    }
+    return String(validating: bytes, as: UTF8.self)
+  }
+
+  static func fnv1a(_ bytes: [UInt8]) -> UInt64 {
+    var h: UInt64 = 0xcbf2_9ce4_8422_2325
+    for b in bytes {
+      h ^= UInt64(b)
+      h = h &* 0x100_0000_01b3
+    }
+    return h
+  }
+}

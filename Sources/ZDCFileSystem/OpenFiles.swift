@@ -1,0 +1,434 @@
+import Foundation
+import ZDCCatalog
+import ZDCCore
+import ZDCCrypto
+import ZDCDisk
+import ZDCSync
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// One open file description.
+final class OpenHandle: @unchecked Sendable {
+  // @unchecked: immutable after creation.
+  let id: FileHandleID
+  let key: ContentKey
+  let content: NodeContent
+  let writable: Bool
+  let append: Bool
+
+  init(id: FileHandleID, key: ContentKey, content: NodeContent, writable: Bool, append: Bool) {
+    self.id = id
+    self.key = key
+    self.content = content
+    self.writable = writable
+    self.append = append
+  }
+}
+
+/// Where reads of a node's data come from while no write is in progress.
+enum ReadSource {
+  case empty
+  case staged(CryptoFile)
+  case cached(CachedFileHandle)
+  /// A big file read through ranged downloads; the handle is the latest partial entry.
+  case ranged(nodeID: NodeID, size: UInt64, handle: CachedFileHandle?)
+
+  var size: UInt64 {
+    switch self {
+    case .empty: return 0
+    case .staged(let f): return f.size
+    case .cached(let h): return h.size
+    case .ranged(_, let s, _): return s
+    }
+  }
+
+  mutating func read(into buf: UnsafeMutableRawBufferPointer, at offset: UInt64, fs: FileSystem)
+    throws -> Int
+  {
+    switch self {
+    case .empty: return 0
+    case .staged(let f): return try f.read(into: buf, at: offset)
+    case .cached(let h): return try h.read(into: buf, at: offset)
+    case .ranged(let id, let size, let h):
+      guard offset < size else { return 0 }
+      let range = ByteRange(offset, min(size, offset + UInt64(buf.count)))
+      if let h, h.contains(range) { return try h.read(into: buf, at: offset) }
+      guard let downloads = fs.downloads else { throw FileSystemError.unavailable }
+      let fresh: CachedFileHandle
+      do {
+        fresh = try fs.downloadingNode(id) { try downloads.downloadRange(nodeID: id, range: range) }
+      } catch {
+        throw FileSystemError.io("download failed")
+      }
+      h?.close()
+      self = .ranged(nodeID: id, size: size, handle: fresh)
+      return try fresh.read(into: buf, at: offset)
+    }
+  }
+
+  func close() {
+    switch self {
+    case .empty: break
+    case .staged(let f): try? f.close()
+    case .cached(let h): h.close()
+    case .ranged(_, _, let h): h?.close()
+    }
+  }
+}
+
+/// The shared state of one node's content (data section, or a small section) while open.
+final class NodeContent: @unchecked Sendable {
+  // @unchecked: `openCount` and `writableCount` are guarded by the engine's table lock, every
+  // other mutable field by `lock`. Lock order: the table lock may be taken while holding
+  // `lock`, never the reverse.
+  let key: ContentKey
+  let lock = NSLock()
+  var openCount = 0
+  var writableCount = 0
+  /// The uncommitted staging version writes go to (data section).
+  var writer: StagingFile?
+  /// True when `writer` (or `buffer`) holds changes not yet committed.
+  var dirty = false
+  var reader: ReadSource?
+  var pendingMtime: FileTime?
+  /// The bytes of a metadata or thumbnail section being edited.
+  var buffer: Data?
+
+  init(key: ContentKey) { self.key = key }
+
+  func resetReader() {
+    reader?.close()
+    reader = nil
+  }
+}
+
+extension FileSystem {
+  func isOpen(_ key: ContentKey) -> Bool { lock.withLock { contents[key] != nil } }
+
+  /// A read source for a node's data: staged content, else the cache, else a download.
+  func openReadSource(_ node: Node) throws -> ReadSource {
+    if let staged = disk.stagedData(forNode: node.id) {
+      do { return .staged(try CryptoFile.open(at: staged.url, key: staged.key)) } catch {
+        throw FileSystemError.io("staged content unreadable")
+      }
+    }
+    guard let eTag = node.eTagData else { return .empty }
+    if let h = disk.cachedFile(cloudID: node.cloudID, eTag: eTag) {
+      if h.isComplete { return .cached(h) }
+      if node.dataSize >= options.rangedReadThreshold {
+        return .ranged(nodeID: node.id, size: node.dataSize, handle: h)
+      }
+      h.close()
+    }
+    guard let downloads else { throw FileSystemError.unavailable }
+    if node.dataSize >= options.rangedReadThreshold {
+      return .ranged(nodeID: node.id, size: node.dataSize, handle: nil)
+    }
+    do {
+      return .cached(try downloadingNode(node.id) { try downloads.downloadData(nodeID: node.id) })
+    } catch {
+      throw FileSystemError.io("download failed")
+    }
+  }
+
+  /// The writable staging version of a node (created from its current content).
+  func ensureWriterLocked(_ c: NodeContent, truncate: Bool) throws -> StagingFile {
+    if let w = c.writer {
+      if truncate { try w.truncate(to: 0) }
+      return w
+    }
+    let node = try read { tx in try existingNode(c.key.nodeID, tx) }
+    var base: CachedFileHandle?
+    defer { base?.close() }
+    if !truncate, disk.stagedData(forNode: node.id) == nil, let eTag = node.eTagData {
+      if let h = disk.cachedFile(cloudID: node.cloudID, eTag: eTag), h.isComplete {
+        base = h
+      } else if let downloads {
+        do {
+          base = try downloadingNode(node.id) { try downloads.downloadData(nodeID: node.id) }
+        } catch {
+          throw FileSystemError.io("download failed")
+        }
+      } else {
+        throw FileSystemError.unavailable
+      }
+    }
+    do {
+      let w = try disk.stagingFile(forNode: node.id, truncate: truncate, base: base)
+      if truncate, w.size > 0 { try w.truncate(to: 0) }
+      c.writer = w
+      c.resetReader()
+      return w
+    } catch { throw Self.map(error) }
+  }
+
+  /// Commits a content's pending writes: staging sealed, size and mtime stored, upload queued,
+  /// in one catalog transaction.
+  func commitLocked(_ c: NodeContent) throws {
+    if c.key.section != .data {
+      if let b = c.buffer, c.dirty {
+        try setSection(c.key.nodeID, c.key.section, b, updateOpen: false)
+        c.dirty = false
+      }
+      return
+    }
+    guard let w = c.writer, c.dirty, lock.withLock({ unlinked[c.key.nodeID] }) == nil else {
+      return
+    }
+    let size = w.size
+    do { try disk.commitStaging(w) } catch { throw Self.map(error) }
+    let mtime = c.pendingMtime
+    defer {
+      // Only now (the catalog shows the commit) may attribute readers stop using the writer.
+      w.close()
+      c.writer = nil
+      c.dirty = false
+      c.pendingMtime = nil
+      c.resetReader()
+    }
+    let stored = try write { tx -> Node? in
+      guard var n = try tx.node(id: c.key.nodeID) else { return nil }
+      n.dataSize = size
+      if let mtime { n.mtime = mtime }
+      try tx.updateNode(n)
+      try tx.queueDataUpload(nodeID: n.id)
+      return n
+    }
+    if let stored { noteCommit(stored.id, size: size, mtime: stored.mtime) }
+  }
+
+  // MARK: Open and close
+
+  /// Opens a file (`O_TRUNC`, `O_APPEND`, access mode honoured).
+  public func open(_ ino: Inode, flags: Int32) throws -> OpenedFile {
+    let (id, section) = resolve(ino)
+    let node = try read { tx -> Node in
+      let n = try existingNode(id, tx)
+      // The mount root (a trunk) has no content or sections of its own.
+      if n.kind == .trunk { throw FileSystemError.notPermitted }
+      if section == .node {
+        if n.kind == .symlink { throw FileSystemError.invalidArgument }
+        if try isDirectory(n, tx) { throw FileSystemError.isADirectory }
+      }
+      return n
+    }
+    let key = ContentKey(id, section)
+    let accmode = flags & O_ACCMODE
+    let writable = accmode == O_WRONLY || accmode == O_RDWR
+    let (handle, content) = lock.withLock { () -> (FileHandleID, NodeContent) in
+      let c = contents[key] ?? NodeContent(key: key)
+      contents[key] = c
+      c.openCount += 1
+      if writable { c.writableCount += 1 }
+      let h = nextHandle
+      nextHandle += 1
+      handles[h] = OpenHandle(
+        id: h, key: key, content: c, writable: writable, append: flags & O_APPEND != 0)
+      return (h, c)
+    }
+    do {
+      try content.lock.withLock {
+        if key.section == .data {
+          if writable, flags & O_TRUNC != 0 {
+            _ = try ensureWriterLocked(content, truncate: true)
+            content.dirty = true
+            content.pendingMtime = FileTime(Date())
+          } else if content.writer == nil, content.reader == nil {
+            // Lazy download happens here, so reads afterwards are local.
+            content.reader = try openReadSource(node)
+          }
+        } else if writable, flags & O_TRUNC != 0 {
+          content.buffer = Data()
+          content.dirty = true
+        } else if content.buffer == nil {
+          content.buffer = try sectionBytes(node, key.section)
+        }
+      }
+    } catch {
+      try? release(handle)
+      throw error
+    }
+    return OpenedFile(handle: handle, keepCache: false)
+  }
+
+  func handle(_ h: FileHandleID) throws -> OpenHandle {
+    guard let oh = lock.withLock({ handles[h] }) else { throw FileSystemError.badHandle }
+    return oh
+  }
+
+  /// Reads up to `buffer.count` bytes at `offset`; returns the count read (0 at the end).
+  public func read(_ h: FileHandleID, offset: UInt64, into buffer: UnsafeMutableRawBufferPointer)
+    throws -> Int
+  {
+    let oh = try handle(h)
+    let c = oh.content
+    return try c.lock.withLock {
+      if c.key.section != .data {
+        let b = c.buffer ?? Data()
+        guard offset < UInt64(b.count) else { return 0 }
+        let n = min(buffer.count, b.count - Int(offset))
+        b.withUnsafeBytes { src in
+          buffer.copyMemory(
+            from: UnsafeRawBufferPointer(rebasing: src[Int(offset)..<(Int(offset) + n)]))
+        }
+        return n
+      }
+      do {
+        if let w = c.writer { return try w.read(into: buffer, at: offset) }
+        if c.reader == nil {
+          let node = try read { tx in try existingNode(c.key.nodeID, tx) }
+          c.reader = try openReadSource(node)
+        }
+        return try c.reader!.read(into: buffer, at: offset, fs: self)
+      } catch { throw Self.map(error) }
+    }
+  }
+
+  /// Writes bytes at `offset` (or at the end with `O_APPEND`); a gap reads as zeros.
+  public func write(_ h: FileHandleID, offset: UInt64, bytes: UnsafeRawBufferPointer) throws -> Int
+  {
+    let oh = try handle(h)
+    guard oh.writable else { throw FileSystemError.badHandle }
+    let c = oh.content
+    try c.lock.withLock {
+      if c.key.section != .data {
+        var b = c.buffer ?? Data()
+        let at = oh.append ? b.count : Int(offset)
+        if at > b.count { b.append(Data(count: at - b.count)) }
+        let end = at + bytes.count
+        if end > b.count { b.append(Data(count: end - b.count)) }
+        b.replaceSubrange(at..<end, with: bytes)
+        c.buffer = b
+        c.dirty = true
+        return
+      }
+      do {
+        let w = try ensureWriterLocked(c, truncate: false)
+        try w.write(bytes, at: oh.append ? w.size : offset)
+      } catch { throw Self.map(error) }
+      c.dirty = true
+      c.pendingMtime = FileTime(Date())
+    }
+    return bytes.count
+  }
+
+  /// `close(2)` of one descriptor: nothing to do (content is committed at release/fsync).
+  public func flush(_ h: FileHandleID) throws {
+    _ = try handle(h)
+  }
+
+  /// Commits the file's pending writes now.
+  public func fsync(_ h: FileHandleID) throws {
+    let oh = try handle(h)
+    try oh.content.lock.withLock { try commitLocked(oh.content) }
+  }
+
+  /// Closes a handle; the last writable handle of a file commits its writes.
+  public func release(_ h: FileHandleID) throws {
+    guard let oh = lock.withLock({ handles.removeValue(forKey: h) }) else {
+      throw FileSystemError.badHandle
+    }
+    let c = oh.content
+    var failure: (any Error)?
+    if oh.writable, lock.withLock({ c.writableCount == 1 }) {
+      do { try c.lock.withLock { try commitLocked(c) } } catch {
+        log.error("commit at close failed; the written content may be lost: \(error)")
+        failure = error
+      }
+    }
+    let (last, gone) = lock.withLock { () -> (Bool, Node?) in
+      c.openCount -= 1
+      if oh.writable { c.writableCount -= 1 }
+      guard c.openCount == 0 else { return (false, nil) }
+      if contents[oh.key] === c { contents[oh.key] = nil }
+      let gone = oh.key.section == .data ? unlinked.removeValue(forKey: oh.key.nodeID) : nil
+      return (true, gone)
+    }
+    if last {
+      c.lock.withLock {
+        if let w = c.writer {
+          if gone != nil || !c.dirty { disk.discardStaging(w) } else { w.close() }
+        }
+        c.writer = nil
+        c.resetReader()
+        c.buffer = nil
+      }
+      if let gone { disk.remove(nodeID: gone.id) }
+    }
+    if let failure { throw failure }
+  }
+
+  /// Truncates or extends a node's data (committed at once unless the file is open for writing).
+  func truncate(_ id: NodeID, to size: UInt64) throws {
+    let key = ContentKey(id, .data)
+    let (c, temporary) = lock.withLock { () -> (NodeContent, Bool) in
+      if let c = contents[key] { return (c, false) }
+      let c = NodeContent(key: key)
+      contents[key] = c
+      return (c, true)
+    }
+    defer {
+      if temporary {
+        lock.withLock { contents[key] = nil }
+        c.lock.withLock {
+          if let w = c.writer { disk.discardStaging(w) }
+          c.writer = nil
+          c.resetReader()
+        }
+      }
+    }
+    try c.lock.withLock {
+      do {
+        let w = try ensureWriterLocked(c, truncate: size == 0)
+        if w.size != size { try w.truncate(to: size) }
+      } catch { throw Self.map(error) }
+      c.dirty = true
+      c.pendingMtime = FileTime(Date())
+      if lock.withLock({ c.writableCount == 0 }) { try commitLocked(c) }
+    }
+  }
+
+  // MARK: Metadata and thumbnail sections
+
+  /// Stages a node's current content (downloading it if needed) when nothing is staged, so
+  /// that an upload caused by a section change carries the data too, not an empty section.
+  func stageCurrentContent(_ id: NodeID) throws {
+    let node = try read { tx in try existingNode(id, tx) }
+    guard node.eTagData != nil, node.dataSize > 0, disk.stagedData(forNode: id) == nil else {
+      return
+    }
+    if let open = lock.withLock({ contents[ContentKey(id, .data)] }),
+      open.lock.withLock({ open.writer != nil })
+    {
+      return  // its commit will queue the upload with everything
+    }
+    let c = NodeContent(key: ContentKey(id, .data))
+    try c.lock.withLock {
+      let w = try ensureWriterLocked(c, truncate: false)
+      defer { w.close() }
+      do { try disk.commitStaging(w) } catch { throw Self.map(error) }
+    }
+  }
+
+  /// Stores a section locally and queues the node's DATA upload (sections travel with it).
+  func setSection(_ id: NodeID, _ section: Section, _ value: Data, updateOpen: Bool = true) throws {
+    try stageCurrentContent(id)
+    try write { tx in
+      guard try tx.node(id: id) != nil else { throw FileSystemError.notFound }
+      try tx.setTag(.data(value), forNodeID: id, identifier: section.tag)
+      try tx.queueDataUpload(nodeID: id)
+    }
+    if updateOpen, let c = lock.withLock({ contents[ContentKey(id, section)] }) {
+      c.lock.withLock { if !c.dirty { c.buffer = value } }
+    }
+  }
+
+  func mutateSection(_ id: NodeID, _ section: Section, _ body: (inout Data) -> Void) throws {
+    let node = try read { tx in try existingNode(id, tx) }
+    var bytes = try sectionBytes(node, section)
+    body(&bytes)
+    try setSection(id, section, bytes)
+  }
+}

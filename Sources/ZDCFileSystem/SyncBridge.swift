@@ -1,0 +1,178 @@
+public import Foundation
+public import ZDCCatalog
+public import ZDCCore
+import ZDCDisk
+public import ZDCSync
+
+/// What `zdc status` reports about a mount.
+public struct MountStatus: Sendable, Hashable, Codable {
+  /// Outstanding push operations.
+  public var pendingItems: Int
+  /// Bytes of committed content waiting for upload.
+  public var pendingBytes: UInt64
+  /// Nodes marked as conflicted copies; `nil` while the catalog cannot count tagged nodes.
+  public var conflicts: Int?
+  /// Operations that failed at least once and wait for a retry.
+  public var errors: Int
+  /// Open files.
+  public var openFiles: Int
+
+  public init(
+    pendingItems: Int, pendingBytes: UInt64, conflicts: Int?, errors: Int, openFiles: Int
+  ) {
+    self.pendingItems = pendingItems
+    self.pendingBytes = pendingBytes
+    self.conflicts = conflicts
+    self.errors = errors
+    self.openFiles = openFiles
+  }
+}
+
+extension FileSystem {
+  /// Counts for `zdc status`.
+  public func status() throws -> MountStatus {
+    let ops = try read { tx in try tx.allOperations() }
+    // Conflicts: counting nodes tagged `conflictTag` needs a catalog query that does not
+    // exist yet, so the count is reported as unknown rather than as zero.
+    return MountStatus(
+      pendingItems: ops.count, pendingBytes: disk.usage.dirtyBytes, conflicts: nil,
+      errors: ops.filter { $0.attempts > 0 }.count,
+      openFiles: lock.withLock { handles.count })
+  }
+
+  // MARK: Invalidation (called by the sync side after a pull changed the catalog)
+
+  /// A pull added a node: the kernel forgets any negative entry for its name.
+  public func nodeAppeared(_ node: Node) {
+    guard let parent = node.parentID else { return }
+    let p = inode(of: parent)
+    let name = NameEscape.shown(node.name)
+    post { n in
+      n.invalidateEntry(parent: p, name: name)
+      n.invalidateInode(p)
+    }
+  }
+
+  /// A pull changed a node's content or attributes: the kernel re-reads them.
+  public func nodeChanged(_ node: Node, change: NodeChange) {
+    forgetCommit(node.id)
+    let ino = inode(of: node.id)
+    let parent = node.parentID.map { inode(of: $0) }
+    post { n in
+      n.invalidateInode(ino)
+      if change.contains(.kind), let parent {
+        n.invalidateEntry(parent: parent, name: NameEscape.shown(node.name))
+      }
+    }
+  }
+
+  /// A pull moved or renamed a node.
+  public func nodeMoved(_ node: Node, fromParent oldParent: NodeID, oldName: String) {
+    let old = inode(of: oldParent)
+    let oldShown = NameEscape.shown(oldName)
+    let new = node.parentID.map { inode(of: $0) }
+    let newShown = NameEscape.shown(node.name)
+    post { n in
+      n.invalidateEntry(parent: old, name: oldShown)
+      n.invalidateInode(old)
+      if let new {
+        n.invalidateEntry(parent: new, name: newShown)
+        n.invalidateInode(new)
+      }
+    }
+  }
+
+  /// A pull deleted a node (before or after its row left the catalog).
+  public func nodeDeleted(_ node: Node) {
+    guard let parent = node.parentID else { return }
+    let p = inode(of: parent)
+    let c = inode(of: node.id)
+    let name = NameEscape.shown(node.name)
+    afterDelete(node)
+    post { n in n.deleteEntry(parent: p, child: c, name: name) }
+  }
+}
+
+/// The engine's side of sync: gives the push side the staged content and sections of a node,
+/// and turns the pull side's discoveries into kernel invalidations.
+public final class FileSystemSyncDelegate: SyncDelegate {
+  /// The engine.
+  public let fileSystem: FileSystem
+
+  public init(fileSystem: FileSystem) { self.fileSystem = fileSystem }
+
+  public func data(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
+    -> NodeData?
+  {
+    if let staged = fileSystem.disk.stagedData(forNode: node.id) {
+      return .cryptoFile(staged.url, key: staged.key)
+    }
+    return nil
+  }
+
+  public func metadata(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
+    -> NodeData?
+  {
+    section(node, "zdcfs.meta", transaction)
+  }
+
+  public func thumbnail(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
+    -> NodeData?
+  {
+    section(node, "zdcfs.thumb", transaction)
+  }
+
+  func section(_ node: Node, _ tag: String, _ tx: CloudTransaction) -> NodeData? {
+    if case .data(let d)? = try? tx.tag(forNodeID: node.id, identifier: tag), !d.isEmpty {
+      return .data(d)
+    }
+    return nil
+  }
+
+  public func didDiscoverNewNode(
+    _ node: Node, at path: TreesystemPath, transaction: CloudTransaction
+  ) {
+    fileSystem.nodeAppeared(node)
+  }
+
+  public func didDiscoverModifiedNode(
+    _ node: Node, change: NodeChange, at path: TreesystemPath, transaction: CloudTransaction
+  ) {
+    if change.contains(.data) {
+      // The local section copies describe the old version.
+      try? transaction.setTag(nil, forNodeID: node.id, identifier: "zdcfs.meta")
+      try? transaction.setTag(nil, forNodeID: node.id, identifier: "zdcfs.thumb")
+    }
+    fileSystem.nodeChanged(node, change: change)
+  }
+
+  public func didDiscoverMovedNode(
+    _ node: Node, from oldPath: TreesystemPath, to newPath: TreesystemPath,
+    transaction: CloudTransaction
+  ) {
+    guard let oldParentPath = oldPath.parent, let oldName = oldPath.name,
+      let oldParent = try? transaction.node(path: oldParentPath)
+    else {
+      fileSystem.nodeChanged(node, change: .parent)
+      return
+    }
+    fileSystem.nodeMoved(node, fromParent: oldParent.id, oldName: oldName)
+  }
+
+  public func didDiscoverDeletedNode(
+    _ node: Node, at path: TreesystemPath, timestamp: Date?, transaction: CloudTransaction
+  ) {
+    fileSystem.nodeDeleted(node)
+  }
+
+  public func didDiscoverConflict(
+    _ kind: ConflictKind, node: Node, other: Node?, at path: TreesystemPath,
+    transaction: CloudTransaction
+  ) {
+    if let other {
+      try? transaction.setTag(.int(1), forNodeID: other.id, identifier: FileSystem.conflictTag)
+      fileSystem.nodeAppeared(other)
+    }
+    fileSystem.nodeChanged(node, change: .data)
+  }
+}

@@ -1,0 +1,136 @@
+import CFuse
+import Foundation
+import Logging
+public import ZDCFileSystem
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// Errors of mounting.
+public enum FuseMountError: Error, Sendable, CustomStringConvertible {
+  /// libfuse refused the arguments or could not create the session.
+  case session
+  /// The kernel mount failed (not a directory, not empty with `nonempty`, no permission…).
+  case mount(String)
+  /// The session loop ended with an error.
+  case loop(Int32)
+
+  public var description: String {
+    switch self {
+    case .session: return "cannot create the FUSE session (bad -o options?)"
+    case .mount(let p): return "cannot mount on \(p)"
+    case .loop(let rc): return "FUSE loop failed (\(rc))"
+    }
+  }
+}
+
+/// Shared by every callback through the session's userdata.
+final class FuseContext: @unchecked Sendable {
+  // @unchecked: `session` is set once before the loop starts and only read afterwards.
+  let fs: FileSystem
+  var session: OpaquePointer?
+  let log = Logger(label: "zdc.fuse")
+  /// Entry and attribute cache lifetime: short, because another device may change the tree.
+  let timeout: Double = 1.0
+
+  init(fs: FileSystem) { self.fs = fs }
+}
+
+/// A FUSE mount of a filesystem engine: session, kernel mount, multithreaded loop, and the
+/// kernel invalidations the engine asks for.
+public final class FuseMount: @unchecked Sendable {
+  // @unchecked: configured on one thread before `run`; the context is immutable afterwards.
+  /// The engine.
+  public let fileSystem: FileSystem
+  /// Where it is mounted.
+  public let mountpoint: String
+  let context: FuseContext
+  let extraOptions: [String]
+  var args: UnsafeMutablePointer<fuse_args>?
+  var ops = fuse_lowlevel_ops()
+
+  /// Prepares a mount; `options` are `-o` values (e.g. `allow_other`).
+  public init(fileSystem: FileSystem, mountpoint: String, options: [String] = []) {
+    self.fileSystem = fileSystem
+    self.mountpoint = mountpoint
+    self.extraOptions = options
+    context = FuseContext(fs: fileSystem)
+  }
+
+  deinit {
+    if let s = context.session { fuse_session_destroy(s) }
+    if let args { zdc_fuse_args_delete(args) }
+  }
+
+  /// Creates the session and mounts it; the mount is live when this returns.
+  public func mount() throws {
+    guard let a = zdc_fuse_args_new() else { throw FuseMountError.session }
+    args = a
+    var opts = ["default_permissions", "fsname=zdcfs", "subtype=zdc"]
+    opts += extraOptions
+    for arg in ["zdc", "-o", opts.joined(separator: ",")] {
+      _ = zdc_fuse_args_add(a, arg)
+    }
+    FuseOperations.fill(&ops)
+    let userdata = Unmanaged.passUnretained(context).toOpaque()
+    guard let se = zdc_fuse_session_new(a, &ops, userdata) else { throw FuseMountError.session }
+    context.session = se
+    // libfuse installs its handlers only over the default disposition; a parent (a test runner,
+    // nohup) may have left these ignored, and ignored signals survive exec.
+    // Likewise for a blocked mask (Foundation's Process starts children with signals blocked);
+    // the loop's worker threads inherit this thread's mask.
+    var unblock = sigset_t()
+    sigemptyset(&unblock)
+    for sig in [SIGINT, SIGTERM, SIGHUP] {
+      signal(sig, SIG_DFL)
+      sigaddset(&unblock, sig)
+    }
+    pthread_sigmask(SIG_UNBLOCK, &unblock, nil)
+    guard fuse_set_signal_handlers(se) == 0 else { throw FuseMountError.session }
+    guard fuse_session_mount(se, mountpoint) == 0 else {
+      fuse_remove_signal_handlers(se)
+      throw FuseMountError.mount(mountpoint)
+    }
+    fileSystem.notifier = KernelNotifications(context: context)
+  }
+
+  /// Serves requests on several threads until unmounted or signalled (SIGINT, SIGTERM, SIGHUP),
+  /// then unmounts.
+  public func run() throws {
+    guard let se = context.session else { throw FuseMountError.session }
+    let rc = zdc_fuse_session_loop_mt(se, 0, 10)
+    fileSystem.notifier = nil
+    fuse_remove_signal_handlers(se)
+    fuse_session_unmount(se)
+    if rc != 0, rc != -EINTR, rc != SIGTERM, rc != SIGINT, rc != SIGHUP {
+      throw FuseMountError.loop(rc)
+    }
+  }
+}
+
+/// Kernel invalidations through libfuse's notify calls.
+final class KernelNotifications: KernelNotifier, @unchecked Sendable {
+  // @unchecked: the context is immutable while the loop runs.
+  let context: FuseContext
+  init(context: FuseContext) { self.context = context }
+
+  func invalidateInode(_ inode: Inode) {
+    guard let se = context.session else { return }
+    _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(inode), 0, 0)
+  }
+
+  func invalidateEntry(parent: Inode, name: String) {
+    guard let se = context.session else { return }
+    _ = name.withCString {
+      fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, strlen($0))
+    }
+  }
+
+  func deleteEntry(parent: Inode, child: Inode, name: String) {
+    guard let se = context.session else { return }
+    _ = name.withCString {
+      fuse_lowlevel_notify_delete(se, fuse_ino_t(parent), fuse_ino_t(child), $0, strlen($0))
+    }
+  }
+}

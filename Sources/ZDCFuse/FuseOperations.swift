@@ -1,0 +1,347 @@
+import CFuse
+import Foundation
+import ZDCCore
+import ZDCFileSystem
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// The low-level callbacks. Each decodes its arguments, makes one call into the engine and sends
+/// exactly one reply. They are plain nonisolated functions: libfuse calls them on its threads.
+enum FuseOperations {
+  static func context(_ req: fuse_req_t?) -> FuseContext {
+    Unmanaged<FuseContext>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
+  }
+
+  static func name(_ p: UnsafePointer<CChar>?) -> String { p.map { String(cString: $0) } ?? "" }
+
+  static func stat(_ a: Attributes) -> stat {
+    var st = Glibc.stat()
+    st.st_ino = ino_t(a.inode)
+    let typeBits: UInt32
+    switch a.type {
+    case .regular: typeBits = S_IFREG
+    case .directory: typeBits = S_IFDIR
+    case .symlink: typeBits = S_IFLNK
+    }
+    st.st_mode = mode_t(typeBits | a.mode)
+    st.st_nlink = nlink_t(a.linkCount)
+    st.st_uid = a.uid
+    st.st_gid = a.gid
+    st.st_size = off_t(Int64(bitPattern: a.size))
+    st.st_blksize = 4096
+    st.st_blocks = blkcnt_t((a.size + 511) / 512)
+    let t = timespec(tv_sec: Int(a.mtime.seconds), tv_nsec: Int(a.mtime.nanoseconds))
+    let c = timespec(tv_sec: Int(a.ctime.seconds), tv_nsec: Int(a.ctime.nanoseconds))
+    st.st_mtim = t
+    st.st_atim = t
+    st.st_ctim = c
+    return st
+  }
+
+  static func entry(_ a: Attributes, _ ctx: FuseContext) -> fuse_entry_param {
+    var e = zdc_fuse_entry_param_zero()
+    e.ino = fuse_ino_t(a.inode)
+    e.generation = 1
+    e.attr = stat(a)
+    e.attr_timeout = ctx.timeout
+    e.entry_timeout = ctx.timeout
+    return e
+  }
+
+  static func fail(_ req: fuse_req_t?, _ error: any Error) {
+    let code = errnoCode(for: error)
+    if code == EIO {
+      context(req).log.warning("I/O error: \(error)")
+    } else {
+      context(req).log.debug("request failed with errno \(code)")
+    }
+    fuse_reply_err(req, code)
+  }
+
+  static func replyEntry(_ req: fuse_req_t?, _ body: (FileSystem) throws -> Attributes) {
+    let ctx = context(req)
+    do {
+      var e = entry(try body(ctx.fs), ctx)
+      fuse_reply_entry(req, &e)
+    } catch { fail(req, error) }
+  }
+
+  static func replyAttr(_ req: fuse_req_t?, _ body: (FileSystem) throws -> Attributes) {
+    let ctx = context(req)
+    do {
+      var st = stat(try body(ctx.fs))
+      fuse_reply_attr(req, &st, ctx.timeout)
+    } catch { fail(req, error) }
+  }
+
+  static func replyOK(_ req: fuse_req_t?, _ body: (FileSystem) throws -> Void) {
+    do {
+      try body(context(req).fs)
+      fuse_reply_err(req, 0)
+    } catch { fail(req, error) }
+  }
+
+  static func time(_ ts: timespec) -> FileTime {
+    FileTime(seconds: Int64(ts.tv_sec), nanoseconds: Int32(ts.tv_nsec))
+  }
+
+  static func fill(_ ops: inout fuse_lowlevel_ops) {
+    ops.`init` = { _, conn in
+      guard let conn else { return }
+      zdc_conn_want(conn, UInt32(FUSE_CAP_ATOMIC_O_TRUNC))
+      zdc_conn_want(conn, UInt32(FUSE_CAP_READDIRPLUS))
+      zdc_conn_want(conn, UInt32(FUSE_CAP_READDIRPLUS_AUTO))
+      zdc_conn_want(conn, UInt32(FUSE_CAP_ASYNC_READ))
+      zdc_conn_want(conn, UInt32(FUSE_CAP_SPLICE_READ))
+      // Write-back caching would let the kernel reorder size and mtime changes; not handled.
+      zdc_conn_unwant(conn, UInt32(FUSE_CAP_WRITEBACK_CACHE))
+      // No lock callbacks: the kernel keeps POSIX and flock locks locally.
+      zdc_conn_unwant(conn, UInt32(FUSE_CAP_POSIX_LOCKS))
+      zdc_conn_unwant(conn, UInt32(FUSE_CAP_FLOCK_LOCKS))
+      conn.pointee.max_write = 1 << 20
+      conn.pointee.max_readahead = 1 << 20
+    }
+    ops.lookup = { req, parent, name in
+      let n = FuseOperations.name(name)
+      FuseOperations.replyEntry(req) { try $0.lookup(parent: Inode(parent), name: n) }
+    }
+    ops.forget = { req, ino, nlookup in
+      FuseOperations.context(req).fs.forget(Inode(ino), count: nlookup)
+      fuse_reply_none(req)
+    }
+    ops.forget_multi = { req, count, forgets in
+      let fs = FuseOperations.context(req).fs
+      if let forgets {
+        for i in 0..<count { fs.forget(Inode(forgets[i].ino), count: forgets[i].nlookup) }
+      }
+      fuse_reply_none(req)
+    }
+    ops.getattr = { req, ino, _ in
+      FuseOperations.replyAttr(req) { try $0.getattr(Inode(ino)) }
+    }
+    ops.setattr = { req, ino, attr, toSet, fi in
+      var changes = AttributeChanges()
+      if let a = attr?.pointee {
+        if toSet & FUSE_SET_ATTR_MODE != 0 { changes.mode = UInt32(a.st_mode) & 0o7777 }
+        if toSet & FUSE_SET_ATTR_UID != 0 { changes.uid = a.st_uid }
+        if toSet & FUSE_SET_ATTR_GID != 0 { changes.gid = a.st_gid }
+        if toSet & FUSE_SET_ATTR_SIZE != 0 { changes.size = UInt64(max(0, a.st_size)) }
+        if toSet & FUSE_SET_ATTR_MTIME_NOW != 0 {
+          changes.mtime = .now
+        } else if toSet & FUSE_SET_ATTR_MTIME != 0 {
+          changes.mtime = .time(FuseOperations.time(a.st_mtim))
+        }
+        if toSet & FUSE_SET_ATTR_ATIME_NOW != 0 {
+          changes.atime = .now
+        } else if toSet & FUSE_SET_ATTR_ATIME != 0 {
+          changes.atime = .time(FuseOperations.time(a.st_atim))
+        }
+      }
+      let handle = fi.map { FileHandleID($0.pointee.fh) }
+      FuseOperations.replyAttr(req) { try $0.setattr(Inode(ino), changes, handle: handle) }
+    }
+    ops.readlink = { req, ino in
+      do {
+        let target = try FuseOperations.context(req).fs.readlink(Inode(ino))
+        fuse_reply_readlink(req, target)
+      } catch { FuseOperations.fail(req, error) }
+    }
+    ops.mkdir = { req, parent, name, mode in
+      let n = FuseOperations.name(name)
+      FuseOperations.replyEntry(req) {
+        try $0.mkdir(parent: Inode(parent), name: n, mode: UInt32(mode))
+      }
+    }
+    ops.symlink = { req, link, parent, name in
+      let n = FuseOperations.name(name)
+      let target = FuseOperations.name(link)
+      FuseOperations.replyEntry(req) {
+        try $0.symlink(target: target, parent: Inode(parent), name: n)
+      }
+    }
+    ops.link = { req, ino, newParent, newName in
+      let n = FuseOperations.name(newName)
+      FuseOperations.replyEntry(req) {
+        try $0.link(Inode(ino), newParent: Inode(newParent), newName: n)
+      }
+    }
+    ops.unlink = { req, parent, name in
+      let n = FuseOperations.name(name)
+      FuseOperations.replyOK(req) { try $0.unlink(parent: Inode(parent), name: n) }
+    }
+    ops.rmdir = { req, parent, name in
+      let n = FuseOperations.name(name)
+      FuseOperations.replyOK(req) { try $0.rmdir(parent: Inode(parent), name: n) }
+    }
+    ops.rename = { req, parent, name, newParent, newName, flags in
+      let a = FuseOperations.name(name)
+      let b = FuseOperations.name(newName)
+      FuseOperations.replyOK(req) {
+        try $0.rename(
+          parent: Inode(parent), name: a, newParent: Inode(newParent), newName: b,
+          flags: RenameFlags(rawValue: flags))
+      }
+    }
+    ops.open = { req, ino, fi in
+      do {
+        guard let fi else { throw FileSystemError.badHandle }
+        let opened = try FuseOperations.context(req).fs.open(Inode(ino), flags: fi.pointee.flags)
+        fi.pointee.fh = UInt64(opened.handle)
+        zdc_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
+        fuse_reply_open(req, fi)
+      } catch { FuseOperations.fail(req, error) }
+    }
+    ops.create = { req, parent, name, mode, fi in
+      let n = FuseOperations.name(name)
+      let ctx = FuseOperations.context(req)
+      do {
+        guard let fi else { throw FileSystemError.badHandle }
+        let (attrs, opened) = try ctx.fs.create(
+          parent: Inode(parent), name: n, mode: UInt32(mode), flags: fi.pointee.flags)
+        fi.pointee.fh = UInt64(opened.handle)
+        var e = FuseOperations.entry(attrs, ctx)
+        fuse_reply_create(req, &e, fi)
+      } catch { FuseOperations.fail(req, error) }
+    }
+    ops.read = { req, _, size, off, fi in
+      do {
+        guard let fi else { throw FileSystemError.badHandle }
+        let buf = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, size), alignment: 16)
+        defer { buf.deallocate() }
+        let n = try FuseOperations.context(req).fs.read(
+          FileHandleID(fi.pointee.fh), offset: UInt64(max(0, off)),
+          into: UnsafeMutableRawBufferPointer(rebasing: buf[0..<size]))
+        fuse_reply_buf(req, buf.baseAddress?.assumingMemoryBound(to: CChar.self), n)
+      } catch { FuseOperations.fail(req, error) }
+    }
+    ops.write = { req, _, bytes, size, off, fi in
+      do {
+        guard let fi else { throw FileSystemError.badHandle }
+        let n = try FuseOperations.context(req).fs.write(
+          FileHandleID(fi.pointee.fh), offset: UInt64(max(0, off)),
+          bytes: UnsafeRawBufferPointer(start: bytes, count: size))
+        fuse_reply_write(req, n)
+      } catch { FuseOperations.fail(req, error) }
+    }
+    ops.flush = { req, _, fi in
+      let h = fi.map { FileHandleID($0.pointee.fh) } ?? 0
+      FuseOperations.replyOK(req) { try $0.flush(h) }
+    }
+    ops.release = { req, _, fi in
+      let h = fi.map { FileHandleID($0.pointee.fh) } ?? 0
+      FuseOperations.replyOK(req) { try $0.release(h) }
+    }
+    ops.fsync = { req, _, _, fi in
+      let h = fi.map { FileHandleID($0.pointee.fh) } ?? 0
+      FuseOperations.replyOK(req) { try $0.fsync(h) }
+    }
+    ops.opendir = { req, ino, fi in
+      do {
+        let attrs = try FuseOperations.context(req).fs.getattr(Inode(ino))
+        guard attrs.type == .directory else { throw FileSystemError.notADirectory }
+        fuse_reply_open(req, fi)
+      } catch { FuseOperations.fail(req, error) }
+    }
+    ops.releasedir = { req, _, _ in fuse_reply_err(req, 0) }
+    ops.fsyncdir = { req, _, _, _ in fuse_reply_err(req, 0) }
+    ops.readdir = { req, ino, size, off, _ in
+      FuseOperations.readdir(req, ino, size, off, plus: false)
+    }
+    ops.readdirplus = { req, ino, size, off, _ in
+      FuseOperations.readdir(req, ino, size, off, plus: true)
+    }
+    ops.statfs = { req, _ in
+      let s = FuseOperations.context(req).fs.statfs()
+      var v = statvfs()
+      v.f_bsize = UInt(s.blockSize)
+      v.f_frsize = UInt(s.blockSize)
+      v.f_blocks = fsblkcnt_t(s.blocks)
+      v.f_bfree = fsblkcnt_t(s.freeBlocks)
+      v.f_bavail = fsblkcnt_t(s.availableBlocks)
+      v.f_files = fsfilcnt_t(s.files)
+      v.f_ffree = fsfilcnt_t(s.freeFiles)
+      v.f_favail = fsfilcnt_t(s.freeFiles)
+      v.f_namemax = UInt(s.nameMax)
+      fuse_reply_statfs(req, &v)
+    }
+    ops.setxattr = { req, ino, name, value, size, flags in
+      let n = FuseOperations.name(name)
+      let data = value.map { Data(bytes: $0, count: size) } ?? Data()
+      let mode: XattrMode =
+        flags & 1 != 0 ? .create : (flags & 2 != 0 ? .replace : .any)  // XATTR_CREATE, _REPLACE
+      FuseOperations.replyOK(req) { try $0.setxattr(Inode(ino), name: n, value: data, mode: mode) }
+    }
+    ops.getxattr = { req, ino, name, size in
+      let n = FuseOperations.name(name)
+      do {
+        let v = try FuseOperations.context(req).fs.getxattr(Inode(ino), name: n)
+        FuseOperations.replyXattr(req, v, size)
+      } catch { FuseOperations.fail(req, error) }
+    }
+    ops.listxattr = { req, ino, size in
+      do {
+        let names = try FuseOperations.context(req).fs.listxattr(Inode(ino))
+        var bytes = Data()
+        for n in names {
+          bytes.append(contentsOf: Array(n.utf8))
+          bytes.append(0)
+        }
+        FuseOperations.replyXattr(req, bytes, size)
+      } catch { FuseOperations.fail(req, error) }
+    }
+    ops.removexattr = { req, ino, name in
+      let n = FuseOperations.name(name)
+      FuseOperations.replyOK(req) { try $0.removexattr(Inode(ino), name: n) }
+    }
+    ops.access = { req, ino, mask in
+      FuseOperations.replyOK(req) { try $0.access(Inode(ino), mask: mask) }
+    }
+  }
+
+  /// Replies to a size query (size 0) with the size, else with the bytes or ERANGE.
+  static func replyXattr(_ req: fuse_req_t?, _ value: Data, _ size: Int) {
+    if size == 0 {
+      fuse_reply_xattr(req, value.count)
+    } else if value.count > size {
+      fail(req, FileSystemError.range)
+    } else {
+      _ = value.withUnsafeBytes {
+        fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), value.count)
+      }
+    }
+  }
+
+  static func readdir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: off_t, plus: Bool)
+  {
+    let ctx = context(req)
+    let buf = UnsafeMutablePointer<CChar>.allocate(capacity: max(size, 1))
+    defer { buf.deallocate() }
+    var used = 0
+    do {
+      try ctx.fs.readdir(Inode(ino), offset: UInt64(max(0, off)), plus: plus) { entry in
+        let left = size - used
+        let need: Int = entry.name.withCString { name in
+          if plus {
+            var e = FuseOperations.entry(entry.attributes, ctx)
+            if entry.name == "." || entry.name == ".." {
+              // Not looked up: the kernel does not count these.
+              e.ino = 0
+              e.attr.st_ino = ino_t(entry.attributes.inode)
+            }
+            return fuse_add_direntry_plus(
+              req, buf + used, left, name, &e, off_t(Int64(bitPattern: entry.nextOffset)))
+          }
+          var st = FuseOperations.stat(entry.attributes)
+          return fuse_add_direntry(
+            req, buf + used, left, name, &st, off_t(Int64(bitPattern: entry.nextOffset)))
+        }
+        guard need <= left else { return false }
+        used += need
+        return true
+      }
+      fuse_reply_buf(req, buf, used)
+    } catch { fail(req, error) }
+  }
+}

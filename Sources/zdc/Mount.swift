@@ -1,0 +1,304 @@
+import ArgumentParser
+import Foundation
+import Logging
+import ZDCAccount
+import ZDCCatalog
+import ZDCCore
+import ZDCCrypto
+import ZDCDisk
+import ZDCFileSystem
+import ZDCFuse
+import ZDCSync
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+extension ZDC {
+  struct Mount: ParsableCommand {
+    static let configuration = CommandConfiguration(
+      abstract: "Mount your treesystem on a folder.",
+      discussion: """
+        Unlocks the account (creating it first if this state directory has none), mounts the \
+        home trunk on MOUNTPOINT and, unless --foreground, keeps serving it in the background. \
+        The command returns once the mount is live. Stop it with `zdc unmount MOUNTPOINT`.
+        """)
+
+    @OptionGroup var state: StateOptions
+    @OptionGroup var pass: PassphraseOptions
+
+    @Argument(help: "An existing, empty directory.")
+    var mountpoint: String
+
+    @Flag(help: "Serve in this process until unmounted (logs on standard error).")
+    var foreground = false
+
+    @Option(
+      name: .customShort("o"), help: "FUSE mount options (comma-separated), e.g. allow_other.")
+    var options: [String] = []
+
+    @Flag(help: "Log debugging detail (never names or content).")
+    var verbose = false
+
+    @Option(
+      help:
+        "On first use only: where the encrypted objects live (default ~/.local/share/zdcfs/store)."
+    )
+    var store: String?
+
+    @Option(help: .hidden)
+    var kdf: String?
+
+    @Flag(help: .hidden)
+    var daemonChild = false
+
+    func run() throws {
+      try runReportingErrors {
+        let stateDirectory = state.stateDirectory
+        let mp = URL(fileURLWithPath: mountpoint).standardizedFileURL.path
+        var isDir: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: mp, isDirectory: &isDir), isDir.boolValue
+        else { throw CLIError.usage("mount point \(mp) is not a directory") }
+        let sock = stateDirectory.url.appendingPathComponent("control.sock").path
+        if let answer = ControlClient.request(socketPath: sock, command: "status") {
+          let at =
+            ((try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any])?[
+              "mountpoint"] as? String ?? "?"
+          throw CLIError.usage("this account is already mounted on \(at)")
+        }
+        let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
+        if mounts.split(separator: "\n").contains(where: {
+          $0.split(separator: " ").dropFirst().first.map(String.init) == mp
+        }) {
+          throw CLIError.usage("\(mp) is already a mount point")
+        }
+        let passphrase: String
+        if daemonChild {
+          passphrase = readLine(strippingNewline: true) ?? ""
+        } else {
+          passphrase = try pass.passphrase(
+            prompt: stateDirectory.isInitialized ? "Passphrase: " : "New passphrase: ",
+            confirm: !stateDirectory.isInitialized)
+          if !stateDirectory.isInitialized {
+            let location =
+              try store.map { try StoreLocation(argument: $0) }
+              ?? .localFolder(path: StateDirectory.defaultStoreFolder().path)
+            let minimum = kdf == "minimum"
+            let (account, recovery) = try Account.create(
+              stateDirectory: stateDirectory, store: location, passphrase: passphrase,
+              deviceName: ProcessInfo.processInfo.hostName,
+              storeKDF: minimum ? .minimum : .moderate, localKDF: minimum ? .minimum : .interactive)
+            print("Created user \(account.config.userID).")
+            print("Recovery key (write it down; with it and the store, any device can join):")
+            print("  \(recovery)")
+          }
+        }
+        if foreground {
+          try serve(stateDirectory, passphrase: passphrase, mountpoint: mp)
+        } else {
+          try spawnDaemon(stateDirectory, passphrase: passphrase, mountpoint: mp)
+        }
+      }
+    }
+
+    /// Re-executes this program with `--foreground` in a new session, hands it the passphrase
+    /// on a pipe and waits until it reports the mount live (or dies).
+    func spawnDaemon(_ stateDirectory: StateDirectory, passphrase: String, mountpoint mp: String)
+      throws
+    {
+      let logURL = stateDirectory.url.appendingPathComponent("mount.log")
+      _ = FileManager.default.createFile(
+        atPath: logURL.path, contents: nil, attributes: [.posixPermissions: 0o600])
+      let log = try FileHandle(forWritingTo: logURL)
+      log.seekToEndOfFile()
+      let p = Process()
+      p.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+      var args = [
+        "mount", mp, "--foreground", "--daemon-child", "--state-dir", stateDirectory.url.path,
+      ]
+      for o in options { args += ["-o", o] }
+      if verbose { args.append("--verbose") }
+      p.arguments = args
+      let input = Pipe()
+      let output = Pipe()
+      p.standardInput = input
+      p.standardOutput = output
+      p.standardError = log
+      try p.run()
+      input.fileHandleForWriting.writeIgnoringErrors(Data((passphrase + "\n").utf8))
+      try? input.fileHandleForWriting.close()
+      let line = output.fileHandleForReading.readLine()
+      if line == "ready" {
+        print("Mounted on \(mp) (process \(p.processIdentifier)).")
+        return
+      }
+      p.waitUntilExit()
+      let tail =
+        (try? String(contentsOf: logURL, encoding: .utf8))?
+        .split(separator: "\n").suffix(3).joined(separator: "\n") ?? ""
+      throw CLIError.usage("mount failed: \(tail)")
+    }
+
+    /// Opens everything and serves the mount in this process.
+    func serve(_ stateDirectory: StateDirectory, passphrase: String, mountpoint mp: String) throws {
+      if daemonChild {
+        setsid()
+        // Hold no directory of the caller's busy (paths here are absolute).
+        _ = chdir("/")
+      }
+      let level: Logger.Level = verbose ? .debug : .info
+      LoggingSystem.bootstrap { label in
+        var h = StreamLogHandler.standardError(label: label)
+        h.logLevel = level
+        return h
+      }
+      let logger = Logger(label: "zdc.mount")
+      let account = try Account.open(stateDirectory: stateDirectory, passphrase: passphrase)
+      let cacheKey = try KeyDerivation.key(
+        for: .localCache, secret: account.keys.keyPair.boxSecretKey)
+      let disk = try DiskManager(directory: stateDirectory.url, key: cacheKey)
+      let downloads = DownloadManager(
+        store: account.store, disk: disk, catalog: account.catalog, userID: account.config.userID)
+      let fs = try FileSystem(
+        catalog: account.catalog, userID: account.config.userID, disk: disk, downloads: downloads)
+      // The sync engine plugs in here (see MountSyncHooks): nil until PushManager and
+      // PullManager exist.
+      let sync: (any MountSyncHooks)? = nil
+      try sync?.start(delegate: FileSystemSyncDelegate(fileSystem: fs))
+      let mount = FuseMount(fileSystem: fs, mountpoint: mp, options: options)
+      try mount.mount()
+      let control = try ControlServer(
+        socketPath: stateDirectory.url.appendingPathComponent("control.sock").path,
+        mountpoint: mp, fileSystem: fs, sync: sync)
+      control.start()
+      logger.info("mounted")
+      if daemonChild {
+        FileHandle.standardOutput.writeIgnoringErrors(Data("ready\n".utf8))
+        let null = open("/dev/null", O_RDWR)
+        if null >= 0 {
+          dup2(null, STDIN_FILENO)
+          dup2(null, STDOUT_FILENO)
+          close(null)
+        }
+      }
+      defer { control.stop() }
+      try mount.run()
+      if let sync {
+        _ = sync.drain(timeout: 60) { items, bytes in
+          logger.info("waiting for uploads: \(items) items, \(bytes) bytes")
+        }
+        sync.stop()
+      }
+      disk.flush()
+      logger.info("unmounted")
+    }
+  }
+
+  struct Unmount: ParsableCommand {
+    static let configuration = CommandConfiguration(
+      abstract: "Unmount a zdcfs mount (waits for its process to finish).")
+
+    @OptionGroup var state: StateOptions
+
+    @Argument(help: "The mount point.")
+    var mountpoint: String
+
+    @Flag(help: "Detach now even if files are open; the mount goes away when they close.")
+    var lazy = false
+
+    func run() throws {
+      try runReportingErrors {
+        let mp = URL(fileURLWithPath: mountpoint).standardizedFileURL.path
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/fusermount3")
+        p.arguments = lazy ? ["-u", "-z", mp] : ["-u", mp]
+        let err = Pipe()
+        p.standardError = err
+        try p.run()
+        let message = String(
+          decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        p.waitUntilExit()
+        if p.terminationStatus != 0 {
+          if message.contains("busy") {
+            FileHandle.standardError.write(
+              Data(
+                "zdc: \(mp) is busy: close the files open in it (see `fuser -m \(mp)`), or use --lazy\n"
+                  .utf8))
+            throw ExitCode(ExitStatus.temporaryFailure.rawValue)
+          }
+          throw CLIError.usage(
+            "cannot unmount \(mp): \(message.trimmingCharacters(in: .whitespacesAndNewlines))")
+        }
+        // The serving process removes its control socket when it has finished.
+        let sock = state.stateDirectory.url.appendingPathComponent("control.sock").path
+        let deadline = Date().addingTimeInterval(lazy ? 0 : 15)
+        while FileManager.default.fileExists(atPath: sock), Date() < deadline {
+          if ControlClient.request(socketPath: sock, command: "status") == nil { break }
+          usleep(50_000)
+        }
+        print("Unmounted \(mp).")
+      }
+    }
+  }
+
+  struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(
+      abstract: "Show whether the treesystem is mounted and what waits for upload.")
+
+    @OptionGroup var state: StateOptions
+
+    @Flag(help: "Print the raw JSON answer.")
+    var json = false
+
+    func run() throws {
+      try runReportingErrors {
+        let sock = state.stateDirectory.url.appendingPathComponent("control.sock").path
+        guard let answer = ControlClient.request(socketPath: sock, command: "status") else {
+          print("Not mounted.")
+          // The catalog needs no key: report what waits for upload.
+          let dir = state.stateDirectory
+          if dir.isInitialized, let config = try? Account.readConfig(dir),
+            let catalog = try? Catalog(path: dir.catalogURL.path),
+            let count = try? catalog.read(config.userID, { try $0.operationCount() })
+          {
+            print("Pending uploads: \(count) items.")
+          }
+          return
+        }
+        if json {
+          print(answer)
+          return
+        }
+        guard let obj = try? JSONSerialization.jsonObject(with: Data(answer.utf8)) as? [String: Any]
+        else { throw CLIError.usage("unexpected answer from the mount") }
+        print("Mounted on \(obj["mountpoint"] ?? "?").")
+        print(
+          "Pending uploads: \(obj["pendingItems"] ?? 0) items, \(obj["pendingBytes"] ?? 0) bytes.")
+        let conflicts = (obj["conflicts"] as? Int).map(String.init) ?? "unknown"
+        print("Conflicts: \(conflicts). Errors: \(obj["errors"] ?? 0).")
+        print("Open files: \(obj["openFiles"] ?? 0).")
+        print("Sync engine: \(obj["sync"] ?? "not running").")
+      }
+    }
+  }
+}
+
+extension FileHandle {
+  /// Reads one line (without the newline), or `nil` at end of file or on an error.
+  func readLine() -> String? {
+    var bytes: [UInt8] = []
+    var b: UInt8 = 0
+    while true {
+      let n = Glibc.read(fileDescriptor, &b, 1)
+      if n < 0, errno == EINTR { continue }
+      guard n == 1 else { return bytes.isEmpty ? nil : String(decoding: bytes, as: UTF8.self) }
+      if b == 0x0A { return String(decoding: bytes, as: UTF8.self) }
+      bytes.append(b)
+    }
+  }
+
+  /// Writes everything, ignoring errors (the peer may be gone).
+  func writeIgnoringErrors(_ data: Data) {
+    try? write(contentsOf: data)
+  }
+}

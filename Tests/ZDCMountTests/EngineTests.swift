@@ -1,0 +1,98 @@
+import Foundation
+import Testing
+import ZDCCatalog
+import ZDCCore
+import ZDCFileSystem
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// Engine behaviour that is easier to pin down without the kernel in between.
+@Suite struct EngineTests {
+  func names(_ fs: FileSystem, _ ino: Inode, from offset: UInt64, max: Int) throws -> (
+    [String], UInt64
+  ) {
+    var out: [String] = []
+    var next = offset
+    try fs.readdir(ino, offset: offset, plus: false) { e in
+      guard out.count < max else { return false }
+      out.append(e.name)
+      next = e.nextOffset
+      return true
+    }
+    return (out, next)
+  }
+
+  @Test func readdirOffsetsStayValidWhileTheDirectoryChanges() throws {
+    let w = try LazyDownloadTests.World()
+    let fs = try w.fileSystem(online: false)
+    let dir = try fs.mkdir(parent: 1, name: "d", mode: 0o755)
+    for i in 0..<100 {
+      let (_, f) = try fs.create(parent: dir.inode, name: "f\(i)", mode: 0o644, flags: O_WRONLY)
+      try fs.release(f.handle)
+    }
+    let (first, cursor) = try names(fs, dir.inode, from: 0, max: 40)
+    #expect(first.prefix(2) == [".", ".."])
+    // Meanwhile: remove listed and unlisted entries, add new ones.
+    for i in [0, 5, 50, 51, 99] { try fs.unlink(parent: dir.inode, name: "f\(i)") }
+    for i in 100..<110 {
+      let (_, f) = try fs.create(parent: dir.inode, name: "f\(i)", mode: 0o644, flags: O_WRONLY)
+      try fs.release(f.handle)
+    }
+    let (rest, _) = try names(fs, dir.inode, from: cursor, max: 1000)
+    let all = first + rest
+    #expect(Set(all).count == all.count, "an entry was listed twice")
+    for i in 0..<100 where ![0, 5, 50, 51, 99].contains(i) {
+      #expect(all.contains("f\(i)"), "f\(i) was skipped")
+    }
+    #expect(rest.contains("f105"))
+    #expect(!rest.contains("f50"))
+  }
+
+  @Test func typedErrorsForPOSIXCases() throws {
+    let w = try LazyDownloadTests.World()
+    let fs = try w.fileSystem(online: false)
+    let d = try fs.mkdir(parent: 1, name: "d", mode: 0o755)
+    let (f, h) = try fs.create(parent: d.inode, name: "f", mode: 0o644, flags: O_WRONLY)
+    try fs.release(h.handle)
+    #expect(throws: FileSystemError.exists) { try fs.mkdir(parent: 1, name: "D", mode: 0o755) }
+    #expect(throws: FileSystemError.notFound) { try fs.lookup(parent: 1, name: "D") }
+    #expect(throws: FileSystemError.notEmpty) { try fs.rmdir(parent: 1, name: "d") }
+    #expect(throws: FileSystemError.notADirectory) {
+      try fs.mkdir(parent: f.inode, name: "x", mode: 0o755)
+    }
+    #expect(throws: FileSystemError.isADirectory) { try fs.unlink(parent: 1, name: "d") }
+    #expect(throws: FileSystemError.notPermitted) {
+      try fs.link(f.inode, newParent: 1, newName: "hard")
+    }
+    #expect(throws: FileSystemError.invalidArgument) {
+      try fs.rename(
+        parent: d.inode, name: "f", newParent: 1, newName: "g", flags: [.exchange, .noReplace])
+    }
+    #expect(throws: FileSystemError.invalidArgument) {
+      try fs.rename(parent: 1, name: "d", newParent: d.inode, newName: "inside", flags: [])
+    }
+    #expect(throws: FileSystemError.notPermitted) {
+      try fs.setattr(f.inode, AttributeChanges(uid: 4242))
+    }
+    #expect(throws: FileSystemError.noAttribute) { try fs.getxattr(f.inode, name: "user.none") }
+    #expect(throws: FileSystemError.notSupported) {
+      try fs.setxattr(f.inode, name: "trusted.x", value: Data(), mode: .any)
+    }
+    #expect(throws: FileSystemError.tooBig) {
+      try fs.setxattr(f.inode, name: "user.big", value: Data(count: 70_000), mode: .any)
+    }
+    try fs.setxattr(f.inode, name: "user.k", value: Data("v".utf8), mode: .create)
+    #expect(throws: FileSystemError.exists) {
+      try fs.setxattr(f.inode, name: "user.k", value: Data(), mode: .create)
+    }
+    #expect(throws: FileSystemError.noAttribute) {
+      try fs.setxattr(f.inode, name: "user.absent", value: Data(), mode: .replace)
+    }
+    #expect(fs.statfs().nameMax == 255)
+    #expect(throws: FileSystemError.notPermitted) {
+      try fs.create(parent: 1, name: ".data", mode: 0o644, flags: O_WRONLY)
+    }
+  }
+}

@@ -1,0 +1,346 @@
+import Foundation
+import Testing
+import ZDCFileSystem
+import ZDCTestSupport
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// Mounts real FUSE filesystems and drives them with ordinary tools.
+@Suite(.serialized) struct MountTests {
+  /// Writes a tree of `dirs` × `files` files of random sizes (some empty, some > 64 KiB).
+  static func makeTree(at root: URL, dirs: Int, files: Int) throws {
+    let random = try #require(FileHandle(forReadingAtPath: "/dev/urandom"))
+    defer { try? random.close() }
+    for d in 0..<dirs {
+      let dir = root.appendingPathComponent("d\(d)/sub\(d % 5)")
+      try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+      for f in 0..<files {
+        let size = f == 0 ? 0 : (f == 1 ? 200_000 : Int.random(in: 1...6000))
+        try random.readData(ofLength: size).write(to: dir.appendingPathComponent("file \(f).bin"))
+      }
+    }
+  }
+
+  @Test func copyTreeAndBackWithCoreutils() throws {
+    let m = try MountFixture()
+    let src = m.dir.path("src")
+    try Self.makeTree(at: src, dirs: 40, files: 60)
+    // Plus a real source tree (this package's sources).
+    let sources = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+      .deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("Sources")
+    try m.sh("cp -r '\(sources.path)' '\(src.path)/Sources'")
+    let count = try m.sh("find '\(src.path)' -type f | wc -l").stdout
+    #expect((Int(count.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0) >= 2400)
+
+    try m.sh("cp -r '\(src.path)' tree && diff -r '\(src.path)' tree")
+    let found = try m.sh("find tree -type f | wc -l").stdout
+    #expect(found == count)
+    try m.sh("ls -lR tree > /dev/null && du -s tree > /dev/null")
+    try m.sh("mv tree/d1 tree/d2/moved && test -f 'tree/d2/moved/sub1/file 3.bin'")
+    try m.sh("diff -r '\(src.path)/d1' tree/d2/moved")
+    try m.sh("mv tree renamed && test ! -e tree && diff -r '\(src.path)/Sources' renamed/Sources")
+    try m.sh("rm -r renamed && test -z \"$(ls -A)\"")
+  }
+
+  @Test func gitWorksInsideTheMount() throws {
+    let m = try MountFixture()
+    let git = "git -c user.email=t@example.com -c user.name=T -c init.defaultBranch=main"
+    try m.sh(
+      """
+      mkdir repo && cd repo && \(git) init -q . && printf 'one\\n' > a.txt && mkdir sub && \
+      printf 'two\\n' > sub/b.txt && \(git) add -A && \(git) commit -qm first && \
+      test -z "$(\(git) status --porcelain)"
+      """)
+    try m.sh(
+      """
+      cd repo && \(git) checkout -q -b topic && printf 'three\\n' >> a.txt && \
+      \(git) commit -qam second && \(git) checkout -q main && test "$(cat a.txt)" = one && \
+      \(git) checkout -q topic && test "$(tail -1 a.txt)" = three && \(git) log --oneline | wc -l | grep -q 2 && \
+      \(git) fsck --no-progress 2>&1 | grep -v dangling | (! grep -q .)
+      """)
+  }
+
+  @Test func editorSavePatternKeepsTheNodeIdentity() throws {
+    let m = try MountFixture()
+    try m.sh("printf 'hello world\\n' > doc.txt")
+    let before = try m.cloudID("doc.txt")
+    #expect(!before.isEmpty)
+    try m.sh("sed -i 's/world/there/' doc.txt && test \"$(cat doc.txt)\" = 'hello there'")
+    #expect(try m.cloudID("doc.txt") == before)
+    try m.python(
+      """
+      import os
+      with open('doc.txt.tmp', 'w') as f:
+          f.write('rewritten by python\\n')
+          f.flush()
+          os.fsync(f.fileno())
+      os.chmod('doc.txt.tmp', 0o600)
+      os.rename('doc.txt.tmp', 'doc.txt')
+      assert open('doc.txt').read() == 'rewritten by python\\n'
+      assert oct(os.stat('doc.txt').st_mode & 0o777) == '0o600'
+      assert not os.path.exists('doc.txt.tmp')
+      """)
+    #expect(try m.cloudID("doc.txt") == before)
+    if FileManager.default.isExecutableFile(atPath: "/usr/bin/vim") {
+      try m.sh("vim -u NONE -N -es -c 's/python/vim/' -c wq doc.txt")
+      #expect(try m.sh("cat doc.txt").stdout == "rewritten by vim\n")
+      #expect(try m.cloudID("doc.txt") == before)
+    }
+    // A plain rename onto a new name moves the node (same identity too).
+    try m.sh("mv doc.txt moved.txt")
+    #expect(try m.cloudID("moved.txt") == before)
+  }
+
+  @Test func extendedAttributes() throws {
+    let m = try MountFixture()
+    try m.sh("echo x > f && setfattr -n user.color -v blue f && setfattr -n user.bin -v 0x00ff f")
+    #expect(try m.sh("getfattr --only-values -n user.color f").stdout == "blue")
+    let dump = try m.sh("getfattr -d f").stdout
+    #expect(dump.contains("user.color=\"blue\""))
+    try m.sh("setfattr -x user.color f && ! getfattr -n user.color f 2>/dev/null")
+    #expect(try m.sh("getfattr --only-values -n user.zdc.state f").stdout == "pending-upload")
+    try m.sh("! setfattr -n user.zdc.state -v synced f 2>/dev/null")
+    try m.sh("! setfattr -n trusted.x -v 1 f 2>/dev/null")
+    // A file node's metadata and thumbnail sections are xattrs.
+    try m.sh(
+      "setfattr -n user.zdc.meta -v '{\"k\":1}' f && setfattr -n user.zdc.thumb -v 0x89504e47 f")
+    #expect(try m.sh("getfattr --only-values -n user.zdc.meta f").stdout == "{\"k\":1}")
+    try m.sh("getfattr -d f | grep -q user.zdc.thumb")
+    // chmod and touch -d survive (stored in the node).
+    try m.sh("chmod 751 f && test \"$(stat -c %a f)\" = 751")
+    try m.sh(
+      "touch -d '2001-02-03 04:05:06' f && test \"$(stat -c %Y f)\" = \"$(date -d '2001-02-03 04:05:06' +%s)\""
+    )
+    try m.sh("! chown 4242 f 2>/dev/null && ! ln f hard 2>/dev/null")
+  }
+
+  @Test func directoryNodeSections() throws {
+    let m = try MountFixture()
+    try m.sh("mkdir d && echo child > d/c && test \"$(ls -A d)\" = c")
+    try m.sh("echo own > d/.data && echo meta > d/.meta && printf T > d/.thumb")
+    #expect(try m.sh("ls -A d | tr '\\n' ' '").stdout == ".data .meta .thumb c ")
+    #expect(try m.sh("cat d/.data d/.meta d/.thumb").stdout == "own\nmeta\nT")
+    try m.sh("! rmdir d/.data 2>/dev/null && rm d/c && ! rmdir d 2>/dev/null")
+    try m.sh("rm d/.data d/.meta d/.thumb && test -z \"$(ls -A d)\" && rmdir d")
+    // Renaming a file onto a directory's .data gives the directory that content.
+    try m.sh("mkdir g && chmod 750 g && echo saved > tmp && mv tmp g/.data && test ! -e tmp")
+    #expect(
+      try m.sh("cat g/.data; stat -c %a g; test -d g && test -f g/.data && echo ok").stdout
+        == "saved\n750\nok\n")
+    // Names POSIX cannot show round-trip through the escape.
+    try m.sh("mkdir e && echo a > 'e/%%.data' && echo b > 'e/%%a%2Fb' && echo c > 'e/%%%25%25x'")
+    #expect(try m.sh("ls -A e | tr '\\n' ' '").stdout == "%%%25%25x %%.data %%a%2Fb ")
+    try m.sh("test ! -e e/.data && test \"$(cat 'e/%%.data')\" = a")
+    try m.sh("! touch 'e/%%abc' 2>/dev/null && ! touch 'e/%%bad%' 2>/dev/null")
+    // Names compare case-insensitively in the treesystem; lookups through the mount are exact.
+    try m.sh(
+      "mkdir c && echo 1 > c/Read.me && test ! -e c/read.me && ! touch c/read.me 2>/dev/null")
+    try m.sh(
+      "mv c/Read.me c/README && test \"$(ls c)\" = README && echo 2 > c/new && mv c/new c/readme")
+    #expect(try m.sh("ls c; cat c/readme").stdout == "readme\n2\n")
+  }
+
+  @Test func symlinksSparseAppendAndOpenUnlinked() throws {
+    let m = try MountFixture()
+    try m.sh(
+      "mkdir t && echo target > t/real && ln -s real t/link && ln -s /nonexistent/x t/dangling")
+    #expect(
+      try m.sh("readlink t/link; readlink t/dangling; cat t/link").stdout
+        == "real\n/nonexistent/x\ntarget\n")
+    try m.sh("test -L t/link && rm t/link && test ! -e t/link")
+    try m.python(
+      """
+      import os
+      fd = os.open('sparse', os.O_CREAT | os.O_RDWR, 0o644)
+      os.pwrite(fd, b'Z', 3_000_000)
+      os.pwrite(fd, b'A', 10)
+      os.close(fd)
+      data = open('sparse', 'rb').read()
+      assert len(data) == 3_000_001 and data[10:11] == b'A' and data[-1:] == b'Z'
+      assert data[11:3_000_000] == bytes(3_000_000 - 11)
+
+      fd = os.open('log', os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
+      os.write(fd, b'one ')
+      os.close(fd)
+      fd = os.open('log', os.O_WRONLY | os.O_APPEND)
+      os.lseek(fd, 0, os.SEEK_SET)
+      os.write(fd, b'two')
+      os.close(fd)
+      assert open('log', 'rb').read() == b'one two'
+
+      fd = os.open('ghost', os.O_CREAT | os.O_RDWR, 0o644)
+      os.write(fd, b'still here')
+      os.unlink('ghost')
+      assert not os.path.exists('ghost')
+      assert os.fstat(fd).st_nlink == 0
+      os.write(fd, b', and more')
+      assert os.pread(fd, 100, 0) == b'still here, and more'
+      os.close(fd)
+      assert 'ghost' not in os.listdir('.')
+
+      open('t1', 'w').write('long long content')
+      open('t1', 'w').write('s')
+      assert open('t1').read() == 's'
+      os.truncate('t1', 5)
+      assert open('t1', 'rb').read() == b's\\0\\0\\0\\0'
+      try:
+          os.open('t1', os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+          raise SystemExit('O_EXCL did not fail')
+      except FileExistsError:
+          pass
+
+      # Locks are kept locally by the kernel.
+      import fcntl
+      with open('t1', 'r+') as f:
+          fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+          fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+          fcntl.flock(f, fcntl.LOCK_UN)
+          fcntl.lockf(f, fcntl.LOCK_UN)
+      """)
+    try m.sh("flock t1 true")
+  }
+
+  @Test func renameFlags() throws {
+    let m = try MountFixture()
+    // Python's os.rename takes no flags: call renameat2 through ctypes.
+    try m.python(
+      """
+      import ctypes, errno, os
+      libc = ctypes.CDLL(None, use_errno=True)
+      def rename2(a, b, flags):
+          rc = libc.renameat2(-100, a.encode(), -100, b.encode(), flags)
+          return 0 if rc == 0 else ctypes.get_errno()
+      open('a', 'w').write('A'); open('b', 'w').write('B')
+      assert rename2('a', 'b', 1) == errno.EEXIST
+      assert rename2('a', 'c', 1) == 0 and open('c').read() == 'A'
+      assert rename2('c', 'b', 2) == 0
+      assert open('c').read() == 'B' and open('b').read() == 'A'
+      os.makedirs('d1/inner'); open('d1/inner/f', 'w').write('F')
+      assert rename2('c', 'd1', 2) == 0
+      assert os.path.isdir('c') and open('c/inner/f').read() == 'F' and open('d1').read() == 'B'
+      assert rename2('b', 'x', 4) in (errno.EINVAL, errno.EPERM)
+      os.makedirs('p/q'); os.makedirs('r')
+      os.rename('p/q', 'r/q')
+      assert os.path.isdir('r/q') and not os.path.exists('p/q')
+      os.makedirs('full/x'); os.makedirs('empty')
+      try:
+          os.rename('empty', 'full'); raise SystemExit('rename over a non-empty directory')
+      except OSError as e:
+          assert e.errno == errno.ENOTEMPTY
+      os.rename('full', 'empty')
+      assert os.path.isdir('empty/x')
+      """)
+  }
+
+  @Test func persistsAcrossRemountWithoutPlaintextOnDisk() throws {
+    let m = try MountFixture()
+    let secret = "zdcfs-plaintext-marker-\(UUID().uuidString)"
+    let big = String(repeating: secret + "\n", count: 5000)
+    try Data(big.utf8).write(to: m.dir.path("big.txt"))
+    try m.sh(
+      "mkdir keep && printf '%s' '\(secret)' > keep/small && cp '\(m.dir.path("big.txt").path)' keep/big"
+    )
+    try m.sh(
+      "ln -s small keep/link && setfattr -n user.note -v kept keep/small && chmod 640 keep/small")
+    let status = try m.sh("'\(m.zdc.path)' status").stdout
+    #expect(status.contains("Mounted on"))
+    m.unmount()
+    #expect(!m.isMounted)
+    #expect(try m.sh("'\(m.zdc.path)' status").stdout.contains("Not mounted"))
+    try m.mount()
+    #expect(try m.sh("cat keep/small").stdout == secret)
+    try m.sh("cmp keep/big '\(m.dir.path("big.txt").path)'")
+    #expect(
+      try m.sh(
+        "readlink keep/link; getfattr --only-values -n user.note keep/small; echo; stat -c %a keep/small"
+      ).stdout == "small\nkept\n640\n")
+    m.unmount()
+    let hits =
+      try findPlaintext(
+        [Data(secret.utf8)], under: m.state.appendingPathComponent("staging"))
+      + findPlaintext([Data(secret.utf8)], under: m.state.appendingPathComponent("cache"))
+      + findPlaintext([Data(secret.utf8)], under: m.store)
+    #expect(hits.isEmpty, "plaintext found: \(hits)")
+  }
+
+  @Test func unmountRefusesWhileBusy() throws {
+    let m = try MountFixture()
+    try m.sh("echo x > f")
+    let twice = try runProcess(m.zdc, ["mount", m.mnt.path], environment: m.env)
+    #expect(twice.status == 64 && twice.stderr.contains("already mounted"))
+    let holder = Process()
+    holder.executableURL = URL(fileURLWithPath: "/bin/sh")
+    holder.arguments = ["-c", "exec sleep 30 3<'\(m.mnt.path)/f'"]
+    try holder.run()
+    defer {
+      if holder.isRunning { kill(holder.processIdentifier, SIGKILL) }
+    }
+    usleep(300_000)
+    let busy = try runProcess(m.zdc, ["unmount", m.mnt.path], environment: m.env)
+    #expect(busy.status == 75, "\(busy.stdout) \(busy.stderr)")
+    #expect(busy.stderr.contains("busy"))
+    #expect(m.isMounted)
+    // SIGKILL: the test runner may ignore SIGTERM, and children inherit that.
+    kill(holder.processIdentifier, SIGKILL)
+    holder.waitUntilExit()
+    let ok = try runProcess(m.zdc, ["unmount", m.mnt.path], environment: m.env)
+    #expect(ok.status == 0, "\(ok.stderr)")
+    #expect(!m.isMounted)
+  }
+
+  @Test func firstMountInitialisesAndForegroundStopsOnSIGTERM() throws {
+    let dir = try TemporaryDirectory("zdc-fg")
+    let mnt = dir.path("mnt")
+    try FileManager.default.createDirectory(at: mnt, withIntermediateDirectories: true)
+    let zdc = BuiltProducts.executable("zdc")
+    var env = ProcessInfo.processInfo.environment
+    env["ZDC_STATE_DIR"] = dir.path("state").path
+    env["ZDC_PASSPHRASE"] = "first use"
+    let p = Process()
+    p.executableURL = zdc
+    p.arguments = [
+      "mount", mnt.path, "--foreground", "--store", dir.path("store").path, "--kdf", "minimum",
+    ]
+    p.environment = env
+    p.standardOutput = FileHandle.nullDevice
+    p.standardError = FileHandle.nullDevice
+    try p.run()
+    defer {
+      if p.isRunning { kill(p.processIdentifier, SIGKILL) }
+      _ = try? runProcess(URL(fileURLWithPath: "/usr/bin/fusermount3"), ["-u", "-z", mnt.path])
+    }
+    func mounted() -> Bool {
+      let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
+      return mounts.contains(" \(mnt.path) fuse.zdc ")
+    }
+    let deadline = Date().addingTimeInterval(20)
+    while !mounted(), p.isRunning, Date() < deadline { usleep(50_000) }
+    try #require(mounted())
+    #expect(FileManager.default.fileExists(atPath: dir.path("state/config.json").path))
+    try Data("hi".utf8).write(to: mnt.appendingPathComponent("f"))
+    #expect(try String(contentsOf: mnt.appendingPathComponent("f"), encoding: .utf8) == "hi")
+    kill(p.processIdentifier, SIGTERM)
+    p.waitUntilExit()
+    #expect(p.terminationStatus == 0)
+    #expect(!mounted())
+  }
+
+  @Test func nameEscapeRoundTrips() throws {
+    for name in [
+      "plain", ".data", ".meta", ".thumb", ".", "..", "a/b", "%%x", "100%", "%%", "x\u{0}y",
+      String(repeating: "é", count: 200), String(repeating: "/", count: 300),
+    ] {
+      let shown = NameEscape.shown(name)
+      #expect(shown.utf8.count <= 255 && !shown.contains("/") && !shown.contains("\u{0}"))
+      #expect(!NameEscape.reserved.contains(shown) && shown != "." && shown != "..")
+      switch try NameEscape.parse(shown) {
+      case .name(let back): #expect(back == name)
+      case .hashed(let h): #expect(h == shown && name.utf8.count * 1 > 100)
+      }
+    }
+    #expect(throws: FileSystemError.invalidArgument) { try NameEscape.parse("%%abc") }
+    #expect(throws: FileSystemError.invalidArgument) { try NameEscape.parse("%%a%zz") }
+  }
+}
