@@ -52,7 +52,7 @@ let package = Package(
     .target(
       name: "ZDCSync",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "CSodium",
         .product(name: "Logging", package: "swift-log"),
       ],
       swiftSettings: strict),
