@@ -267,15 +267,18 @@ extension CloudTransaction {
   }
 
   /// Makes a subtree that was deleted in the cloud new again: clears its cloud state, drops its
-  /// operations and enqueues a first upload of every node (RCRD, and DATA where the node had
-  /// or was uploading data), parents first.
+  /// operations and enqueues a first upload of every node (RCRD, and DATA for the dirty nodes
+  /// that had or were uploading data), parents first.
   public func reuploadSubtree(_ id: NodeID) throws {
     try requireWritable()
     let entries = try subtree(of: id)
     var hadData: Set<NodeID> = []
     for e in entries {
       let ops = try outstandingOperations(ofNode: e.id)
-      if e.eTagData != nil || ops.contains(where: { $0.kind == .putData }) { hadData.insert(e.id) }
+      // Only dirty nodes have content here worth uploading; clean ones' data was remote.
+      if !ops.isEmpty, e.eTagData != nil || ops.contains(where: { $0.kind == .putData }) {
+        hadData.insert(e.id)
+      }
       for op in ops { try deleteOperation(op.id) }
     }
     let clear = try db.cachedStatement(

@@ -579,13 +579,37 @@ public final class PullManager: @unchecked Sendable {
       try tx.setSyncValue("1", forKey: Self.needsFullScanKey)
       cond.withLock { forceFull = true }
     } else {
-      try tx.reuploadSubtree(c.id)
+      try keepDirty(c.id, dirty: dirty, tx: tx)
       let path = try tx.path(of: c.id)
       context.delegate.didDiscoverDeletedDirtyNode(
         renamed, dirtyDescendants: dirty, timestamp: nil, transaction: tx)
       context.delegate.didDiscoverConflict(
         .deletedWhileDirty, node: renamed, other: nil, at: path, transaction: tx)
     }
+  }
+
+  /// A subtree deleted remotely holds local changes: keeps the dirty nodes and the nodes that
+  /// hold them, deletes the other (clean) ones, and re-uploads what is kept as new.
+  private func keepDirty(_ root: NodeID, dirty: [NodeID], tx: CloudTransaction) throws {
+    var keep = Set<NodeID>()
+    for d in dirty {
+      var cur: NodeID? = d
+      while let c = cur, keep.insert(c).inserted, c != root { cur = try tx.node(id: c)?.parentID }
+    }
+    for id in try tx.subtreeIDs(of: root).reversed() where !keep.contains(id) {
+      guard let n = try tx.node(id: id), let parentID = n.parentID, keep.contains(parentID) else {
+        continue
+      }
+      var doomed: [(Node, TreesystemPath)] = []
+      for sid in try tx.subtreeIDs(of: id).reversed() {
+        if let d = try tx.node(id: sid) { doomed.append((d, try tx.path(of: sid))) }
+      }
+      try tx.deleteRemoteSubtree(id)
+      for (d, p) in doomed {
+        context.delegate.didDiscoverDeletedNode(d, at: p, timestamp: nil, transaction: tx)
+      }
+    }
+    try tx.reuploadSubtree(root)
   }
 
   /// Applies a DATA change found by a listing (RCRD unchanged).
@@ -632,7 +656,7 @@ public final class PullManager: @unchecked Sendable {
             context.delegate.didDiscoverDeletedNode(d, at: p, timestamp: nil, transaction: tx)
           }
         } else {
-          try tx.reuploadSubtree(n.id)
+          try keepDirty(n.id, dirty: dirty, tx: tx)
           context.delegate.didDiscoverDeletedDirtyNode(
             n, dirtyDescendants: dirty, timestamp: nil, transaction: tx)
           context.delegate.didDiscoverConflict(
