@@ -431,6 +431,10 @@ struct PushExecutor {
     else {
       throw PushIssue.needsPull("DATA of node \(node.id) changed place remotely")
     }
+    if dataInfo.eTag == node.eTagData {
+      // Nothing changed remotely: the 412 was spurious (or the object changed back).
+      throw StoreError.transient("spurious precondition failure for DATA of node \(node.id)")
+    }
     var sizes: CloudFileSizes? = nil
     let store = self.store
     let key = loc.dataKey
@@ -593,9 +597,13 @@ struct PushExecutor {
     throw PushIssue.needsPull("no free name")
   }
 
-  /// Deletes an RCRD if it still holds `cloudID` (conditional on its eTag).
+  /// Deletes an RCRD if it still holds `cloudID` (conditional on its eTag). With
+  /// `keepIfChanged`, an RCRD changed since `eTag` is kept (a remote edit). Returns whether the
+  /// RCRD is gone.
   @discardableResult
-  private func deleteIfOurs(rcrdKey: String, cloudID: String, eTag: String?) throws -> Bool {
+  private func deleteIfOurs(
+    rcrdKey: String, cloudID: String, eTag: String?, keepIfChanged: Bool = false
+  ) throws -> Bool {
     if let eTag {
       do {
         try store.delete(key: rcrdKey, condition: .ifMatch(eTag))
@@ -604,11 +612,13 @@ struct PushExecutor {
     }
     guard let remote = try context.fetchRcrd(rcrdKey) else { return true }
     guard remote.decoded?.cloudID == cloudID else { return false }
+    if keepIfChanged, let eTag, remote.info.eTag != eTag { return false }
     do {
       try store.delete(key: rcrdKey, condition: .ifMatch(remote.info.eTag))
       return true
     } catch StoreError.preconditionFailed {
-      return try context.headIfExists(rcrdKey) == nil
+      if try context.headIfExists(rcrdKey) == nil { return true }
+      throw StoreError.transient("RCRD changed while being deleted")
     }
   }
 
@@ -623,7 +633,9 @@ struct PushExecutor {
         do {
           try store.delete(key: ref.dataKey, condition: .ifMatch(eTag))
         } catch StoreError.preconditionFailed {
-          keepNode = try context.headIfExists(ref.dataKey) != nil
+          let now = try context.headIfExists(ref.dataKey)
+          if now?.eTag == eTag { throw StoreError.transient("spurious precondition failure") }
+          keepNode = now != nil
         }
       } else if let info = try context.headIfExists(ref.dataKey) {
         // Unknown eTag (uploaded while the delete was queued): delete it only if the RCRD
@@ -632,7 +644,11 @@ struct PushExecutor {
           do {
             try store.delete(key: ref.dataKey, condition: .ifMatch(info.eTag))
           } catch StoreError.preconditionFailed {
-            keepNode = try context.headIfExists(ref.dataKey) != nil
+            let now = try context.headIfExists(ref.dataKey)
+            if now?.eTag == info.eTag {
+              throw StoreError.transient("spurious precondition failure")
+            }
+            keepNode = now != nil
           }
         }
       }
@@ -640,7 +656,9 @@ struct PushExecutor {
         context.logger.info("delete skipped: data changed remotely", metadata: ["cloudID": "\(ref.cloudID)"])
         continue
       }
-      if try deleteIfOurs(rcrdKey: ref.rcrdKey, cloudID: ref.cloudID, eTag: ref.eTagRcrd) {
+      if try deleteIfOurs(
+        rcrdKey: ref.rcrdKey, cloudID: ref.cloudID, eTag: ref.eTagRcrd, keepIfChanged: true)
+      {
         logged.append(
           ChangeLogEntry(cloudID: ref.cloudID, kind: .delete, rcrd: ref.rcrdKey, data: ref.dataKey))
       }
