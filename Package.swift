@@ -73,7 +73,7 @@ let package = Package(
       swiftSettings: strict),
     .executableTarget(
       name: "zdc-testhelper",
-      dependencies: ["ZDCCore", "ZDCLocalStore"],
+      dependencies: ["ZDCCore", "ZDCLocalStore", "ZDCSync", "ZDCCatalog", "ZDCCrypto"],
       swiftSettings: strict),
     .executableTarget(
       name: "zdc-bench",
@@ -104,6 +104,7 @@ let package = Package(
       name: "ZDCSyncTests",
       dependencies: [
         "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCSync", "ZDCLocalStore", "ZDCTestSupport",
+        "zdc-testhelper",
       ],
       swiftSettings: strict),
     .testTarget(

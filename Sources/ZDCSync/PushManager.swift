@@ -67,7 +67,9 @@ public final class PushManager: @unchecked Sendable {
   private var logScheduled = false
   private var logFailures = 0
   private let ulids = ULIDGenerator()
-  private var pullRequested = false
+  /// Uploads that failed in a way that may have written the store: they stay in flight in
+  /// the catalog and run again when due (opID → due date, failures so far).
+  private var parked: [Int64: (due: Date, failures: Int)] = [:]
   /// Called (on a push thread) when an operation needs a pull first (e.g. a node changed or
   /// vanished remotely).
   public var onNeedsPull: (@Sendable () -> Void)? {
@@ -92,7 +94,24 @@ public final class PushManager: @unchecked Sendable {
 
   /// Starts the queue: operations left in flight by a previous run are returned to it first.
   public func start() throws {
-    try context.catalog.write(context.userID) { tx in try tx.resetInFlightOperations() }
+    // Uploads left in flight by a crash may have landed: they run again first, still in
+    // flight (so a delete of their node meanwhile knows to look for their objects), and adopt
+    // what they find of themselves. Other kinds go back to the queue.
+    let resumed = try context.catalog.write(context.userID) { tx -> [Int64] in
+      let inFlight = try tx.allOperations().filter { $0.state == .inFlight }
+      var resumed: [Int64] = []
+      for op in inFlight where op.kind == .putRcrd || op.kind == .putData {
+        resumed.append(op.id)
+      }
+      let others = inFlight.filter { !resumed.contains($0.id) }
+      if !others.isEmpty {
+        for op in others { try tx.failOperation(id: op.id, retryAt: Date()) }
+      }
+      return resumed
+    }
+    cond.withLock {
+      for id in resumed { parked[id] = (Date(), 0) }
+    }
     cond.withLock {
       guard stopped else { return }
       stopped = false
@@ -206,10 +225,25 @@ public final class PushManager: @unchecked Sendable {
 
   private func takeJobs(_ slots: Int) -> [PushJob] {
     do {
+      let now = Date()
+      let due = cond.withLock { () -> [(Int64, Int)] in
+        let ids = parked.filter { $0.value.due <= now }.sorted { $0.key < $1.key }.prefix(slots)
+        for (id, _) in ids { parked[id] = nil }
+        return ids.map { ($0.key, $0.value.failures) }
+      }
       return try context.catalog.write(context.userID) { tx in
         var jobs: [PushJob] = []
-        for op in try tx.readyOperations(limit: slots) {
-          try tx.markInFlight(op.id)
+        var candidates: [(PushOperation, Int)] = []
+        for (id, failures) in due {
+          if let op = try tx.operation(id: id) { candidates.append((op, failures)) }
+        }
+        if candidates.count < slots {
+          for op in try tx.readyOperations(limit: slots - candidates.count) {
+            try tx.markInFlight(op.id)
+            candidates.append((op, 0))
+          }
+        }
+        for (op, failures) in candidates {
           var node: Node? = nil
           var location: CloudObjectRef? = nil
           var path: TreesystemPath? = nil
@@ -217,10 +251,20 @@ public final class PushManager: @unchecked Sendable {
             node = n
             location = try tx.objectLocation(of: id)
             path = try tx.path(of: id)
+            // An upload resumed in flight belongs where the node was when it started: a move
+            // queued since then (which waits for it) starts from there.
+            if op.kind == .putRcrd || op.kind == .putData,
+              let move = try tx.pendingOperations(forNodeID: id).first(where: { $0.kind == .move }),
+              let origin = move.payload.origin
+            {
+              location = origin
+            }
           }
           var taken = op
           taken.state = .inFlight
-          jobs.append(PushJob(op: taken, node: node, location: location, path: path))
+          taken.attempts += failures
+          jobs.append(
+            PushJob(op: taken, node: node, location: location, path: path, parkedFailures: failures))
         }
         return jobs
       }
@@ -258,6 +302,11 @@ public final class PushManager: @unchecked Sendable {
     let attempts = immediate ? 0 : job.op.attempts
     let delay =
       immediate ? 0 : min(config.retryCap, config.retryBase * pow(2, Double(min(attempts, 30))))
+    let mayHaveWritten: Bool
+    switch error {
+    case is PushIssue, is CatalogError, is SyncError: mayHaveWritten = false
+    default: mayHaveWritten = job.op.kind == .putRcrd || job.op.kind == .putData
+    }
     if !immediate {
       context.logger.warning(
         "push operation failed; will retry",
@@ -266,6 +315,13 @@ public final class PushManager: @unchecked Sendable {
           "retryIn": "\(delay)",
         ])
       context.progress.update { $0.lastError = "\(job.op.kind.rawValue): \(error)" }
+    }
+    if mayHaveWritten {
+      // Keep it in flight: its write may have landed, and a delete of the node must know.
+      cond.withLock {
+        parked[job.op.id] = (Date().addingTimeInterval(delay), job.parkedFailures + 1)
+      }
+      return
     }
     do {
       try context.catalog.write(context.userID) { tx in
@@ -361,6 +417,8 @@ struct PushJob: Sendable {
   var node: Node?
   var location: CloudObjectRef?
   var path: TreesystemPath?
+  /// Failures while parked in flight (not counted in `op.attempts`).
+  var parkedFailures = 0
 }
 
 /// Why an operation did not finish (besides store and crypto errors).
