@@ -77,7 +77,9 @@ let package = Package(
       swiftSettings: strict),
     .executableTarget(
       name: "zdc-bench",
-      dependencies: ["ZDCCore", "ZDCCrypto", "CSodium"],
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", "CSodium", "ZDCCatalog", "ZDCLocalStore", "ZDCSync",
+      ],
       swiftSettings: strict),
 
     .target(
