@@ -2,7 +2,7 @@ public import Foundation
 import Logging
 public import ZDCCatalog
 public import ZDCCore
-import ZDCCrypto
+public import ZDCCrypto
 
 /// Tunables of the push side.
 public struct PushConfiguration: Sendable {
@@ -90,6 +90,19 @@ public final class PushManager: @unchecked Sendable {
     try FileManager.default.createDirectory(
       at: configuration.workDirectory, withIntermediateDirectories: true,
       attributes: [.posixPermissions: 0o700])
+  }
+
+  /// A push manager for one local user of `catalog`, the identity given field by field.
+  public convenience init(
+    catalog: Catalog, store: any CloudStore, userID: String, keys: UserKeyPair, deviceID: String,
+    deviceName: String, delegate: any SyncDelegate, progress: ProgressTracker = ProgressTracker(),
+    configuration: PushConfiguration
+  ) throws {
+    try self.init(
+      catalog: catalog, store: store,
+      account: SyncAccount(
+        userID: userID, keys: keys, deviceID: deviceID, deviceName: deviceName),
+      delegate: delegate, progress: progress, configuration: configuration)
   }
 
   /// Starts the queue: operations left in flight by a previous run are returned to it first.
