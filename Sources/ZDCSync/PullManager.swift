@@ -218,7 +218,8 @@ public final class PullManager: @unchecked Sendable {
           parentDirPrefix: parsed.dirPrefix, cloudName: parsed.cloudName, rcrdKey: t.rcrdKey,
           rcrdInfo: r.info, rcrd: decoded, dataInfo: dataInfo)
       } catch {
-        ctx.logger.error("RCRD fetch failed", metadata: ["key": "\(t.rcrdKey)", "error": "\(error)"])
+        ctx.logger.error(
+          "RCRD fetch failed", metadata: ["key": "\(t.rcrdKey)", "error": "\(error)"])
         return nil
       }
     }
@@ -302,7 +303,9 @@ public final class PullManager: @unchecked Sendable {
       while i < dataOnly.count {
         let batch = dataOnly[i..<min(dataOnly.count, i + config.fullScanBatch)]
         try context.catalog.write(context.userID) { tx in
-          for d in batch { try self.applyData(nodeID: d.entry.id, info: d.data, tx: tx, result: &result) }
+          for d in batch {
+            try self.applyData(nodeID: d.entry.id, info: d.data, tx: tx, result: &result)
+          }
         }
         i += config.fullScanBatch
       }
@@ -329,7 +332,9 @@ public final class PullManager: @unchecked Sendable {
     ).filter { ChangeLogCodec.parse(key: $0.key, layout: layout) != nil }
     guard let last = logObjects.last else { return result }
     let mine = context.account.deviceID
-    let others = logObjects.filter { ChangeLogCodec.parse(key: $0.key, layout: layout)!.deviceID != mine }
+    let others = logObjects.filter {
+      ChangeLogCodec.parse(key: $0.key, layout: layout)!.deviceID != mine
+    }
     result.logObjects = others.count
     let ctx = context
     let decoded = parallelMap(others.map(\.key), width: config.fetchConcurrency) {
@@ -371,10 +376,12 @@ public final class PullManager: @unchecked Sendable {
     var gone: [String] = []
     for cloudID in Set(deleted) where !present.contains(cloudID) {
       guard
-        let loc = try context.catalog.read(context.userID, { tx -> CloudObjectRef? in
-          guard let n = try tx.node(cloudID: cloudID) else { return nil }
-          return try tx.objectLocation(of: n.id)
-        })
+        let loc = try context.catalog.read(
+          context.userID,
+          { tx -> CloudObjectRef? in
+            guard let n = try tx.node(cloudID: cloudID) else { return nil }
+            return try tx.objectLocation(of: n.id)
+          })
       else { continue }
       let r = try context.fetchRcrd(loc.rcrdKey)
       if r == nil || (r?.decoded != nil && r?.decoded?.cloudID != cloudID) { gone.append(cloudID) }
@@ -511,7 +518,8 @@ public final class PullManager: @unchecked Sendable {
         dl.didDiscoverMovedNode(n, from: oldPath, to: newPath, transaction: tx)
         result.movedNodes += 1
         if kinds.contains(.putData) || kinds.contains(.putRcrd) {
-          dl.didDiscoverConflict(.movedWhileEdited, node: n, other: nil, at: newPath, transaction: tx)
+          dl.didDiscoverConflict(
+            .movedWhileEdited, node: n, other: nil, at: newPath, transaction: tx)
         }
       }
       let rest = change.subtracting([.parent, .name])
@@ -542,7 +550,8 @@ public final class PullManager: @unchecked Sendable {
     result.newNodes += 1
   }
 
-  private func isDescendant(_ id: NodeID, of ancestor: NodeID, tx: CloudTransaction) throws -> Bool {
+  private func isDescendant(_ id: NodeID, of ancestor: NodeID, tx: CloudTransaction) throws -> Bool
+  {
     var cur: NodeID? = id
     var steps = 0
     while let c = cur, steps < 100_000 {
@@ -684,7 +693,8 @@ public final class PullManager: @unchecked Sendable {
         }
         return u.milliseconds < cutoff
       }
-      guard let newest = old.last, let newestULID = ChangeLogCodec.parse(key: newest.key, layout: layout)?.ulid
+      guard let newest = old.last,
+        let newestULID = ChangeLogCodec.parse(key: newest.key, layout: layout)?.ulid
       else { return 0 }
       let markerKey = ChangeLogCodec.compactedMarkerKey(layout)
       var written = false

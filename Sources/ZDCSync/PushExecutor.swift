@@ -182,7 +182,11 @@ struct PushExecutor {
     let thumbnail = try bytes(t)
     switch try resolve(d) {
     case nil:
-      return (Content(metadata: metadata, thumbnail: thumbnail, source: .data(Data()), dataSize: 0, cleanup: {}), generation)
+      return (
+        Content(
+          metadata: metadata, thumbnail: thumbnail, source: .data(Data()), dataSize: 0, cleanup: {}),
+        generation
+      )
     case .data(let data)?:
       return (
         Content(
@@ -209,7 +213,9 @@ struct PushExecutor {
   }
 
   private func loadState() throws -> DataUploadState {
-    let raw = try context.catalog.read(context.userID) { try $0.operation(id: op.id)?.multipartState }
+    let raw = try context.catalog.read(context.userID) {
+      try $0.operation(id: op.id)?.multipartState
+    }
     guard let raw, let s = try? JSONDecoder().decode(DataUploadState.self, from: raw) else {
       return DataUploadState()
     }
@@ -491,7 +497,8 @@ struct PushExecutor {
       context.delegate.didDiscoverModifiedNode(
         cur, change: .data, at: curPath, transaction: tx)
     }
-    context.logger.info("data conflict: local version kept as a copy", metadata: ["node": "\(node.id)"])
+    context.logger.info(
+      "data conflict: local version kept as a copy", metadata: ["node": "\(node.id)"])
   }
 
   // MARK: Move
@@ -653,7 +660,8 @@ struct PushExecutor {
         }
       }
       if keepNode {
-        context.logger.info("delete skipped: data changed remotely", metadata: ["cloudID": "\(ref.cloudID)"])
+        context.logger.info(
+          "delete skipped: data changed remotely", metadata: ["cloudID": "\(ref.cloudID)"])
         continue
       }
       if try deleteIfOurs(

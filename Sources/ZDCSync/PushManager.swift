@@ -173,9 +173,11 @@ public final class PushManager: @unchecked Sendable {
     while Date() < deadline {
       let busy = cond.withLock { !running.isEmpty || dispatching }
       if !busy,
-        let counts = try? context.catalog.read(context.userID, {
-          tx in (try tx.operationCount(), try tx.pendingChangeCount())
-        }),
+        let counts = try? context.catalog.read(
+          context.userID,
+          {
+            tx in (try tx.operationCount(), try tx.pendingChangeCount())
+          }),
         counts.0 == 0, counts.1 == 0
       {
         return true
@@ -277,7 +279,8 @@ public final class PushManager: @unchecked Sendable {
           taken.state = .inFlight
           taken.attempts += failures
           jobs.append(
-            PushJob(op: taken, node: node, location: location, path: path, parkedFailures: failures))
+            PushJob(op: taken, node: node, location: location, path: path, parkedFailures: failures)
+          )
         }
         return jobs
       }

@@ -82,26 +82,17 @@ final class LineBox: @unchecked Sendable {
     var rng = SplitMix64(seed: 99)
     var killedDuringMultipart = 0
     let rounds = 24
-    let catalogPath = stateDir.url.appendingPathComponent("catalog.sqlite").path
     for _ in 0..<rounds {
       let run = try HelperRun(args)
       let delay = 0.1 + Double(rng.next() % 700) / 1000
       let deadline = Date().addingTimeInterval(delay)
       // Kill at the random time, or as soon as a multipart upload is seen under way.
       var sawMultipart = false
+      let uploads = storeDir.url.appendingPathComponent(".zdc-multipart").path
       while Date() < deadline && run.process.isRunning {
-        Thread.sleep(forTimeInterval: 0.004)
-        guard FileManager.default.fileExists(atPath: catalogPath),
-          let catalog = try? Catalog(path: catalogPath)
-        else { continue }
-        let mp =
-          (try? catalog.read(HelperUser.userID) { tx in
-            try tx.allOperations().contains {
-              $0.multipartState.map { String(decoding: $0, as: UTF8.self).contains("uploadID") }
-                ?? false
-            }
-          }) ?? false
-        if mp && killedDuringMultipart < 4 {
+        Thread.sleep(forTimeInterval: 0.002)
+        let open = (try? FileManager.default.contentsOfDirectory(atPath: uploads)) ?? []
+        if !open.isEmpty && killedDuringMultipart < 4 {
           sawMultipart = true
           Thread.sleep(forTimeInterval: Double(rng.next() % 20) / 1000)
           break

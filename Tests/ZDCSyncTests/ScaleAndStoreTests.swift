@@ -238,8 +238,11 @@ import ZDCTestSupport
   @Test func changeLogFormatRoundTripsAndRejectsTampering() throws {
     let key = SecureRandom.bytes(32)
     let entries = [
-      ChangeLogEntry(cloudID: "abc", kind: .put, rcrd: "u/t/p/n.rcrd", data: "u/t/p/n.data", eTagRcrd: "e1"),
-      ChangeLogEntry(cloudID: "def", kind: .move, rcrd: "u/t/q/m.rcrd", data: "u/t/q/m.data", fromRcrd: "u/t/p/m.rcrd"),
+      ChangeLogEntry(
+        cloudID: "abc", kind: .put, rcrd: "u/t/p/n.rcrd", data: "u/t/p/n.data", eTagRcrd: "e1"),
+      ChangeLogEntry(
+        cloudID: "def", kind: .move, rcrd: "u/t/q/m.rcrd", data: "u/t/q/m.data",
+        fromRcrd: "u/t/p/m.rcrd"),
     ]
     let name = "\(ULID().string)-dev1"
     let blob = try ChangeLogCodec.encode(entries, deviceID: "dev1", name: name, key: key)

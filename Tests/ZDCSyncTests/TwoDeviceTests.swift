@@ -59,8 +59,10 @@ import ZDCTestSupport
     let objects = try store.listAll(prefix: "\(user.userID)/")
     #expect(objects.allSatisfy { $0.key.contains("/changes/") })
     let hits = try findPlaintext(
-      [Data("secret report".utf8), Data("report.txt".utf8), Data("hello notes".utf8),
-       Data("notes-renamed".utf8)], under: dir.url)
+      [
+        Data("secret report".utf8), Data("report.txt".utf8), Data("hello notes".utf8),
+        Data("notes-renamed".utf8),
+      ], under: dir.url)
     #expect(hits.isEmpty)
     a.engine.stop()
     b.engine.stop()
