@@ -199,30 +199,64 @@ public final class PullManager: @unchecked Sendable {
     var dataInfo: ObjectInfo?
   }
 
-  /// Fetches and decodes RCRDs in parallel; undecodable ones are skipped (and logged).
+  /// What fetching one RCRD gave.
+  enum Fetched: Sendable {
+    case item(Item)
+    /// Present but undecodable (malformed, tampered, not ours): skipped, logged.
+    case undecodable(String)
+    /// Gone since it was listed or named.
+    case missing(String)
+    /// The store failed: the pull must not go on as if the object did not exist.
+    case failed(String)
+  }
+
+  /// Fetches and decodes RCRDs in parallel.
   private func fetch(
     _ targets: [(rcrdKey: String, dataInfo: ObjectInfo?, headData: Bool)]
-  ) -> [Item?] {
+  ) -> [Fetched] {
     let ctx = context
     let layout = context.layout
-    return parallelMap(targets, width: config.fetchConcurrency) { t -> Item? in
-      guard let parsed = layout.parse(key: t.rcrdKey), parsed.isRcrd else { return nil }
+    return parallelMap(targets, width: config.fetchConcurrency) { t -> Fetched in
+      guard let parsed = layout.parse(key: t.rcrdKey), parsed.isRcrd else {
+        return .undecodable(t.rcrdKey)
+      }
       do {
-        guard let r = try ctx.fetchRcrd(t.rcrdKey), let decoded = r.decoded else { return nil }
+        guard let r = try ctx.fetchRcrd(t.rcrdKey) else { return .missing(t.rcrdKey) }
+        guard let decoded = r.decoded else { return .undecodable(t.rcrdKey) }
         var dataInfo = t.dataInfo
         if t.headData {
           dataInfo = try ctx.headIfExists(
             layout.dataKey(dirPrefix: parsed.dirPrefix, cloudName: parsed.cloudName))
         }
-        return Item(
-          parentDirPrefix: parsed.dirPrefix, cloudName: parsed.cloudName, rcrdKey: t.rcrdKey,
-          rcrdInfo: r.info, rcrd: decoded, dataInfo: dataInfo)
+        return .item(
+          Item(
+            parentDirPrefix: parsed.dirPrefix, cloudName: parsed.cloudName, rcrdKey: t.rcrdKey,
+            rcrdInfo: r.info, rcrd: decoded, dataInfo: dataInfo))
       } catch {
-        ctx.logger.error(
+        ctx.logger.warning(
           "RCRD fetch failed", metadata: ["key": "\(t.rcrdKey)", "error": "\(error)"])
-        return nil
+        return .failed("\(error)")
       }
     }
+  }
+
+  /// The items fetched; throws if any fetch failed (the pull is retried later, unapplied).
+  private func items(_ fetched: [Fetched], result: inout PullResult) throws -> (
+    items: [Item], undecodable: [String]
+  ) {
+    var items: [Item] = []
+    var undecodable: [String] = []
+    for f in fetched {
+      switch f {
+      case .item(let i): items.append(i)
+      case .undecodable(let k):
+        undecodable.append(k)
+        result.skipped += 1
+      case .missing: break
+      case .failed(let e): throw StoreError.transient("RCRD fetch failed: \(e)")
+      }
+    }
+    return (items, undecodable)
   }
 
   // MARK: Full scan
@@ -283,9 +317,10 @@ public final class PullManager: @unchecked Sendable {
           toFetch.append((c.key, c.data, false))
         }
       }
-      let items = fetch(toFetch).compactMap { $0 }
+      let (items, undecodable) = try self.items(fetch(toFetch), result: &result)
       result.fetchedRcrds += toFetch.count
-      result.skipped += toFetch.count - items.count
+      // A node whose RCRD cannot be read now is not taken for deleted.
+      for key in undecodable { if let e = byKey[key] { seen.insert(e.cloudID) } }
       for item in items {
         seen.insert(item.rcrd.cloudID)
         if visitedPrefixes.insert(item.rcrd.dirPrefix).inserted { next.append(item.rcrd.dirPrefix) }
@@ -369,7 +404,7 @@ public final class PullManager: @unchecked Sendable {
         deleted.append(e.cloudID)
       }
     }
-    let items = fetch(rcrdKeys.map { ($0, nil, true) }).compactMap { $0 }
+    let (items, _) = try self.items(fetch(rcrdKeys.map { ($0, nil, true) }), result: &result)
     result.fetchedRcrds = rcrdKeys.count
     let present = Set(items.map(\.rcrd.cloudID))
     // A deleted node is gone if its RCRD is no longer where this device knows it.

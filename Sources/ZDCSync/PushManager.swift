@@ -294,6 +294,7 @@ public final class PushManager: @unchecked Sendable {
     let executor = PushExecutor(manager: self, job: job)
     do {
       try executor.execute()
+      context.progress.update { $0.push.doneItems += 1 }
     } catch {
       fail(job, error)
     }
