@@ -262,3 +262,134 @@ import ZDCTestSupport
     #expect(blob.range(of: Data("u/t/p".utf8)) == nil)
   }
 }
+
+/// A delegate serving one node's content from a CryptoFile and another's through a promise.
+final class SourcesDelegate: SyncDelegate, @unchecked Sendable {
+  // Safe: `sources` is only touched under `lock`.
+  private let lock = NSLock()
+  private var sources: [String: NodeData] = [:]
+  func set(_ d: NodeData, for name: String) { lock.withLock { sources[name] = d } }
+  func data(for node: Node, at path: TreesystemPath, transaction: CloudTransaction) -> NodeData? {
+    lock.withLock { sources[node.name] }
+  }
+  func metadata(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
+    -> NodeData?
+  { .data(Data("meta of \(node.name)".utf8)) }
+  func didDiscoverNewNode(_ node: Node, at path: TreesystemPath, transaction: CloudTransaction) {}
+  func didDiscoverModifiedNode(
+    _ node: Node, change: NodeChange, at path: TreesystemPath, transaction: CloudTransaction
+  ) {}
+  func didDiscoverMovedNode(
+    _ node: Node, from oldPath: TreesystemPath, to newPath: TreesystemPath,
+    transaction: CloudTransaction
+  ) {}
+  func didDiscoverDeletedNode(
+    _ node: Node, at path: TreesystemPath, timestamp: Date?, transaction: CloudTransaction
+  ) {}
+  func didDiscoverConflict(
+    _ kind: ConflictKind, node: Node, other: Node?, at path: TreesystemPath,
+    transaction: CloudTransaction
+  ) {}
+}
+
+@Suite(.serialized) struct DataSourceTests {
+  @Test func cryptoFilePromiseAndCleartextFileSources() throws {
+    let dir = try makeStoreDirectory("zdc-sync-sources")
+    let store = try LocalFolderStore(root: dir.url)
+    let user = try TestUser()
+    let work = try TemporaryDirectory("zdc-sources-work")
+    let catalog = try Catalog.temporary(options: .init(durability: .normal))
+    try catalog.createLocalUser(
+      LocalUser(
+        id: user.userID, treeID: user.treeID, boxPublicKey: user.keys.boxPublicKey,
+        signPublicKey: user.keys.signPublicKey))
+    let delegate = SourcesDelegate()
+    let cacheKey = SecureRandom.bytes(32)
+    let cryptoURL = work.path("staged.cf")
+    let staged = try CryptoFile.create(at: cryptoURL, key: cacheKey)
+    try staged.write(Data("staged secret bytes".utf8), at: 0)
+    try staged.close()
+    delegate.set(.cryptoFile(cryptoURL, key: cacheKey), for: "a.txt")
+    let promise = NodeDataPromise()
+    delegate.set(.promise(promise), for: "b.txt")
+    let plain = work.path("plain.txt")
+    try Data("cleartext file bytes".utf8).write(to: plain)
+    delegate.set(.cleartextFile(plain), for: "c.txt")
+    let engine = try SyncEngine(
+      catalog: catalog, store: store,
+      account: SyncAccount(userID: user.userID, keys: user.keys, deviceID: "src", deviceName: "s"),
+      delegate: delegate,
+      push: PushConfiguration(
+        workDirectory: work.path("push"), retryBase: 0.02, retryCap: 0.1, pollInterval: 0.02))
+    try catalog.write(user.userID) { tx in
+      for name in ["a.txt", "b.txt", "c.txt"] {
+        let n = try tx.createNode(path: TreesystemPath([name]))
+        try tx.queueDataUpload(nodeID: n.id)
+      }
+    }
+    try engine.start()
+    DispatchQueue.global().asyncAfter(deadline: .now() + 0.2) {
+      promise.fulfill(.data(Data("promised bytes".utf8)))
+    }
+    #expect(engine.push.waitUntilIdle(timeout: 30))
+    engine.stop()
+    let b = try Device("beta", user: user, store: store)
+    try b.engine.pull.pull()
+    #expect(try b.cloudContent("a.txt") == Data("staged secret bytes".utf8))
+    #expect(try b.cloudContent("b.txt") == Data("promised bytes".utf8))
+    #expect(try b.cloudContent("c.txt") == Data("cleartext file bytes".utf8))
+    #expect(
+      try findPlaintext([Data("secret bytes".utf8), Data("a.txt".utf8)], under: dir.url).isEmpty)
+  }
+
+  @Test func newerDataDuringMultipartUploadWins() throws {
+    let dir = try makeStoreDirectory("zdc-sync-newer")
+    let inner = try LocalFolderStore(root: dir.url)
+    let store = FaultInjectingStore(inner, seed: 5)
+    store.inject([.delay(0.03)], into: [.uploadPart], rate: 1)
+    let user = try TestUser()
+    let a = try Device("alpha", user: user, store: store) { push, _ in
+      push.multipartThreshold = 256 << 10
+      push.partSize = 64 << 10
+    }
+    let first = Data(repeating: 1, count: 1 << 20)
+    let second = Data(repeating: 2, count: 900 << 10)
+    try a.catalog.write(user.userID) { tx in
+      let n = try tx.createNode(path: TreesystemPath(["v.bin"]))
+      a.delegate.setContent(first, for: n)
+      try tx.queueDataUpload(nodeID: n.id)
+    }
+    try a.start()
+    let deadline = Date().addingTimeInterval(10)
+    while store.counts[.uploadPart, default: 0] < 2 && Date() < deadline {
+      Thread.sleep(forTimeInterval: 0.005)
+    }
+    try a.write("v.bin", second)
+    try a.sync()
+    store.heal()
+    #expect(try a.cloudContent("v.bin") == second)
+    #expect(a.delegate.events.filter { $0 == "pushed /home/v.bin" }.count >= 1)
+    let b = try Device("beta", user: user, store: inner)
+    try b.engine.pull.pull()
+    #expect(try b.cloudContent("v.bin") == second)
+    a.engine.stop()
+  }
+
+  @Test func completionsShareChangeLogObjects() throws {
+    let dir = try makeStoreDirectory("zdc-sync-batch")
+    let store = try LocalFolderStore(root: dir.url)
+    let user = try TestUser()
+    let a = try Device("alpha", user: user, store: store) { push, _ in
+      push.logBatchWindow = 0.3
+    }
+    try a.catalog.write(user.userID) { tx in
+      for i in 0..<40 { try tx.createNode(path: TreesystemPath(["n\(i)"]), kind: .directory) }
+    }
+    try a.start()
+    try a.sync()
+    let layout = CloudLayout(userID: user.userID, treeID: user.treeID)
+    let logs = try store.listAll(prefix: layout.changesPrefix)
+    #expect(logs.count >= 1 && logs.count <= 4)
+    a.engine.stop()
+  }
+}
