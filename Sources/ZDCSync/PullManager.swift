@@ -280,6 +280,12 @@ public final class PullManager: @unchecked Sendable {
       if p.isRcrd { slot.rcrd = o } else { slot.data = o }
       byPrefix[p.dirPrefix, default: [:]][p.cloudName] = slot
     }
+    var listedRcrds = Set<String>()
+    for (prefix, slots) in byPrefix {
+      for (cloudName, slot) in slots where slot.rcrd != nil {
+        listedRcrds.insert(layout.rcrdKey(dirPrefix: prefix, cloudName: cloudName))
+      }
+    }
     let index = try context.catalog.read(context.userID) { try $0.syncIndex() }
     var byKey: [String: SyncIndexEntry] = [:]
     for e in index {
@@ -320,7 +326,11 @@ public final class PullManager: @unchecked Sendable {
       let (items, undecodable) = try self.items(fetch(toFetch), result: &result)
       result.fetchedRcrds += toFetch.count
       // A node whose RCRD cannot be read now is not taken for deleted.
-      for key in undecodable { if let e = byKey[key] { seen.insert(e.cloudID) } }
+      for key in undecodable {
+        guard let e = byKey[key] else { continue }
+        seen.insert(e.cloudID)
+        if visitedPrefixes.insert(e.dirPrefix).inserted { next.append(e.dirPrefix) }
+      }
       for item in items {
         seen.insert(item.rcrd.cloudID)
         if visitedPrefixes.insert(item.rcrd.dirPrefix).inserted { next.append(item.rcrd.dirPrefix) }
@@ -348,7 +358,7 @@ public final class PullManager: @unchecked Sendable {
     }
     // Nodes that were in the cloud and are no longer anywhere in it.
     let gone = index.filter { $0.trunk == nil && $0.eTagRcrd != nil && !seen.contains($0.cloudID) }
-    try applyDeletions(gone.map(\.cloudID), result: &result)
+    try applyDeletions(gone.map(\.cloudID), listed: listedRcrds, result: &result)
     try context.catalog.write(context.userID) { tx in
       try tx.setSyncValue(newCursor ?? "", forKey: Self.cursorKey)
       try tx.setSyncValue("\(Date().timeIntervalSince1970)", forKey: Self.lastFullScanKey)
@@ -672,7 +682,13 @@ public final class PullManager: @unchecked Sendable {
   }
 
   /// Applies remote deletions (one transaction each); dirty subtrees are kept and re-uploaded.
-  private func applyDeletions(_ cloudIDs: [String], result: inout PullResult) throws {
+  ///
+  /// Descendants whose RCRD is still in the store (created or moved there by this device while
+  /// the deletion happened elsewhere) count as dirty: they are kept, with what holds them.
+  /// `listed` is the full scan's set of RCRD keys; without it the store is listed.
+  private func applyDeletions(
+    _ cloudIDs: [String], listed: Set<String>? = nil, result: inout PullResult
+  ) throws {
     var handled = Set<NodeID>()
     // Shallow first, so a deleted directory takes its deleted children with it.
     let ordered = try context.catalog.read(context.userID) { tx -> [(String, Int)] in
@@ -682,12 +698,36 @@ public final class PullManager: @unchecked Sendable {
       }.sorted { $0.1 < $1.1 }
     }
     for (cloudID, _) in ordered {
+      // Which descendants still have their RCRD in the store (I/O before the transaction).
+      let below = try context.catalog.read(context.userID) { tx -> [(NodeID, CloudObjectRef)] in
+        guard let n = try tx.node(cloudID: cloudID) else { return [] }
+        return try tx.subtreeIDs(of: n.id).dropFirst().compactMap { id in
+          try tx.objectLocation(of: id).map { (id, $0) }
+        }
+      }
+      var alive = Set<NodeID>()
+      if !below.isEmpty {
+        var present: Set<String>
+        if let listed {
+          present = listed
+        } else {
+          present = []
+          for prefix in Set(below.map(\.1.dirPrefix)) {
+            for o in try context.store.listAll(
+              prefix: context.layout.childrenPrefix(dirPrefix: prefix))
+            {
+              present.insert(o.key)
+            }
+          }
+        }
+        for (id, loc) in below where present.contains(loc.rcrdKey) { alive.insert(id) }
+      }
       try context.catalog.write(context.userID) { tx in
         guard let n = try tx.node(cloudID: cloudID), n.trunk == nil, !handled.contains(n.id) else {
           return
         }
         let ids = try tx.subtreeIDs(of: n.id)
-        let dirty = try tx.dirtyNodes(inSubtreeOf: n.id)
+        let dirty = try tx.dirtyNodes(inSubtreeOf: n.id) + ids.filter { alive.contains($0) }
         let path = try tx.path(of: n.id)
         result.deletedNodes += 1
         if dirty.isEmpty {

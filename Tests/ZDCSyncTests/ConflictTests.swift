@@ -105,6 +105,27 @@ import ZDCTestSupport
     #expect(p.b.delegate.events.contains("deletedDirty d"))
   }
 
+  @Test(arguments: [false, true])
+  func childPushedIntoRemotelyDeletedDirectoryIsKept(fullScan: Bool) throws {
+    let p = try pair("delpushed")
+    try p.a.create("d", kind: .directory)
+    try p.a.create("d/old.txt", "old")
+    try p.a.sync()
+    try p.b.sync()
+    try p.a.delete("d")
+    try p.a.sync()
+    // B adds a file to d and pushes it before hearing of the delete.
+    try p.b.create("d/new.txt", "new from beta")
+    #expect(p.b.engine.push.waitUntilIdle(timeout: 30))
+    try p.b.engine.pull.pull(fullScan: fullScan)
+    try p.b.sync()
+    try p.a.sync()
+    for d in [p.a, p.b] {
+      #expect(try d.tree() == ["/d": "dir", "/d/new.txt": "file:new from beta"])
+    }
+    #expect(p.b.delegate.conflicts.contains { $0.0 == .deletedWhileDirty })
+  }
+
   @Test func movedRemotelyWhileEditedLocally() throws {
     let p = try pair("movededit")
     try p.a.create("m.txt", "v1")
