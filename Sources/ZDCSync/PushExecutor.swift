@@ -474,16 +474,14 @@ struct PushExecutor {
       let curPath = try tx.path(of: cur.id)
       context.delegate.didDiscoverConflict(
         .data, node: cur, other: copy, at: curPath, transaction: tx)
-      // The node now stands for the remote version.
-      let pendingRcrd = try tx.outstandingKinds(ofNodeID: cur.id).contains(.putRcrd)
-      if !pendingRcrd {
-        cur.mode = rcrd.meta.mode
-        cur.mtime = rcrd.meta.mtime
-        cur.xattrs = rcrd.meta.xattrs
-        cur.dataSize = rcrd.meta.dataSize
-        cur.eTagRcrd = remote.info.eTag
-        cur.lastModifiedRcrd = remote.info.lastModified
-      }
+      // The node now stands for the remote version (its local attributes went to the copy).
+      cur.mode = rcrd.meta.mode
+      cur.mtime = rcrd.meta.mtime
+      cur.xattrs = rcrd.meta.xattrs
+      cur.dataSize = rcrd.meta.dataSize
+      cur.eTagRcrd = remote.info.eTag
+      cur.lastModifiedRcrd = remote.info.lastModified
+      try tx.dropOperations(ofNodeID: cur.id, kind: .putRcrd)
       cur.eTagData = dataInfo.eTag
       cur.lastModifiedData = dataInfo.lastModified
       cur.cloudDataInfo = sizes.map {
