@@ -505,6 +505,14 @@ struct PushExecutor {
     guard let node = job.node, let loc = job.location, let origin = op.payload.origin else {
       return try completeOrphan()
     }
+    // 0. The node must still be at its origin (or already at its target, when an earlier run
+    // of this move got that far): otherwise it moved or vanished remotely, and a pull decides.
+    if origin.rcrdKey != loc.rcrdKey,
+      try context.fetchRcrd(origin.rcrdKey)?.decoded?.cloudID != node.cloudID,
+      try context.fetchRcrd(loc.rcrdKey)?.decoded?.cloudID != node.cloudID
+    {
+      throw PushIssue.needsPull("node \(node.id) is no longer at the origin of its move")
+    }
     // 1. The RCRD at the new place.
     var eTagRcrd: String
     switch try putRcrd(node: node, key: loc.rcrdKey, condition: .ifNoneMatch) {

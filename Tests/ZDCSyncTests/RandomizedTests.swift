@@ -1,0 +1,96 @@
+import Foundation
+import Testing
+import ZDCCatalog
+import ZDCCore
+import ZDCLocalStore
+import ZDCSync
+import ZDCTestSupport
+
+@Suite(.serialized) struct RandomizedTests {
+  /// Two devices edit one tree at random (creates, edits, moves, deletes, concurrent edits of
+  /// the same files), syncing at random moments; afterwards both hold the same tree and bytes.
+  @Test(arguments: Array(1...12) as [UInt64])
+  func twoDevicesConvergeAfterRandomEdits(seed: UInt64) throws {
+    let dir = try makeStoreDirectory("zdc-sync-random")
+    let store = try LocalFolderStore(root: dir.url)
+    let user = try TestUser()
+    let devices = [
+      try Device("alpha", user: user, store: store), try Device("beta", user: user, store: store),
+    ]
+    for d in devices { try d.start() }
+    try devices[0].create("shared", kind: .directory)
+    for i in 0..<4 { try devices[0].create("shared/s\(i).txt", "shared \(i)") }
+    try devices[0].sync()
+    try devices[1].sync()
+    var rng = SplitMix64(seed: seed)
+    var actions: [String] = []
+    func pick<T>(_ a: [T]) -> T? { a.isEmpty ? nil : a[Int(rng.next() % UInt64(a.count))] }
+    for step in 0..<60 {
+      let d = devices[Int(rng.next() % 2)]
+      let tree = try d.tree(withContent: false)
+      let files = tree.filter { $0.value != "dir" }.map(\.key).sorted()
+      let dirs = [""] + tree.filter { $0.value == "dir" }.map(\.key).sorted()
+      let roll = rng.next() % 100
+      let trace = ProcessInfo.processInfo.environment["ZDC_TRACE"] != nil
+      do {
+        switch roll {
+        case 0..<25:
+          let parent = pick(dirs)!
+          try d.create("\(parent)/\(d.name)-f\(step).txt".trimmingPrefixSlash, "v\(step)")
+        case 25..<35:
+          let parent = pick(dirs)!
+          try d.create("\(parent)/\(d.name)-d\(step)".trimmingPrefixSlash, kind: .directory)
+        case 35..<65:
+          if let f = pick(files) {
+            actions.append("\(step) \(d.name) write \(f)")
+            try d.write(f.trimmingPrefixSlash, "\(d.name) edit \(step)")
+          }
+        case 65..<78:
+          if let f = pick(files), let parent = pick(dirs) {
+            actions.append("\(step) \(d.name) move \(f) to \(parent)/\(d.name)-m\(step).txt")
+            try d.move(
+              f.trimmingPrefixSlash, to: "\(parent)/\(d.name)-m\(step).txt".trimmingPrefixSlash)
+          }
+        case 78..<86:
+          if let f = pick(files) {
+            actions.append("\(step) \(d.name) delete \(f)")
+            try d.delete(f.trimmingPrefixSlash)
+          }
+        default:
+          actions.append("\(step) \(d.name) sync")
+          try d.sync()
+        }
+        if trace { print("step \(step) \(d.name) roll \(roll) files \(files.count)") }
+      } catch let e as CatalogError {
+        // A node that moved or vanished under the script: fine.
+        _ = e
+      }
+    }
+    for _ in 0..<3 {
+      for d in devices { try d.sync() }
+    }
+    let ta = try devices[0].tree()
+    let tb = try devices[1].tree()
+    #expect(ta == tb)
+    if ta != tb {
+      for k in Set(ta.keys).union(tb.keys).sorted() where ta[k] != tb[k] {
+        print("differs \(k): alpha \(ta[k] ?? "-") beta \(tb[k] ?? "-")")
+        let name = String(k.split(separator: "/").last!)
+        for d in devices {
+          for e in d.delegate.events where e.contains(name) { print("  \(d.name): \(e)") }
+        }
+        for a in actions where a.contains(name) || a.hasSuffix("sync") { print("  action \(a)") }
+      }
+    }
+    let rcrds = try store.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }
+    #expect(rcrds.count == ta.count)
+    for d in devices {
+      #expect(try d.operationCount() == 0)
+      d.engine.stop()
+    }
+  }
+}
+
+extension String {
+  fileprivate var trimmingPrefixSlash: String { hasPrefix("/") ? String(dropFirst()) : self }
+}
