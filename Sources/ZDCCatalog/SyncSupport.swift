@@ -311,6 +311,34 @@ extension CloudTransaction {
     }
   }
 
+  /// The outstanding delete operations whose payload lists objects of `cloudID`.
+  public func deleteOperations(referencing cloudID: String) throws -> [PushOperation] {
+    try allOperations().filter {
+      ($0.kind == .deleteLeaf || $0.kind == .deleteNode)
+        && ($0.payload.objects ?? []).contains { $0.cloudID == cloudID }
+    }
+  }
+
+  /// Records, in the outstanding delete operations listing `cloudID` at `rcrdKey`, eTags that
+  /// an upload still in flight when the node was deleted has just written (nil: unchanged).
+  public func updateDeleteETags(
+    cloudID: String, rcrdKey: String, eTagRcrd: String?, eTagData: String?
+  ) throws {
+    try requireWritable()
+    let stmt = try db.cachedStatement(sql: "UPDATE pushOperations SET payload = ? WHERE id = ?")
+    for op in try deleteOperations(referencing: cloudID) {
+      var payload = op.payload
+      var changed = false
+      for i in (payload.objects ?? []).indices
+      where payload.objects![i].cloudID == cloudID && payload.objects![i].rcrdKey == rcrdKey {
+        if let eTagRcrd { payload.objects![i].eTagRcrd = eTagRcrd }
+        if let eTagData { payload.objects![i].eTagData = eTagData }
+        changed = true
+      }
+      if changed { try stmt.execute(arguments: [try json(payload), op.id]) }
+    }
+  }
+
   /// Points a node's outstanding `move` at a new origin (where the node's objects really are,
   /// after the cloud moved them too).
   public func setMoveOrigin(_ origin: CloudObjectRef, forNodeID nodeID: NodeID) throws {

@@ -50,9 +50,31 @@ struct PushExecutor {
     try context.catalog.write(context.userID, body)
   }
 
-  /// Completes the operation when its node is gone (deleted locally while in flight).
+  /// Completes the operation when its node is gone (deleted locally while in flight). An
+  /// earlier attempt may have written the store: the delete that waits for this operation
+  /// learns the eTags of what is ours there, so it does not take them for remote edits.
   private func completeOrphan() throws {
+    var found: [(rcrdKey: String, eTagRcrd: String?, eTagData: String?)] = []
+    if let cloudID = op.cloudID, op.kind == .putRcrd || op.kind == .putData {
+      let refs = try context.catalog.read(context.userID) {
+        try $0.deleteOperations(referencing: cloudID).flatMap { $0.payload.objects ?? [] }
+      }.filter { $0.cloudID == cloudID }
+      let state = op.kind == .putData ? try loadState() : DataUploadState()
+      for ref in refs {
+        if op.kind == .putRcrd {
+          if let r = try context.fetchRcrd(ref.rcrdKey), r.decoded?.cloudID == cloudID {
+            found.append((ref.rcrdKey, r.info.eTag, nil))
+          }
+        } else if let mine = try ourUpload(at: ref.dataKey, state: state) {
+          found.append((ref.rcrdKey, nil, mine.eTag))
+        }
+      }
+    }
     try write { tx in
+      for f in found {
+        try tx.updateDeleteETags(
+          cloudID: op.cloudID ?? "", rcrdKey: f.rcrdKey, eTagRcrd: f.eTagRcrd, eTagData: f.eTagData)
+      }
       if try tx.operation(id: op.id) != nil { try tx.completeOperation(id: op.id) }
     }
   }
@@ -125,6 +147,9 @@ struct PushExecutor {
           try tx.setCloudState(
             nodeID: node.id, eTagRcrd: eTag, lastModifiedRcrd: Date(), eTagData: cur.eTagData,
             lastModifiedData: cur.lastModifiedData, cloudDataInfo: cur.cloudDataInfo)
+        } else {
+          try tx.updateDeleteETags(
+            cloudID: node.cloudID, rcrdKey: loc.rcrdKey, eTagRcrd: eTag, eTagData: nil)
         }
         try tx.completeOperation(id: op.id)
         try manager.log(
@@ -280,6 +305,8 @@ struct PushExecutor {
     let info = try? store.head(key: loc.dataKey)
     try write { tx in
       guard let cur = try tx.node(id: node.id), let curOp = try tx.operation(id: op.id) else {
+        try tx.updateDeleteETags(
+          cloudID: node.cloudID, rcrdKey: loc.rcrdKey, eTagRcrd: nil, eTagData: eTag)
         if try tx.operation(id: op.id) != nil { try tx.completeOperation(id: op.id) }
         return
       }
