@@ -460,9 +460,19 @@ struct PushExecutor {
   /// local version becomes a conflicted copy.
   private func dataConflict(node: Node, loc: CloudObjectRef, path: TreesystemPath) throws {
     guard let remote = try context.fetchRcrd(loc.rcrdKey), let rcrd = remote.decoded,
-      rcrd.cloudID == node.cloudID, let dataInfo = try context.headIfExists(loc.dataKey)
+      rcrd.cloudID == node.cloudID
     else {
       throw PushIssue.needsPull("DATA of node \(node.id) changed place remotely")
+    }
+    guard let dataInfo = try context.headIfExists(loc.dataKey) else {
+      // The node is there but its DATA is gone: nothing remote to keep; upload as new.
+      try write { tx in
+        guard let cur = try tx.node(id: node.id) else { return }
+        try tx.setCloudState(
+          nodeID: cur.id, eTagRcrd: cur.eTagRcrd, lastModifiedRcrd: cur.lastModifiedRcrd,
+          eTagData: nil, lastModifiedData: nil, cloudDataInfo: nil)
+      }
+      throw PushIssue.retryNow
     }
     if dataInfo.eTag == node.eTagData {
       // Nothing changed remotely: the 412 was spurious (or the object changed back).
@@ -667,7 +677,15 @@ struct PushExecutor {
   private func delete() throws {
     var logged: [ChangeLogEntry] = []
     for ref in (op.payload.objects ?? []).reversed() {
-      // DATA first: if it changed remotely, keep the node (RCRD and DATA) for the next pull.
+      // An RCRD changed remotely keeps the node (RCRD and DATA) for the next pull.
+      if let eTag = ref.eTagRcrd, let now = try context.headIfExists(ref.rcrdKey),
+        now.eTag != eTag
+      {
+        context.logger.info(
+          "delete skipped: node changed remotely", metadata: ["cloudID": "\(ref.cloudID)"])
+        continue
+      }
+      // Then DATA: if it changed remotely, keep the node too.
       var keepNode = false
       if let eTag = ref.eTagData {
         do {
