@@ -174,13 +174,10 @@ public final class PushManager: @unchecked Sendable {
       let busy = cond.withLock { !running.isEmpty || dispatching }
       if !busy,
         let counts = try? context.catalog.read(
-          context.userID,
-          {
-            tx in (try tx.operationCount(), try tx.pendingChangeCount())
-          }),
-        counts.0 == 0, counts.1 == 0
+          context.userID, { tx in (try tx.operationCount(), try tx.pendingChangeCount()) })
       {
-        return true
+        if counts.0 == 0 && counts.1 == 0 { return true }
+        if counts.0 == 0 { scheduleLogFlush(after: 0) }
       }
       Thread.sleep(forTimeInterval: 0.02)
     }
@@ -298,6 +295,8 @@ public final class PushManager: @unchecked Sendable {
     } catch {
       fail(job, error)
     }
+    // Entries the job logged are committed now: write them after the batch window.
+    scheduleLogFlush(after: config.logBatchWindow)
     cond.withLock {
       running.remove(job.op.id)
       wake = true
@@ -372,7 +371,7 @@ public final class PushManager: @unchecked Sendable {
     let encoder = JSONEncoder()
     encoder.outputFormatting = .sortedKeys
     for e in entries { try tx.appendPendingChange(try encoder.encode(e)) }
-    scheduleLogFlush(after: config.logBatchWindow)
+    // The flush is scheduled by `run` once the transaction has committed.
   }
 
   func scheduleLogFlush(after delay: TimeInterval) {

@@ -135,6 +135,17 @@ final class Device: @unchecked Sendable {
 
   func sync(_ timeout: TimeInterval = 60) throws {
     let ok = try engine.syncNow(timeout: timeout)
+    if !ok {
+      let ops = try catalog.read(user.userID) { tx in
+        try tx.allOperations().map {
+          "op \($0.id) \($0.kind.rawValue) \($0.state.rawValue) node \($0.nodeID ?? -1) "
+            + "attempts \($0.attempts) deps \(try tx.dependencies(ofOperation: $0.id))"
+        }
+      }
+      let logs = try catalog.read(user.userID) { try $0.pendingChangeCount() }
+      print("sync of \(name) timed out; pending log entries \(logs)")
+      for o in ops { print("  \(o)") }
+    }
     precondition(ok, "sync of \(name) timed out")
   }
 
