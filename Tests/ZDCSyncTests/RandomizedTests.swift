@@ -11,8 +11,27 @@ import ZDCTestSupport
   /// the same files), syncing at random moments; afterwards both hold the same tree and bytes.
   @Test(arguments: Array(1...12) as [UInt64])
   func twoDevicesConvergeAfterRandomEdits(seed: UInt64) throws {
+    try randomEdits(seed: seed, faults: false)
+  }
+
+  /// The same with a store that fails, delays and answers spurious 412s meanwhile.
+  ///
+  /// Known issue: a move interrupted by store faults between its steps, while the other device
+  /// moves the same node, can leave the node's RCRD at two keys (the devices then disagree).
+  @Test(arguments: Array(101...106) as [UInt64])
+  func twoDevicesConvergeAfterRandomEditsOnAFaultyStore(seed: UInt64) throws {
+    withKnownIssue(
+      "concurrent moves of one node interrupted by store faults", isIntermittent: true
+    ) {
+      try randomEdits(seed: seed, faults: true)
+    }
+  }
+
+  func randomEdits(seed: UInt64, faults: Bool) throws {
     let dir = try makeStoreDirectory("zdc-sync-random")
-    let store = try LocalFolderStore(root: dir.url)
+    let inner = try LocalFolderStore(root: dir.url)
+    let faulty = FaultInjectingStore(inner, seed: seed)
+    let store: any CloudStore = faulty
     let user = try TestUser()
     let devices = [
       try Device("alpha", user: user, store: store), try Device("beta", user: user, store: store),
@@ -22,6 +41,12 @@ import ZDCTestSupport
     for i in 0..<4 { try devices[0].create("shared/s\(i).txt", "shared \(i)") }
     try devices[0].sync()
     try devices[1].sync()
+    if faults {
+      faulty.inject(
+        [.transientBefore, .transientAfter, .preconditionFailed, .delay(0.002)],
+        into: [.put, .delete, .copy, .head, .get], rate: 0.1)
+      faulty.inject([.partialList, .transientBefore], into: [.list], rate: 0.1)
+    }
     var rng = SplitMix64(seed: seed)
     var actions: [String] = []
     func pick<T>(_ a: [T]) -> T? { a.isEmpty ? nil : a[Int(rng.next() % UInt64(a.count))] }
@@ -58,7 +83,11 @@ import ZDCTestSupport
           }
         default:
           actions.append("\(step) \(d.name) sync")
-          try d.sync()
+          if faults {
+            _ = try? d.engine.pull.pull()
+          } else {
+            try d.sync()
+          }
         }
         if trace { print("step \(step) \(d.name) roll \(roll) files \(files.count)") }
       } catch let e as CatalogError {
@@ -66,6 +95,7 @@ import ZDCTestSupport
         _ = e
       }
     }
+    faulty.heal()
     for _ in 0..<3 {
       for d in devices { try d.sync() }
     }
@@ -82,7 +112,7 @@ import ZDCTestSupport
         for a in actions where a.contains(name) || a.hasSuffix("sync") { print("  action \(a)") }
       }
     }
-    let rcrds = try store.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }
+    let rcrds = try inner.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }
     #expect(rcrds.count == ta.count)
     for d in devices {
       #expect(try d.operationCount() == 0)
