@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import ZDCCatalog
 import ZDCCore
+import ZDCCrypto
 import ZDCLocalStore
 import ZDCSync
 import ZDCTestSupport
@@ -114,6 +115,26 @@ import ZDCTestSupport
     }
     let rcrds = try inner.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }
     #expect(rcrds.count == ta.count)
+    if rcrds.count != ta.count {
+      for r in rcrds {
+        let data = try inner.get(key: r.key)
+        guard let dec = try? Rcrd.decode(data, userID: user.userID, keyPair: user.keys) else {
+          print("orphan? undecodable \(r.key)")
+          continue
+        }
+        for d in devices {
+          let info = try d.catalog.read(user.userID) { tx -> String in
+            guard let n = try tx.node(cloudID: dec.cloudID) else { return "no node" }
+            let loc = try tx.objectLocation(of: n.id)
+            return "\(try tx.path(of: n.id)) at \(loc?.rcrdKey == r.key ? "this key" : "other key")"
+          }
+          if !info.hasSuffix("this key") {
+            print("extra RCRD \(dec.meta.name) \(dec.cloudID.prefix(6)) on \(d.name): \(info)")
+          }
+        }
+      }
+      for a in actions { print("  act \(a)") }
+    }
     for d in devices {
       #expect(try d.operationCount() == 0)
       d.engine.stop()
