@@ -98,7 +98,7 @@ import ZDCTestSupport
     }
     faulty.heal()
     for _ in 0..<3 {
-      for d in devices { try d.sync() }
+      for d in devices { try d.sync(faults ? 30 : 60) }
     }
     let ta = try devices[0].tree()
     let tb = try devices[1].tree()

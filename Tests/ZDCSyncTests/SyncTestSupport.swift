@@ -146,7 +146,7 @@ final class Device: @unchecked Sendable {
       print("sync of \(name) timed out; pending log entries \(logs)")
       for o in ops { print("  \(o)") }
     }
-    precondition(ok, "sync of \(name) timed out")
+    if !ok { throw SyncTimeout(device: name) }
   }
 
   func path(_ s: String) throws -> TreesystemPath {
@@ -254,4 +254,10 @@ final class Device: @unchecked Sendable {
   func operationCount() throws -> Int {
     try catalog.read(user.userID) { try $0.operationCount() }
   }
+}
+
+/// A device did not get in sync in time.
+struct SyncTimeout: Error, CustomStringConvertible {
+  let device: String
+  var description: String { "sync of \(device) timed out" }
 }
