@@ -59,7 +59,7 @@ let package = Package(
     .target(
       name: "ZDCSync",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCDisk",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCDisk", "CSodium",
         .product(name: "Logging", package: "swift-log"),
       ],
       swiftSettings: strict),
@@ -100,11 +100,13 @@ let package = Package(
       swiftSettings: strict),
     .executableTarget(
       name: "zdc-testhelper",
-      dependencies: ["ZDCCore", "ZDCLocalStore"],
+      dependencies: ["ZDCCore", "ZDCLocalStore", "ZDCSync", "ZDCCatalog", "ZDCCrypto"],
       swiftSettings: strict),
     .executableTarget(
       name: "zdc-bench",
-      dependencies: ["ZDCCore", "ZDCCrypto", "CSodium"],
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", "CSodium", "ZDCCatalog", "ZDCLocalStore", "ZDCSync",
+      ],
       swiftSettings: strict),
 
     .target(
@@ -140,7 +142,7 @@ let package = Package(
       name: "ZDCSyncTests",
       dependencies: [
         "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCSync", "ZDCDisk", "ZDCLocalStore",
-        "ZDCTestSupport",
+        "ZDCTestSupport", "zdc-testhelper",
       ],
       swiftSettings: strict),
     .testTarget(

@@ -5,6 +5,7 @@ enum Schema {
   static var migrator: DatabaseMigrator {
     var m = DatabaseMigrator()
     m.registerMigration("v1") { db in try v1(db) }
+    m.registerMigration("v2") { db in try SyncSchema.v2(db) }
     return m
   }
 

@@ -1,6 +1,8 @@
 // zdc-bench: micro-benchmarks of the crypto formats (not tests; figures vary by machine).
 //
-//   zdc-bench cloudfile    AEAD, CloudFile and CryptoFile throughput on one core.
+//   zdc-bench cloudfile      AEAD, CloudFile and CryptoFile throughput on one core.
+//   zdc-bench sync [SIZES]   incremental pull of 10 changes and first full pull on trees of
+//                            SIZES nodes (comma-separated; default 1000,10000,100000).
 
 import CSodium
 import Foundation
@@ -160,7 +162,18 @@ case "cloudfile":
   try rawAEAD()
   try cloudFile()
   try cryptoFile()
+case "sync":
+  let sizes =
+    args.count > 1
+    ? args[args.startIndex + 1].split(separator: ",").compactMap { Int($0) }
+    : [1000, 10000, 100_000]
+  do {
+    try SyncBench.run(sizes: sizes)
+  } catch {
+    FileHandle.standardError.write(Data("zdc-bench sync: \(error)\n".utf8))
+    exit(1)
+  }
 default:
-  print("usage: zdc-bench cloudfile")
+  print("usage: zdc-bench cloudfile | zdc-bench sync [SIZES]")
   exit(args.isEmpty ? 0 : 2)
 }

@@ -5,6 +5,10 @@
 //   zdc-testhelper race-update ROOT KEY ROUNDS ID
 //     ROUNDS attempts at read-then-`.ifMatch` increments of a decimal counter at KEY (content
 //     "COUNTER ID"); prints "WIN <new eTag>" for each update that succeeded.
+//   zdc-testhelper device STATE-DIR STORE-ROOT SEED STEPS BIG-STEP
+//     Runs a sync device from STATE-DIR: applies seeded changes (12 MiB files at BIG-STEP and 5 × BIG-STEP),
+//     resuming after a crash, pushing as it goes; prints "ACK <step> <change>" once each change
+//     is committed and "DONE" when everything reached the store.
 import Foundation
 import ZDCCore
 import ZDCLocalStore
@@ -15,6 +19,18 @@ func fail(_ message: String) -> Never {
 }
 
 let args = CommandLine.arguments
+if args.count == 7, args[1] == "device", let seed = UInt64(args[4]), let steps = Int(args[5]),
+  let big = Int(args[6])
+{
+  do {
+    try runDevice(
+      stateDir: URL(fileURLWithPath: args[2]), storeRoot: URL(fileURLWithPath: args[3]),
+      seed: seed, steps: steps, bigStep: big)
+    exit(0)
+  } catch {
+    fail("error: \(error)")
+  }
+}
 guard args.count == 6, let rounds = Int(args[4]) else {
   fail("usage: zdc-testhelper race-create|race-update ROOT KEY-OR-PREFIX ROUNDS ID")
 }

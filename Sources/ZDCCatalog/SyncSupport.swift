@@ -1,0 +1,366 @@
+public import Foundation
+import GRDB
+public import ZDCCore
+import ZDCCrypto
+
+/// Migration "v2": the sync engine's per-user state (pull cursor, …) and the change-log entries
+/// waiting to be written to the store.
+enum SyncSchema {
+  static func v2(_ db: Database) throws {
+    try db.execute(
+      sql: """
+        CREATE TABLE syncState (
+          localUserID TEXT NOT NULL REFERENCES localUsers(id) ON DELETE CASCADE,
+          key TEXT NOT NULL,
+          value TEXT NOT NULL,
+          PRIMARY KEY (localUserID, key)
+        ) WITHOUT ROWID;
+
+        CREATE TABLE changeLogPending (
+          id INTEGER PRIMARY KEY AUTOINCREMENT,
+          localUserID TEXT NOT NULL REFERENCES localUsers(id) ON DELETE CASCADE,
+          entry TEXT NOT NULL
+        );
+        CREATE INDEX changeLogPending_user ON changeLogPending(localUserID, id);
+        """)
+  }
+}
+
+/// What the pull side needs to know about one stored node to compare it with a listing.
+public struct SyncIndexEntry: Sendable, Hashable {
+  /// The node.
+  public var id: NodeID
+  /// Its parent (nil for a trunk).
+  public var parentID: NodeID?
+  /// Its cloudID.
+  public var cloudID: String
+  /// Where its children live.
+  public var dirPrefix: String
+  /// Its parent's dirPrefix: where its own objects live (nil for a trunk).
+  public var parentDirPrefix: String?
+  /// Its cloudName under that parent.
+  public var cloudName: String
+  /// Last known RCRD eTag.
+  public var eTagRcrd: String?
+  /// Last known DATA eTag.
+  public var eTagData: String?
+  /// When its RCRD was last written (as known here).
+  public var lastModifiedRcrd: Date?
+  /// The trunk, for trunk nodes.
+  public var trunk: Trunk?
+}
+
+/// One pending change-log entry (JSON owned by the sync engine).
+public struct PendingChange: Sendable, Hashable {
+  /// Queue order.
+  public var id: Int64
+  /// The entry, as the sync engine encoded it.
+  public var entry: Data
+}
+
+/// Sync-engine support: pull cursor and settings, pending change-log entries, and applying
+/// remote changes without enqueueing push operations.
+extension CloudTransaction {
+  // MARK: Sync state
+
+  /// A value of the sync engine's per-user state, or `nil`.
+  public func syncValue(forKey key: String) throws -> String? {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT value FROM syncState WHERE localUserID = ? AND key = ?")
+    return try String.fetchOne(stmt, arguments: [userID, key])
+  }
+
+  /// Sets (or with `nil`, removes) a value of the sync engine's per-user state.
+  public func setSyncValue(_ value: String?, forKey key: String) throws {
+    try requireWritable()
+    if let value {
+      let stmt = try db.cachedStatement(
+        sql: "INSERT OR REPLACE INTO syncState (localUserID, key, value) VALUES (?, ?, ?)")
+      try stmt.execute(arguments: [userID, key, value])
+    } else {
+      let stmt = try db.cachedStatement(
+        sql: "DELETE FROM syncState WHERE localUserID = ? AND key = ?")
+      try stmt.execute(arguments: [userID, key])
+    }
+  }
+
+  // MARK: Pending change-log entries
+
+  /// Queues a change-log entry to be written to the store.
+  public func appendPendingChange(_ entry: Data) throws {
+    try requireWritable()
+    let stmt = try db.cachedStatement(
+      sql: "INSERT INTO changeLogPending (localUserID, entry) VALUES (?, ?)")
+    try stmt.execute(arguments: [userID, String(decoding: entry, as: UTF8.self)])
+  }
+
+  /// The oldest pending change-log entries.
+  public func pendingChanges(limit: Int) throws -> [PendingChange] {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT id, entry FROM changeLogPending WHERE localUserID = ? ORDER BY id LIMIT ?")
+    return try Row.fetchAll(stmt, arguments: [userID, limit]).map {
+      PendingChange(id: $0[0], entry: Data(($0[1] as String).utf8))
+    }
+  }
+
+  /// The number of pending change-log entries.
+  public func pendingChangeCount() throws -> Int {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT COUNT(*) FROM changeLogPending WHERE localUserID = ?")
+    return try Int.fetchOne(stmt, arguments: [userID]) ?? 0
+  }
+
+  /// Removes pending change-log entries (once written).
+  public func removePendingChanges(ids: [Int64]) throws {
+    try requireWritable()
+    let stmt = try db.cachedStatement(
+      sql: "DELETE FROM changeLogPending WHERE id = ? AND localUserID = ?")
+    for id in ids { try stmt.execute(arguments: [id, userID]) }
+  }
+
+  // MARK: Queries for the pull side
+
+  /// The node whose children live under `dirPrefix`, or `nil`.
+  public func node(dirPrefix: String) throws -> Node? {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT \(Self.nodeColumns) FROM nodes WHERE dirPrefix = ? AND localUserID = ? LIMIT 1")
+    return try fetchNode(stmt, [dirPrefix, userID])
+  }
+
+  /// Every node of the user, with where its objects live and their last known eTags.
+  public func syncIndex() throws -> [SyncIndexEntry] {
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT n.id, n.parentID, n.cloudID, n.dirPrefix, p.dirPrefix, n.cloudName, n.eTagRcrd,
+          n.eTagData, n.lastModifiedRcrd, n.trunk
+        FROM nodes n LEFT JOIN nodes p ON p.id = n.parentID
+        WHERE n.localUserID = ?
+        """)
+    var out: [SyncIndexEntry] = []
+    let cursor = try Row.fetchCursor(stmt, arguments: [userID])
+    while let row = try cursor.next() {
+      out.append(
+        SyncIndexEntry(
+          id: row[0], parentID: row[1], cloudID: row[2], dirPrefix: row[3], parentDirPrefix: row[4],
+          cloudName: row[5], eTagRcrd: row[6], eTagData: row[7],
+          lastModifiedRcrd: (row[8] as Double?).map(Date.init(timeIntervalSinceReferenceDate:)),
+          trunk: (row[9] as String?).flatMap(Trunk.init(rawValue:))))
+    }
+    return out
+  }
+
+  /// The kinds of the node's outstanding operations.
+  public func outstandingKinds(ofNodeID nodeID: NodeID) throws -> Set<PushOperationKind> {
+    Set(try outstandingOperations(ofNode: nodeID).map(\.kind))
+  }
+
+  /// The ids of the nodes of a subtree (root first) that have outstanding operations.
+  public func dirtyNodes(inSubtreeOf id: NodeID) throws -> [NodeID] {
+    try subtree(of: id).map(\.id).filter { try isDirty(nodeID: $0) }
+  }
+
+  /// The ids of a subtree's nodes, root first, breadth-first.
+  public func subtreeIDs(of id: NodeID) throws -> [NodeID] {
+    try subtree(of: id).map(\.id)
+  }
+
+  // MARK: Applying remote changes (nothing enqueued)
+
+  /// Inserts a node discovered in the cloud, with its cloud state, under `node.parentID`.
+  /// `cloudName` is where its objects were found (kept as `explicitCloudName` when it is not
+  /// the hash of the name). Enqueues nothing.
+  @discardableResult
+  public func insertRemoteNode(_ node: Node, cloudName: String) throws -> Node {
+    try requireWritable()
+    guard let parentID = node.parentID else {
+      throw CatalogError.invalidOperation("a remote node needs a parent")
+    }
+    let parent = try existingNode(id: parentID)
+    if let existing = try existingChildID(of: parentID, nameKey: node.nameKey.value) {
+      throw CatalogError.nameTaken(parentID: parentID, name: node.name, existingID: existing)
+    }
+    var n = node
+    n.localUserID = userID
+    if n.uuid.isEmpty { n.uuid = SecureRandom.uuid() }
+    let computed = try CloudName.compute(name: n.name, parentDirSalt: parent.dirSalt)
+    n.explicitCloudName = computed == cloudName ? nil : cloudName
+    n.id = try insertNodeRow(n, cloudName: cloudName)
+    return n
+  }
+
+  /// Replaces every field of a stored node (placement, attributes, cloud state) with a remote
+  /// version; `cloudName` is where its objects now are. Enqueues nothing.
+  public func applyRemoteNode(_ node: Node, cloudName: String) throws {
+    try requireWritable()
+    let stored = try existingNode(id: node.id)
+    guard stored.trunk == nil, let parentID = node.parentID else {
+      throw CatalogError.invalidOperation("trunks are not applied from the cloud")
+    }
+    let parent = try existingNode(id: parentID)
+    if let existing = try existingChildID(of: parentID, nameKey: node.nameKey.value),
+      existing != node.id
+    {
+      throw CatalogError.nameTaken(parentID: parentID, name: node.name, existingID: existing)
+    }
+    if parentID != stored.parentID, try isAncestor(node.id, of: parentID) {
+      throw CatalogError.cycle(nodeID: node.id, newParentID: parentID)
+    }
+    let computed = try CloudName.compute(name: node.name, parentDirSalt: parent.dirSalt)
+    let stmt = try db.cachedStatement(
+      sql: """
+        UPDATE nodes SET parentID = ?, name = ?, nameKey = ?, cloudName = ?, explicitCloudName = ?,
+          kind = ?, shareList = ?, burnDate = ?, encryptionKey = ?, dirSalt = ?, dirPrefix = ?,
+          eTagRcrd = ?, eTagData = ?, lastModifiedRcrd = ?, lastModifiedData = ?,
+          cloudDataInfo = ?, mode = ?, mtime = ?, xattrs = ?, symlinkTarget = ?, dataSize = ?
+        WHERE id = ? AND localUserID = ?
+        """)
+    let args: [(any DatabaseValueConvertible)?] = [
+      parentID, node.name, node.nameKey.value, cloudName, computed == cloudName ? nil : cloudName,
+      node.kind.rawValue, try shareListJSON(node.shareList),
+      node.burnDate?.timeIntervalSinceReferenceDate, node.encryptionKey, node.dirSalt,
+      node.dirPrefix, node.eTagRcrd, node.eTagData,
+      node.lastModifiedRcrd?.timeIntervalSinceReferenceDate,
+      node.lastModifiedData?.timeIntervalSinceReferenceDate,
+      try node.cloudDataInfo.map { try json($0) }, Int64(node.mode), node.mtime.totalNanoseconds,
+      node.xattrs.isEmpty ? nil : try json(node.xattrs), node.symlinkTarget,
+      Int64(bitPattern: node.dataSize), node.id, userID,
+    ]
+    try stmt.execute(arguments: StatementArguments(args))
+  }
+
+  /// Renames a node in place without enqueueing a move: for a node whose objects are not (yet)
+  /// at its current keys, e.g. a first upload that lost a name race. Returns the stored node.
+  @discardableResult
+  public func renameWithoutMove(_ id: NodeID, to newName: String) throws -> Node {
+    try requireWritable()
+    var node = try existingNode(id: id)
+    guard let parentID = node.parentID else {
+      throw CatalogError.invalidOperation("trunks cannot be renamed")
+    }
+    if let existing = try existingChildID(of: parentID, nameKey: NameKey(newName).value),
+      existing != id
+    {
+      throw CatalogError.nameTaken(parentID: parentID, name: newName, existingID: existing)
+    }
+    let parent = try existingNode(id: parentID)
+    let cloudName = try CloudName.compute(name: newName, parentDirSalt: parent.dirSalt)
+    let stmt = try db.cachedStatement(
+      sql: """
+        UPDATE nodes SET name = ?, nameKey = ?, cloudName = ?, explicitCloudName = NULL
+        WHERE id = ?
+        """)
+    try stmt.execute(arguments: [newName, NameKey(newName).value, cloudName, id])
+    node.name = newName
+    node.explicitCloudName = nil
+    return node
+  }
+
+  /// Deletes the rows of a subtree deleted in the cloud, dropping its operations. Enqueues
+  /// nothing.
+  public func deleteRemoteSubtree(_ id: NodeID) throws {
+    try requireWritable()
+    let entries = try subtree(of: id)
+    for e in entries {
+      for op in try outstandingOperations(ofNode: e.id) { try deleteOperation(op.id) }
+    }
+    try deleteRows(entries)
+  }
+
+  /// Makes a subtree that was deleted in the cloud new again: clears its cloud state, drops its
+  /// operations and enqueues a first upload of every node (RCRD, and DATA for the dirty nodes
+  /// that had or were uploading data), parents first.
+  public func reuploadSubtree(_ id: NodeID) throws {
+    try requireWritable()
+    let entries = try subtree(of: id)
+    var hadData: Set<NodeID> = []
+    for e in entries {
+      let ops = try outstandingOperations(ofNode: e.id)
+      // Only dirty nodes have content here worth uploading; clean ones' data was remote.
+      if !ops.isEmpty, e.eTagData != nil || ops.contains(where: { $0.kind == .putData }) {
+        hadData.insert(e.id)
+      }
+      for op in ops { try deleteOperation(op.id) }
+    }
+    let clear = try db.cachedStatement(
+      sql: """
+        UPDATE nodes SET eTagRcrd = NULL, eTagData = NULL, lastModifiedRcrd = NULL,
+          lastModifiedData = NULL, cloudDataInfo = NULL
+        WHERE id = ?
+        """)
+    for e in entries { try clear.execute(arguments: [e.id]) }
+    for e in entries {
+      let node = try existingNode(id: e.id)
+      var deps: [Int64] = []
+      if let parentID = node.parentID, let parent = try self.node(id: parentID),
+        let up = try firstUploadOperation(of: parent)
+      {
+        deps.append(up)
+      }
+      _ = try insertOperation(
+        kind: .putRcrd, nodeID: node.id, cloudID: node.cloudID, payload: nil, dependsOn: deps)
+      if hadData.contains(e.id) { _ = try queueDataUpload(nodeID: e.id) }
+    }
+  }
+
+  /// Drops a node's outstanding operations of one kind (in flight included: the caller owns
+  /// them).
+  public func dropOperations(ofNodeID nodeID: NodeID, kind: PushOperationKind) throws {
+    try requireWritable()
+    for op in try outstandingOperations(ofNode: nodeID) where op.kind == kind {
+      try deleteOperation(op.id)
+    }
+  }
+
+  /// The outstanding delete operations whose payload lists objects of `cloudID`.
+  public func deleteOperations(referencing cloudID: String) throws -> [PushOperation] {
+    try allOperations().filter {
+      ($0.kind == .deleteLeaf || $0.kind == .deleteNode)
+        && ($0.payload.objects ?? []).contains { $0.cloudID == cloudID }
+    }
+  }
+
+  /// Records, in the outstanding delete operations listing `cloudID` at `rcrdKey`, eTags that
+  /// an upload still in flight when the node was deleted has just written (nil: unchanged).
+  public func updateDeleteETags(
+    cloudID: String, rcrdKey: String, eTagRcrd: String?, eTagData: String?
+  ) throws {
+    try requireWritable()
+    let stmt = try db.cachedStatement(sql: "UPDATE pushOperations SET payload = ? WHERE id = ?")
+    for op in try deleteOperations(referencing: cloudID) {
+      var payload = op.payload
+      var changed = false
+      for i in (payload.objects ?? []).indices
+      where payload.objects![i].cloudID == cloudID && payload.objects![i].rcrdKey == rcrdKey {
+        if let eTagRcrd { payload.objects![i].eTagRcrd = eTagRcrd }
+        if let eTagData { payload.objects![i].eTagData = eTagData }
+        changed = true
+      }
+      if changed { try stmt.execute(arguments: [try json(payload), op.id]) }
+    }
+  }
+
+  /// Points a node's outstanding `move` at a new origin (where the node's objects really are,
+  /// after the cloud moved them too).
+  public func setMoveOrigin(_ origin: CloudObjectRef, forNodeID nodeID: NodeID) throws {
+    try requireWritable()
+    let stmt = try db.cachedStatement(
+      sql: "UPDATE pushOperations SET payload = ? WHERE id = ?")
+    for op in try outstandingOperations(ofNode: nodeID) where op.kind == .move {
+      try stmt.execute(arguments: [try json(PushPayload(origin: origin)), op.id])
+    }
+  }
+
+  /// Sets a trunk's dirSalt (shared by the user's devices). Children already stored keep their
+  /// cloudNames (as explicit cloudNames), so their objects are still found.
+  public func setTrunkDirSalt(_ trunk: Trunk, dirSalt: Data) throws {
+    try requireWritable()
+    guard let node = try trunkNode(trunk) else { throw CatalogError.userNotFound(userID) }
+    if node.dirSalt == dirSalt { return }
+    try db.execute(
+      sql: """
+        UPDATE nodes SET explicitCloudName = cloudName
+        WHERE parentID = ? AND explicitCloudName IS NULL
+        """, arguments: [node.id])
+    try db.execute(sql: "UPDATE nodes SET dirSalt = ? WHERE id = ?", arguments: [dirSalt, node.id])
+  }
+}

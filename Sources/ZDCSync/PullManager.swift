@@ -1,0 +1,832 @@
+public import Foundation
+import Logging
+public import ZDCCatalog
+public import ZDCCore
+import ZDCCrypto
+
+/// Tunables of the pull side.
+public struct PullConfiguration: Sendable {
+  /// RCRDs fetched at once.
+  public var fetchConcurrency: Int
+  /// Time between periodic pulls while started.
+  public var pullInterval: TimeInterval
+  /// A full scan runs when the last one is older than this (a periodic check).
+  public var fullScanInterval: TimeInterval
+  /// Change-log entries older than this are compacted.
+  public var compactionAge: TimeInterval
+  /// Node changes applied per transaction during a full scan.
+  public var fullScanBatch: Int
+
+  public init(
+    fetchConcurrency: Int = 8, pullInterval: TimeInterval = 30,
+    fullScanInterval: TimeInterval = 24 * 3600, compactionAge: TimeInterval = 7 * 24 * 3600,
+    fullScanBatch: Int = 256
+  ) {
+    self.fetchConcurrency = fetchConcurrency
+    self.pullInterval = pullInterval
+    self.fullScanInterval = fullScanInterval
+    self.compactionAge = compactionAge
+    self.fullScanBatch = fullScanBatch
+  }
+}
+
+/// What one pull did.
+public struct PullResult: Sendable, Hashable {
+  /// True when the pull was a full scan (else it read the change log).
+  public var fullScan = false
+  /// Nodes discovered.
+  public var newNodes = 0
+  /// Nodes modified (attributes or data).
+  public var modifiedNodes = 0
+  /// Nodes moved or renamed.
+  public var movedNodes = 0
+  /// Nodes deleted (or, when dirty, kept and re-uploaded).
+  public var deletedNodes = 0
+  /// Remote objects skipped (undecodable, orphaned).
+  public var skipped = 0
+  /// RCRDs fetched.
+  public var fetchedRcrds = 0
+  /// Change-log objects read.
+  public var logObjects = 0
+  /// Change-log objects compacted.
+  public var compacted = 0
+
+  public init() {}
+}
+
+/// Discovers remote changes — from the change log, or by a full scan of the tree — and applies
+/// them to the catalog, telling the delegate (DESIGN §4).
+public final class PullManager: @unchecked Sendable {
+  // Safe: `pullLock` serialises pulls; `cond` guards `stopped`/`timerWake`/`forceFull`.
+  let context: SyncContext
+  let config: PullConfiguration
+  weak var push: PushManager?
+  private let pullLock = NSLock()
+  private let cond = NSCondition()
+  private var stopped = true
+  private var timerWake = false
+  private var forceFull = false
+  private var loopDone = DispatchSemaphore(value: 0)
+
+  static let cursorKey = "pull.cursor"
+  static let lastFullScanKey = "pull.lastFullScan"
+  static let needsFullScanKey = "pull.needsFullScan"
+
+  /// A pull manager for one local user of `catalog`; with `push`, remote changes are applied
+  /// while no push operation runs.
+  public init(
+    catalog: Catalog, store: any CloudStore, account: SyncAccount, delegate: any SyncDelegate,
+    progress: ProgressTracker = ProgressTracker(), configuration: PullConfiguration = .init(),
+    push: PushManager? = nil
+  ) throws {
+    context = try SyncContext(
+      catalog: catalog, store: store, account: account, delegate: delegate, progress: progress,
+      label: "pull")
+    config = configuration
+    self.push = push
+  }
+
+  /// Starts periodic pulls on the manager's own thread.
+  public func start() {
+    let go = cond.withLock { () -> Bool in
+      guard stopped else { return false }
+      stopped = false
+      loopDone = DispatchSemaphore(value: 0)
+      return true
+    }
+    guard go else { return }
+    let t = Thread { [self] in loop() }
+    t.name = "zdc.pull"
+    t.start()
+  }
+
+  /// Stops periodic pulls (a pull in progress finishes first).
+  public func stop() {
+    let wait = cond.withLock { () -> Bool in
+      guard !stopped else { return false }
+      stopped = true
+      cond.broadcast()
+      return true
+    }
+    if wait { loopDone.wait() }
+  }
+
+  /// Asks for a pull soon (on the manager's thread when started).
+  public func pullSoon() {
+    cond.withLock {
+      timerWake = true
+      cond.broadcast()
+    }
+  }
+
+  private func loop() {
+    while true {
+      let stop = cond.withLock { () -> Bool in
+        if !stopped && !timerWake {
+          _ = cond.wait(until: Date().addingTimeInterval(config.pullInterval))
+        }
+        timerWake = false
+        return stopped
+      }
+      if stop { break }
+      do { _ = try pull() } catch {
+        context.logger.warning("pull failed", metadata: ["error": "\(error)"])
+        context.progress.update { $0.lastError = "pull: \(error)" }
+      }
+    }
+    loopDone.signal()
+  }
+
+  /// Pulls now, blocking the caller until the catalog reflects the store (as of the pull's
+  /// listing). A full scan runs when forced, at first, when the cursor is older than the
+  /// compacted part of the log, or when the last one is older than `fullScanInterval`.
+  @discardableResult
+  public func pull(fullScan force: Bool = false) throws -> PullResult {
+    pullLock.lock()
+    defer { pullLock.unlock() }
+    let body = { () throws -> PullResult in
+      var result = try self.pullLocked(force: force)
+      result.compacted = self.compact()
+      return result
+    }
+    let result = try push.map { try $0.whileQuiesced(body) } ?? body()
+    context.progress.update { $0.lastPull = Date() }
+    return result
+  }
+
+  private func pullLocked(force: Bool) throws -> PullResult {
+    let (cursor, lastFull, flagged) = try context.catalog.read(context.userID) { tx in
+      (
+        try tx.syncValue(forKey: Self.cursorKey),
+        try tx.syncValue(forKey: Self.lastFullScanKey).flatMap(Double.init),
+        try tx.syncValue(forKey: Self.needsFullScanKey) != nil
+      )
+    }
+    var full = force || flagged || cursor == nil || cond.withLock({ forceFull })
+    if let lastFull, Date().timeIntervalSince1970 - lastFull > config.fullScanInterval {
+      full = true
+    }
+    if !full, let cursor, let marker = try compactionMarker() {
+      let cursorULID = ChangeLogCodec.parse(key: cursor, layout: context.layout)?.ulid ?? ""
+      if cursorULID <= marker { full = true }
+    }
+    if full {
+      cond.withLock { forceFull = false }
+      return try fullScan()
+    }
+    return try incremental(after: cursor!)
+  }
+
+  private func compactionMarker() throws -> String? {
+    do {
+      let data = try context.store.get(key: ChangeLogCodec.compactedMarkerKey(context.layout))
+      let s = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+      return ULID(s)?.string
+    } catch StoreError.notFound {
+      return nil
+    }
+  }
+
+  // MARK: Remote items
+
+  /// One RCRD found in the store, with the DATA beside it.
+  struct Item: Sendable {
+    var parentDirPrefix: String
+    var cloudName: String
+    var rcrdKey: String
+    var rcrdInfo: ObjectInfo
+    var rcrd: DecodedRcrd
+    var dataInfo: ObjectInfo?
+  }
+
+  /// What fetching one RCRD gave.
+  enum Fetched: Sendable {
+    case item(Item)
+    /// Present but undecodable (malformed, tampered, not ours): skipped, logged.
+    case undecodable(String)
+    /// Gone since it was listed or named.
+    case missing(String)
+    /// The store failed: the pull must not go on as if the object did not exist.
+    case failed(String)
+  }
+
+  /// Fetches and decodes RCRDs in parallel.
+  private func fetch(
+    _ targets: [(rcrdKey: String, dataInfo: ObjectInfo?, headData: Bool)]
+  ) -> [Fetched] {
+    let ctx = context
+    let layout = context.layout
+    return parallelMap(targets, width: config.fetchConcurrency) { t -> Fetched in
+      guard let parsed = layout.parse(key: t.rcrdKey), parsed.isRcrd else {
+        return .undecodable(t.rcrdKey)
+      }
+      do {
+        guard let r = try ctx.fetchRcrd(t.rcrdKey) else { return .missing(t.rcrdKey) }
+        guard let decoded = r.decoded else { return .undecodable(t.rcrdKey) }
+        var dataInfo = t.dataInfo
+        if t.headData {
+          dataInfo = try ctx.headIfExists(
+            layout.dataKey(dirPrefix: parsed.dirPrefix, cloudName: parsed.cloudName))
+        }
+        return .item(
+          Item(
+            parentDirPrefix: parsed.dirPrefix, cloudName: parsed.cloudName, rcrdKey: t.rcrdKey,
+            rcrdInfo: r.info, rcrd: decoded, dataInfo: dataInfo))
+      } catch {
+        ctx.logger.warning(
+          "RCRD fetch failed", metadata: ["key": "\(t.rcrdKey)", "error": "\(error)"])
+        return .failed("\(error)")
+      }
+    }
+  }
+
+  /// The items fetched; throws if any fetch failed (the pull is retried later, unapplied).
+  private func items(_ fetched: [Fetched], result: inout PullResult) throws -> (
+    items: [Item], undecodable: [String]
+  ) {
+    var items: [Item] = []
+    var undecodable: [String] = []
+    for f in fetched {
+      switch f {
+      case .item(let i): items.append(i)
+      case .undecodable(let k):
+        undecodable.append(k)
+        result.skipped += 1
+      case .missing: break
+      case .failed(let e): throw StoreError.transient("RCRD fetch failed: \(e)")
+      }
+    }
+    return (items, undecodable)
+  }
+
+  // MARK: Full scan
+
+  private func fullScan() throws -> PullResult {
+    var result = PullResult()
+    result.fullScan = true
+    let layout = context.layout
+    let store = context.store
+    // The cursor to resume from afterwards: the log as it was before the listing.
+    let logKeys = try store.listAll(prefix: layout.changesPrefix).map(\.key).filter {
+      ChangeLogCodec.parse(key: $0, layout: layout) != nil
+    }
+    let newCursor = logKeys.last
+    let marker = ChangeLogCodec.compactedMarkerKey(layout)
+    var byPrefix: [String: [String: (rcrd: ObjectInfo?, data: ObjectInfo?)]] = [:]
+    for o in try store.listAll(prefix: layout.treePrefix) {
+      if o.key.hasPrefix(layout.changesPrefix) || o.key == marker { continue }
+      guard let p = layout.parse(key: o.key) else { continue }
+      var slot = byPrefix[p.dirPrefix, default: [:]][p.cloudName] ?? (nil, nil)
+      if p.isRcrd { slot.rcrd = o } else { slot.data = o }
+      byPrefix[p.dirPrefix, default: [:]][p.cloudName] = slot
+    }
+    var listedRcrds = Set<String>()
+    for (prefix, slots) in byPrefix {
+      for (cloudName, slot) in slots where slot.rcrd != nil {
+        listedRcrds.insert(layout.rcrdKey(dirPrefix: prefix, cloudName: cloudName))
+      }
+    }
+    let index = try context.catalog.read(context.userID) { try $0.syncIndex() }
+    var byKey: [String: SyncIndexEntry] = [:]
+    for e in index {
+      if let pdp = e.parentDirPrefix {
+        byKey[layout.rcrdKey(dirPrefix: pdp, cloudName: e.cloudName)] = e
+      }
+    }
+    let preferred = context.delegate.preferredNodeIDsForPulling()
+    var seen = Set<String>()
+    var level = index.filter { $0.trunk != nil }.sorted { $0.trunk! < $1.trunk! }.map(\.dirPrefix)
+    var visitedPrefixes = Set(level)
+    while !level.isEmpty {
+      var candidates: [(key: String, rcrd: ObjectInfo, data: ObjectInfo?, preferred: Bool)] = []
+      for dp in level {
+        for (cloudName, slot) in byPrefix[dp] ?? [:] {
+          guard let rcrd = slot.rcrd else { continue }
+          let key = layout.rcrdKey(dirPrefix: dp, cloudName: cloudName)
+          let pref = byKey[key].map { preferred.contains($0.id) } ?? false
+          candidates.append((key, rcrd, slot.data, pref))
+        }
+      }
+      candidates.sort {
+        if $0.preferred != $1.preferred { return $0.preferred }
+        return $0.rcrd.lastModified > $1.rcrd.lastModified
+      }
+      var next: [String] = []
+      var toFetch: [(rcrdKey: String, dataInfo: ObjectInfo?, headData: Bool)] = []
+      var dataOnly: [(entry: SyncIndexEntry, data: ObjectInfo?)] = []
+      for c in candidates {
+        if let e = byKey[c.key], e.eTagRcrd == c.rcrd.eTag {
+          seen.insert(e.cloudID)
+          if visitedPrefixes.insert(e.dirPrefix).inserted { next.append(e.dirPrefix) }
+          if e.eTagData != c.data?.eTag { dataOnly.append((e, c.data)) }
+        } else {
+          toFetch.append((c.key, c.data, false))
+        }
+      }
+      let (items, undecodable) = try self.items(fetch(toFetch), result: &result)
+      result.fetchedRcrds += toFetch.count
+      // A node whose RCRD cannot be read now is not taken for deleted.
+      for key in undecodable {
+        guard let e = byKey[key] else { continue }
+        seen.insert(e.cloudID)
+        if visitedPrefixes.insert(e.dirPrefix).inserted { next.append(e.dirPrefix) }
+      }
+      for item in items {
+        seen.insert(item.rcrd.cloudID)
+        if visitedPrefixes.insert(item.rcrd.dirPrefix).inserted { next.append(item.rcrd.dirPrefix) }
+      }
+      // Apply this level (parents are in: the previous level was applied).
+      var i = 0
+      while i < items.count {
+        let batch = items[i..<min(items.count, i + config.fullScanBatch)]
+        try context.catalog.write(context.userID) { tx in
+          for item in batch { try self.apply(item, tx: tx, result: &result) }
+        }
+        i += config.fullScanBatch
+      }
+      i = 0
+      while i < dataOnly.count {
+        let batch = dataOnly[i..<min(dataOnly.count, i + config.fullScanBatch)]
+        try context.catalog.write(context.userID) { tx in
+          for d in batch {
+            try self.applyData(nodeID: d.entry.id, info: d.data, tx: tx, result: &result)
+          }
+        }
+        i += config.fullScanBatch
+      }
+      level = next
+    }
+    // Nodes that were in the cloud and are no longer anywhere in it.
+    let gone = index.filter { $0.trunk == nil && $0.eTagRcrd != nil && !seen.contains($0.cloudID) }
+    try applyDeletions(gone.map(\.cloudID), listed: listedRcrds, result: &result)
+    try context.catalog.write(context.userID) { tx in
+      try tx.setSyncValue(newCursor ?? "", forKey: Self.cursorKey)
+      try tx.setSyncValue("\(Date().timeIntervalSince1970)", forKey: Self.lastFullScanKey)
+      try tx.setSyncValue(nil, forKey: Self.needsFullScanKey)
+    }
+    return result
+  }
+
+  // MARK: Incremental
+
+  private func incremental(after cursor: String) throws -> PullResult {
+    var result = PullResult()
+    let layout = context.layout
+    let logObjects = try context.store.listAll(
+      prefix: layout.changesPrefix, startAfter: cursor.isEmpty ? nil : cursor
+    ).filter { ChangeLogCodec.parse(key: $0.key, layout: layout) != nil }
+    guard let last = logObjects.last else { return result }
+    let mine = context.account.deviceID
+    let others = logObjects.filter {
+      ChangeLogCodec.parse(key: $0.key, layout: layout)!.deviceID != mine
+    }
+    result.logObjects = others.count
+    let ctx = context
+    let decoded = parallelMap(others.map(\.key), width: config.fetchConcurrency) {
+      key -> [ChangeLogEntry]? in
+      let name = String(key.dropFirst(layout.changesPrefix.count))
+      do {
+        let data = try ctx.store.get(key: key)
+        return try ChangeLogCodec.decode(data, name: name, key: ctx.changeLogKey)
+      } catch StoreError.notFound {
+        return []  // compacted meanwhile
+      } catch let e as StoreError {
+        ctx.logger.warning("change-log read failed", metadata: ["key": "\(key)", "error": "\(e)"])
+        return nil
+      } catch {
+        ctx.logger.error(
+          "undecodable change-log object skipped", metadata: ["key": "\(key)", "error": "\(error)"])
+        return []
+      }
+    }
+    if decoded.contains(where: { $0 == nil }) {
+      throw StoreError.transient("change log could not be read completely")
+    }
+    let entries = decoded.compactMap { $0 }.flatMap { $0 }
+    var rcrdKeys: [String] = []
+    var seenKeys = Set<String>()
+    var deleted: [String] = []
+    for e in entries {
+      switch e.kind {
+      case .put, .move:
+        if seenKeys.insert(e.rcrd).inserted { rcrdKeys.append(e.rcrd) }
+      case .delete:
+        deleted.append(e.cloudID)
+      }
+    }
+    let (items, _) = try self.items(fetch(rcrdKeys.map { ($0, nil, true) }), result: &result)
+    result.fetchedRcrds = rcrdKeys.count
+    let present = Set(items.map(\.rcrd.cloudID))
+    // A deleted node is gone if its RCRD is no longer where this device knows it.
+    var gone: [String] = []
+    for cloudID in Set(deleted) where !present.contains(cloudID) {
+      guard
+        let loc = try context.catalog.read(
+          context.userID,
+          { tx -> CloudObjectRef? in
+            guard let n = try tx.node(cloudID: cloudID) else { return nil }
+            return try tx.objectLocation(of: n.id)
+          })
+      else { continue }
+      let r = try context.fetchRcrd(loc.rcrdKey)
+      if r == nil || (r?.decoded != nil && r?.decoded?.cloudID != cloudID) { gone.append(cloudID) }
+    }
+    try applyDeletions(gone, result: &result)
+    // Parents first: apply what has a known parent, until nothing more can be applied.
+    var pending = items
+    var progress = true
+    var isLast = false
+    while !pending.isEmpty && progress {
+      progress = false
+      var rest: [Item] = []
+      for (n, item) in pending.enumerated() {
+        let hasParent = try context.catalog.read(context.userID) {
+          try $0.node(dirPrefix: item.parentDirPrefix) != nil
+        }
+        if !hasParent {
+          rest.append(item)
+          continue
+        }
+        progress = true
+        isLast = rest.isEmpty && n == pending.count - 1
+        try context.catalog.write(context.userID) { tx in
+          try self.apply(item, tx: tx, result: &result)
+          if isLast { try tx.setSyncValue(last.key, forKey: Self.cursorKey) }
+        }
+      }
+      pending = rest
+    }
+    if !pending.isEmpty {
+      context.logger.error(
+        "remote nodes without a known parent skipped", metadata: ["count": "\(pending.count)"])
+      result.skipped += pending.count
+    }
+    if !isLast || !pending.isEmpty {
+      try context.catalog.write(context.userID) { tx in
+        try tx.setSyncValue(last.key, forKey: Self.cursorKey)
+        if !pending.isEmpty { try tx.setSyncValue("1", forKey: Self.needsFullScanKey) }
+      }
+    }
+    return result
+  }
+
+  // MARK: Applying
+
+  /// Applies one remote node (new, modified, moved) in `tx`, telling the delegate.
+  func apply(_ item: Item, tx: CloudTransaction, result: inout PullResult) throws {
+    let dl = context.delegate
+    guard let parent = try tx.node(dirPrefix: item.parentDirPrefix) else {
+      result.skipped += 1
+      return
+    }
+    let r = item.rcrd
+    let meta = r.meta
+    guard !meta.name.isEmpty else {
+      result.skipped += 1
+      return
+    }
+    if let e = try tx.node(cloudID: r.cloudID) {
+      guard e.trunk == nil, let curLoc = try tx.objectLocation(of: e.id) else { return }
+      let sameLocation = curLoc.rcrdKey == item.rcrdKey
+      if sameLocation && e.eTagRcrd == item.rcrdInfo.eTag && e.eTagData == item.dataInfo?.eTag {
+        return
+      }
+      let kinds = try tx.outstandingKinds(ofNodeID: e.id)
+      let oldPath = try tx.path(of: e.id)
+      var n = e
+      var change: NodeChange = []
+      var moved = false
+      var cloudName = try tx.cloudName(of: e.id)
+      if !sameLocation {
+        if kinds.contains(.move) {
+          // Moved here and there: this device's move wins, starting from where the node is now.
+          try tx.setMoveOrigin(
+            CloudObjectRef(
+              nodeID: e.id, cloudID: e.cloudID, dirPrefix: item.parentDirPrefix,
+              cloudName: item.cloudName, rcrdKey: item.rcrdKey,
+              dataKey: context.layout.dataKey(
+                dirPrefix: item.parentDirPrefix, cloudName: item.cloudName),
+              eTagRcrd: item.rcrdInfo.eTag, eTagData: item.dataInfo?.eTag), forNodeID: e.id)
+        } else {
+          if try parent.id == e.id || isDescendant(parent.id, of: e.id, tx: tx) {
+            result.skipped += 1
+            return
+          }
+          try makeRoom(for: meta.name, in: parent, except: e.id, tx: tx, result: &result)
+          n.parentID = parent.id
+          n.name = meta.name
+          cloudName = item.cloudName
+          moved = true
+          if parent.id != e.parentID { change.insert(.parent) }
+          if Array(meta.name.utf8) != Array(e.name.utf8) { change.insert(.name) }
+        }
+      } else if Array(meta.name.utf8) != Array(e.name.utf8), !kinds.contains(.putRcrd),
+        !kinds.contains(.move)
+      {
+        n.name = meta.name
+        change.insert(.name)
+      }
+      if !kinds.contains(.putRcrd) {
+        if n.mode != meta.mode || n.mtime != meta.mtime || n.xattrs != meta.xattrs
+          || n.symlinkTarget != meta.symlinkTarget
+        {
+          change.insert(.attributes)
+        }
+        n.mode = meta.mode
+        n.mtime = meta.mtime
+        n.xattrs = meta.xattrs
+        n.symlinkTarget = meta.symlinkTarget
+        let hasChildren = try tx.childCount(of: e.id) > 0
+        let kind: NodeKind =
+          (meta.kind == .file && e.kind == .directory && hasChildren) ? .directory : meta.kind
+        if kind != n.kind {
+          change.insert(.kind)
+          n.kind = kind
+        }
+        if n.shareList.userIDs != r.shareList.userIDs { change.insert(.permissions) }
+        if n.burnDate != r.burnDate { change.insert(.burnDate) }
+        n.burnDate = r.burnDate
+        if n.dataSize != meta.dataSize { change.insert(.data) }
+        n.dataSize = meta.dataSize
+      }
+      n.eTagRcrd = item.rcrdInfo.eTag
+      n.lastModifiedRcrd = item.rcrdInfo.lastModified
+      if item.dataInfo?.eTag != e.eTagData, !kinds.contains(.putData) {
+        n.eTagData = item.dataInfo?.eTag
+        n.lastModifiedData = item.dataInfo?.lastModified
+        n.cloudDataInfo = nil
+        change.insert(.data)
+      }
+      try tx.applyRemoteNode(n, cloudName: cloudName)
+      let newPath = try tx.path(of: e.id)
+      if moved {
+        dl.didDiscoverMovedNode(n, from: oldPath, to: newPath, transaction: tx)
+        result.movedNodes += 1
+        if kinds.contains(.putData) || kinds.contains(.putRcrd) {
+          dl.didDiscoverConflict(
+            .movedWhileEdited, node: n, other: nil, at: newPath, transaction: tx)
+        }
+      }
+      let rest = change.subtracting([.parent, .name])
+      if !rest.isEmpty || (!moved && !change.isEmpty) {
+        dl.didDiscoverModifiedNode(n, change: moved ? rest : change, at: newPath, transaction: tx)
+        result.modifiedNodes += 1
+      }
+      return
+    }
+    // A new node.
+    try makeRoom(for: meta.name, in: parent, except: nil, tx: tx, result: &result)
+    if parent.kind == .file {
+      var p = parent
+      p.kind = .directory
+      try tx.applyRemoteNode(p, cloudName: try tx.cloudName(of: p.id))
+      dl.didDiscoverModifiedNode(p, change: .kind, at: try tx.path(of: p.id), transaction: tx)
+    }
+    let node = Node(
+      uuid: "", localUserID: context.userID, parentID: parent.id, name: meta.name,
+      kind: meta.kind == .trunk ? .directory : meta.kind, shareList: r.shareList,
+      burnDate: r.burnDate, encryptionKey: r.nodeKey, dirSalt: meta.dirSalt, dirPrefix: r.dirPrefix,
+      cloudID: r.cloudID, eTagRcrd: item.rcrdInfo.eTag, eTagData: item.dataInfo?.eTag,
+      lastModifiedRcrd: item.rcrdInfo.lastModified, lastModifiedData: item.dataInfo?.lastModified,
+      mode: meta.mode, mtime: meta.mtime, xattrs: meta.xattrs, symlinkTarget: meta.symlinkTarget,
+      dataSize: meta.dataSize)
+    let stored = try tx.insertRemoteNode(node, cloudName: item.cloudName)
+    dl.didDiscoverNewNode(stored, at: try tx.path(of: stored.id), transaction: tx)
+    result.newNodes += 1
+  }
+
+  private func isDescendant(_ id: NodeID, of ancestor: NodeID, tx: CloudTransaction) throws -> Bool
+  {
+    var cur: NodeID? = id
+    var steps = 0
+    while let c = cur, steps < 100_000 {
+      if c == ancestor { return true }
+      cur = try tx.node(id: c)?.parentID
+      steps += 1
+    }
+    return false
+  }
+
+  /// Frees `name` in `parent` for a remote node: a local node there that never reached the
+  /// store loses the name (path conflict); one whose object was replaced is set aside.
+  private func makeRoom(
+    for name: String, in parent: Node, except: NodeID?, tx: CloudTransaction,
+    result: inout PullResult
+  ) throws {
+    guard let c = try tx.child(of: parent.id, named: name), c.id != except else { return }
+    var n = 2
+    var free = ConflictNames.numbered(c.name, n)
+    while try tx.child(of: parent.id, named: free) != nil {
+      n += 1
+      free = ConflictNames.numbered(c.name, n)
+    }
+    if c.eTagRcrd == nil {
+      let renamed = try tx.moveNode(c.id, toParent: parent.id, name: free)
+      context.delegate.didDiscoverConflict(
+        .path, node: renamed, other: nil, at: try tx.path(of: c.id), transaction: tx)
+      return
+    }
+    let dirty = try tx.dirtyNodes(inSubtreeOf: c.id)
+    let renamed = try tx.renameWithoutMove(c.id, to: free)
+    if dirty.isEmpty {
+      // Its object was replaced: it moved or was deleted elsewhere; a full scan will tell.
+      try tx.setSyncValue("1", forKey: Self.needsFullScanKey)
+      cond.withLock { forceFull = true }
+    } else {
+      try keepDirty(c.id, dirty: dirty, tx: tx)
+      let path = try tx.path(of: c.id)
+      context.delegate.didDiscoverDeletedDirtyNode(
+        renamed, dirtyDescendants: dirty, timestamp: nil, transaction: tx)
+      context.delegate.didDiscoverConflict(
+        .deletedWhileDirty, node: renamed, other: nil, at: path, transaction: tx)
+    }
+  }
+
+  /// A subtree deleted remotely holds local changes: keeps the dirty nodes and the nodes that
+  /// hold them, deletes the other (clean) ones, and re-uploads what is kept as new.
+  private func keepDirty(_ root: NodeID, dirty: [NodeID], tx: CloudTransaction) throws {
+    var keep = Set<NodeID>()
+    for d in dirty {
+      var cur: NodeID? = d
+      while let c = cur, keep.insert(c).inserted, c != root { cur = try tx.node(id: c)?.parentID }
+    }
+    for id in try tx.subtreeIDs(of: root).reversed() where !keep.contains(id) {
+      guard let n = try tx.node(id: id), let parentID = n.parentID, keep.contains(parentID) else {
+        continue
+      }
+      var doomed: [(Node, TreesystemPath)] = []
+      for sid in try tx.subtreeIDs(of: id).reversed() {
+        if let d = try tx.node(id: sid) { doomed.append((d, try tx.path(of: sid))) }
+      }
+      try tx.deleteRemoteSubtree(id)
+      for (d, p) in doomed {
+        context.delegate.didDiscoverDeletedNode(d, at: p, timestamp: nil, transaction: tx)
+      }
+    }
+    try tx.reuploadSubtree(root)
+  }
+
+  /// Applies a DATA change found by a listing (RCRD unchanged).
+  private func applyData(
+    nodeID: NodeID, info: ObjectInfo?, tx: CloudTransaction, result: inout PullResult
+  ) throws {
+    guard var n = try tx.node(id: nodeID), n.eTagData != info?.eTag else { return }
+    if try tx.outstandingKinds(ofNodeID: nodeID).contains(.putData) { return }
+    n.eTagData = info?.eTag
+    n.lastModifiedData = info?.lastModified
+    n.cloudDataInfo = nil
+    try tx.applyRemoteNode(n, cloudName: try tx.cloudName(of: nodeID))
+    context.delegate.didDiscoverModifiedNode(
+      n, change: .data, at: try tx.path(of: nodeID), transaction: tx)
+    result.modifiedNodes += 1
+  }
+
+  /// Applies remote deletions (one transaction each); dirty subtrees are kept and re-uploaded.
+  ///
+  /// Descendants whose RCRD is still in the store (created or moved there by this device while
+  /// the deletion happened elsewhere) count as dirty: they are kept, with what holds them.
+  /// `listed` is the full scan's set of RCRD keys; without it the store is listed.
+  private func applyDeletions(
+    _ cloudIDs: [String], listed: Set<String>? = nil, result: inout PullResult
+  ) throws {
+    var handled = Set<NodeID>()
+    // Shallow first, so a deleted directory takes its deleted children with it.
+    let ordered = try context.catalog.read(context.userID) { tx -> [(String, Int)] in
+      try cloudIDs.compactMap { id in
+        guard let n = try tx.node(cloudID: id) else { return nil }
+        return (id, try tx.path(of: n.id).components.count)
+      }.sorted { $0.1 < $1.1 }
+    }
+    for (cloudID, _) in ordered {
+      // Which descendants still have their RCRD in the store (I/O before the transaction).
+      let below = try context.catalog.read(context.userID) { tx -> [(NodeID, CloudObjectRef)] in
+        guard let n = try tx.node(cloudID: cloudID) else { return [] }
+        return try tx.subtreeIDs(of: n.id).dropFirst().compactMap { id in
+          try tx.objectLocation(of: id).map { (id, $0) }
+        }
+      }
+      var alive = Set<NodeID>()
+      if !below.isEmpty {
+        var present: Set<String>
+        if let listed {
+          present = listed
+        } else {
+          present = []
+          for prefix in Set(below.map(\.1.dirPrefix)) {
+            for o in try context.store.listAll(
+              prefix: context.layout.childrenPrefix(dirPrefix: prefix))
+            {
+              present.insert(o.key)
+            }
+          }
+        }
+        for (id, loc) in below where present.contains(loc.rcrdKey) { alive.insert(id) }
+      }
+      try context.catalog.write(context.userID) { tx in
+        guard let n = try tx.node(cloudID: cloudID), n.trunk == nil, !handled.contains(n.id) else {
+          return
+        }
+        let ids = try tx.subtreeIDs(of: n.id)
+        let dirty = try tx.dirtyNodes(inSubtreeOf: n.id) + ids.filter { alive.contains($0) }
+        let path = try tx.path(of: n.id)
+        result.deletedNodes += 1
+        if dirty.isEmpty {
+          var doomed: [(Node, TreesystemPath)] = []
+          for id in ids.reversed() {
+            if let d = try tx.node(id: id) { doomed.append((d, try tx.path(of: id))) }
+          }
+          try tx.deleteRemoteSubtree(n.id)
+          for (d, p) in doomed {
+            context.delegate.didDiscoverDeletedNode(d, at: p, timestamp: nil, transaction: tx)
+          }
+        } else {
+          try keepDirty(n.id, dirty: dirty, tx: tx)
+          context.delegate.didDiscoverDeletedDirtyNode(
+            n, dirtyDescendants: dirty, timestamp: nil, transaction: tx)
+          context.delegate.didDiscoverConflict(
+            .deletedWhileDirty, node: n, other: nil, at: path, transaction: tx)
+        }
+        handled.formUnion(ids)
+      }
+    }
+  }
+
+  // MARK: Compaction
+
+  /// Deletes change-log objects older than `compactionAge`, after recording the newest of them
+  /// in the marker. Returns how many were deleted. Failures are logged, never thrown.
+  private func compact() -> Int {
+    let layout = context.layout
+    let store = context.store
+    let cutoff = UInt64(max(0, (Date().timeIntervalSince1970 - config.compactionAge) * 1000))
+    do {
+      let page = try store.list(
+        prefix: layout.changesPrefix, startAfter: nil, continuationToken: nil, maxKeys: 1000)
+      let old = page.objects.filter {
+        guard let p = ChangeLogCodec.parse(key: $0.key, layout: layout), let u = ULID(p.ulid) else {
+          return false
+        }
+        return u.milliseconds < cutoff
+      }
+      guard let newest = old.last,
+        let newestULID = ChangeLogCodec.parse(key: newest.key, layout: layout)?.ulid
+      else { return 0 }
+      let markerKey = ChangeLogCodec.compactedMarkerKey(layout)
+      var written = false
+      for _ in 0..<5 where !written {
+        let current = try context.headIfExists(markerKey)
+        var value = newestULID
+        if current != nil {
+          let existing = String(decoding: try store.get(key: markerKey), as: UTF8.self)
+          if existing > value { value = existing }
+        }
+        do {
+          _ = try store.put(
+            key: markerKey, body: .data(Data(value.utf8)),
+            condition: current.map { .ifMatch($0.eTag) } ?? .ifNoneMatch)
+          written = true
+        } catch StoreError.preconditionFailed {
+          continue
+        }
+      }
+      guard written else { return 0 }
+      for o in old { try? store.delete(key: o.key, condition: .none) }
+      return old.count
+    } catch {
+      context.logger.warning("change-log compaction failed", metadata: ["error": "\(error)"])
+      return 0
+    }
+  }
+}
+
+/// Maps `items` with `transform` on up to `width` threads (not Swift concurrency's pool),
+/// keeping order.
+func parallelMap<T: Sendable, R: Sendable>(
+  _ items: [T], width: Int, _ transform: @escaping @Sendable (T) -> R
+) -> [R] {
+  if items.isEmpty { return [] }
+  if items.count == 1 || width <= 1 { return items.map(transform) }
+  let box = ParallelBox<R>(items.count)
+  DispatchQueue.concurrentPerform(iterations: min(width, items.count)) { _ in
+    while true {
+      let i = box.lock.withLock { () -> Int in
+        let i = box.next
+        box.next += 1
+        return i
+      }
+      if i >= items.count { return }
+      let r = transform(items[i])
+      box.lock.withLock { box.results[i] = r }
+    }
+  }
+  return box.results.map { $0! }
+}
+
+/// Shared state of one `parallelMap`.
+private final class ParallelBox<R>: @unchecked Sendable {
+  // Safe: `next` and `results` are only touched under `lock`.
+  let lock = NSLock()
+  var next = 0
+  var results: [R?]
+  init(_ n: Int) { results = Array(repeating: nil, count: n) }
+}

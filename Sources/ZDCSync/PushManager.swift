@@ -1,0 +1,448 @@
+public import Foundation
+import Logging
+public import ZDCCatalog
+public import ZDCCore
+public import ZDCCrypto
+
+/// Tunables of the push side.
+public struct PushConfiguration: Sendable {
+  /// Operations run at once.
+  public var maxConcurrentOperations: Int
+  /// First retry delay after a failure; doubles per failed attempt.
+  public var retryBase: TimeInterval
+  /// Longest retry delay.
+  public var retryCap: TimeInterval
+  /// DATA objects at least this large (encoded) are uploaded in parts.
+  public var multipartThreshold: UInt64
+  /// Size of each part (the last may be smaller).
+  public var partSize: UInt64
+  /// How often the queue is checked for new or due operations.
+  public var pollInterval: TimeInterval
+  /// Completions within this window share one change-log object.
+  public var logBatchWindow: TimeInterval
+  /// At most this many entries per change-log object.
+  public var logBatchMaxEntries: Int
+  /// Where encoded multipart uploads wait (ciphertext only).
+  public var workDirectory: URL
+  /// How long a data promise may take.
+  public var promiseTimeout: TimeInterval
+
+  public init(
+    workDirectory: URL, maxConcurrentOperations: Int = 6, retryBase: TimeInterval = 1,
+    retryCap: TimeInterval = 60, multipartThreshold: UInt64 = 10 << 20, partSize: UInt64 = 8 << 20,
+    pollInterval: TimeInterval = 0.5, logBatchWindow: TimeInterval = 0.2,
+    logBatchMaxEntries: Int = 500, promiseTimeout: TimeInterval = 60
+  ) {
+    self.workDirectory = workDirectory
+    self.maxConcurrentOperations = maxConcurrentOperations
+    self.retryBase = retryBase
+    self.retryCap = retryCap
+    self.multipartThreshold = multipartThreshold
+    self.partSize = partSize
+    self.pollInterval = pollInterval
+    self.logBatchWindow = logBatchWindow
+    self.logBatchMaxEntries = logBatchMaxEntries
+    self.promiseTimeout = promiseTimeout
+  }
+}
+
+/// Runs the persistent push queue: uploads node records and data, moves and deletes, resolves
+/// conflicts, and writes the change log (DESIGN §4).
+///
+/// Work happens on the manager's own threads; the public methods only signal or wait.
+public final class PushManager: @unchecked Sendable {
+  // Safe: mutable state (`running`, flags) is only touched under `cond`; the rest is immutable.
+  let context: SyncContext
+  let config: PushConfiguration
+  private let cond = NSCondition()
+  private var running: Set<Int64> = []
+  private var stopped = true
+  private var pauseCount = 0
+  private var dispatching = false
+  private var wake = false
+  private var dispatcherDone = DispatchSemaphore(value: 0)
+  private var hasDispatcher = false
+  private let workers = DispatchQueue(label: "zdc.push.workers", attributes: .concurrent)
+  private let logQueue = DispatchQueue(label: "zdc.push.changelog")
+  private var logScheduled = false
+  private var logFailures = 0
+  private let ulids = ULIDGenerator()
+  /// Uploads that failed in a way that may have written the store: they stay in flight in
+  /// the catalog and run again when due (opID → due date, failures so far).
+  private var parked: [Int64: (due: Date, failures: Int)] = [:]
+  /// Called (on a push thread) when an operation needs a pull first (e.g. a node changed or
+  /// vanished remotely).
+  public var onNeedsPull: (@Sendable () -> Void)? {
+    get { cond.withLock { _onNeedsPull } }
+    set { cond.withLock { _onNeedsPull = newValue } }
+  }
+  private var _onNeedsPull: (@Sendable () -> Void)?
+
+  /// A push manager for one local user of `catalog`.
+  public init(
+    catalog: Catalog, store: any CloudStore, account: SyncAccount, delegate: any SyncDelegate,
+    progress: ProgressTracker = ProgressTracker(), configuration: PushConfiguration
+  ) throws {
+    context = try SyncContext(
+      catalog: catalog, store: store, account: account, delegate: delegate, progress: progress,
+      label: "push")
+    config = configuration
+    try FileManager.default.createDirectory(
+      at: configuration.workDirectory, withIntermediateDirectories: true,
+      attributes: [.posixPermissions: 0o700])
+  }
+
+  /// A push manager for one local user of `catalog`, the identity given field by field.
+  public convenience init(
+    catalog: Catalog, store: any CloudStore, userID: String, keys: UserKeyPair, deviceID: String,
+    deviceName: String, delegate: any SyncDelegate, progress: ProgressTracker = ProgressTracker(),
+    configuration: PushConfiguration
+  ) throws {
+    try self.init(
+      catalog: catalog, store: store,
+      account: SyncAccount(
+        userID: userID, keys: keys, deviceID: deviceID, deviceName: deviceName),
+      delegate: delegate, progress: progress, configuration: configuration)
+  }
+
+  /// Starts the queue: operations left in flight by a previous run are returned to it first.
+  public func start() throws {
+    // Uploads left in flight by a crash may have landed: they run again first, still in
+    // flight (so a delete of their node meanwhile knows to look for their objects), and adopt
+    // what they find of themselves. Other kinds go back to the queue.
+    let resumed = try context.catalog.write(context.userID) { tx -> [Int64] in
+      let inFlight = try tx.allOperations().filter { $0.state == .inFlight }
+      var resumed: [Int64] = []
+      for op in inFlight where op.kind == .putRcrd || op.kind == .putData {
+        resumed.append(op.id)
+      }
+      let others = inFlight.filter { !resumed.contains($0.id) }
+      if !others.isEmpty {
+        for op in others { try tx.failOperation(id: op.id, retryAt: Date()) }
+      }
+      return resumed
+    }
+    cond.withLock {
+      for id in resumed { parked[id] = (Date(), 0) }
+    }
+    cond.withLock {
+      guard stopped else { return }
+      stopped = false
+      hasDispatcher = true
+      dispatcherDone = DispatchSemaphore(value: 0)
+    }
+    let t = Thread { [self] in dispatchLoop() }
+    t.name = "zdc.push.dispatcher"
+    t.start()
+    scheduleLogFlush(after: 0)
+  }
+
+  /// Stops taking operations and waits for the running ones to finish or give up.
+  public func stop() {
+    let wait = cond.withLock { () -> Bool in
+      guard !stopped else { return false }
+      stopped = true
+      cond.broadcast()
+      return hasDispatcher
+    }
+    if wait { dispatcherDone.wait() }
+    cond.withLock {
+      while !running.isEmpty { cond.wait() }
+      hasDispatcher = false
+    }
+  }
+
+  /// True while stopped (operations are not taken).
+  public var isStopped: Bool { cond.withLock { stopped } }
+
+  /// Looks at the queue now instead of at the next poll, and writes the change log now.
+  public func pushNow() {
+    cond.withLock {
+      wake = true
+      cond.broadcast()
+    }
+    scheduleLogFlush(after: 0)
+  }
+
+  /// Waits until the queue is empty and the change log written, or `timeout` passes.
+  /// Returns true when idle.
+  @discardableResult
+  public func waitUntilIdle(timeout: TimeInterval) -> Bool {
+    let deadline = Date().addingTimeInterval(timeout)
+    pushNow()
+    while Date() < deadline {
+      let busy = cond.withLock { !running.isEmpty || dispatching }
+      if !busy,
+        let counts = try? context.catalog.read(
+          context.userID, { tx in (try tx.operationCount(), try tx.pendingChangeCount()) })
+      {
+        if counts.0 == 0 && counts.1 == 0 { return true }
+        if counts.0 == 0 { scheduleLogFlush(after: 0) }
+      }
+      Thread.sleep(forTimeInterval: 0.02)
+    }
+    return false
+  }
+
+  /// Runs `body` while no operation runs (the pull applies remote changes this way).
+  func whileQuiesced<T>(_ body: () throws -> T) rethrows -> T {
+    cond.withLock {
+      pauseCount += 1
+      while !running.isEmpty || dispatching { cond.wait() }
+    }
+    defer {
+      cond.withLock {
+        pauseCount -= 1
+        cond.broadcast()
+      }
+    }
+    return try body()
+  }
+
+  // MARK: Dispatch
+
+  private func dispatchLoop() {
+    while true {
+      let slots = cond.withLock { () -> Int? in
+        if stopped { return nil }
+        if pauseCount > 0 { return 0 }
+        let n = config.maxConcurrentOperations - running.count
+        if n > 0 { dispatching = true }
+        return n
+      }
+      guard let slots else { break }
+      var started = 0
+      if slots > 0 {
+        let jobs = takeJobs(slots)
+        cond.withLock {
+          for j in jobs { running.insert(j.op.id) }
+          dispatching = false
+          cond.broadcast()
+        }
+        for job in jobs {
+          workers.async { [self] in run(job) }
+        }
+        started = jobs.count
+        updateProgress()
+      }
+      cond.withLock {
+        if !stopped && !wake && (started == 0 || running.count >= config.maxConcurrentOperations) {
+          _ = cond.wait(until: Date().addingTimeInterval(config.pollInterval))
+        }
+        wake = false
+      }
+    }
+    dispatcherDone.signal()
+  }
+
+  private func takeJobs(_ slots: Int) -> [PushJob] {
+    do {
+      let now = Date()
+      let due = cond.withLock { () -> [(Int64, Int)] in
+        let ids = parked.filter { $0.value.due <= now }.sorted { $0.key < $1.key }.prefix(slots)
+        for (id, _) in ids { parked[id] = nil }
+        return ids.map { ($0.key, $0.value.failures) }
+      }
+      return try context.catalog.write(context.userID) { tx in
+        var jobs: [PushJob] = []
+        var candidates: [(PushOperation, Int)] = []
+        for (id, failures) in due {
+          if let op = try tx.operation(id: id) { candidates.append((op, failures)) }
+        }
+        if candidates.count < slots {
+          for op in try tx.readyOperations(limit: slots - candidates.count) {
+            try tx.markInFlight(op.id)
+            candidates.append((op, 0))
+          }
+        }
+        for (op, failures) in candidates {
+          var node: Node? = nil
+          var location: CloudObjectRef? = nil
+          var path: TreesystemPath? = nil
+          if let id = op.nodeID, let n = try tx.node(id: id) {
+            node = n
+            location = try tx.objectLocation(of: id)
+            path = try tx.path(of: id)
+            // An upload resumed in flight belongs where the node was when it started: a move
+            // queued since then (which waits for it) starts from there.
+            if op.kind == .putRcrd || op.kind == .putData,
+              let move = try tx.pendingOperations(forNodeID: id).first(where: { $0.kind == .move }),
+              let origin = move.payload.origin
+            {
+              location = origin
+            }
+          }
+          var taken = op
+          taken.state = .inFlight
+          taken.attempts += failures
+          jobs.append(
+            PushJob(op: taken, node: node, location: location, path: path, parkedFailures: failures)
+          )
+        }
+        return jobs
+      }
+    } catch {
+      context.logger.error("push queue read failed", metadata: ["error": "\(error)"])
+      return []
+    }
+  }
+
+  private func run(_ job: PushJob) {
+    let executor = PushExecutor(manager: self, job: job)
+    do {
+      try executor.execute()
+      context.progress.update { $0.push.doneItems += 1 }
+    } catch {
+      fail(job, error)
+    }
+    // Entries the job logged are committed now: write them after the batch window.
+    scheduleLogFlush(after: config.logBatchWindow)
+    cond.withLock {
+      running.remove(job.op.id)
+      wake = true
+      cond.broadcast()
+    }
+    updateProgress()
+  }
+
+  private func fail(_ job: PushJob, _ error: any Error) {
+    var immediate = false
+    switch error {
+    case PushIssue.needsPull:
+      requestPull()
+    case PushIssue.retryNow:
+      immediate = true
+    default:
+      break
+    }
+    let attempts = immediate ? 0 : job.op.attempts
+    let delay =
+      immediate ? 0 : min(config.retryCap, config.retryBase * pow(2, Double(min(attempts, 30))))
+    let mayHaveWritten: Bool
+    switch error {
+    case is PushIssue, is CatalogError, is SyncError: mayHaveWritten = false
+    default: mayHaveWritten = job.op.kind == .putRcrd || job.op.kind == .putData
+    }
+    if !immediate {
+      context.logger.warning(
+        "push operation failed; will retry",
+        metadata: [
+          "op": "\(job.op.id)", "kind": "\(job.op.kind.rawValue)", "error": "\(error)",
+          "retryIn": "\(delay)",
+        ])
+      context.progress.update { $0.lastError = "\(job.op.kind.rawValue): \(error)" }
+    }
+    if mayHaveWritten {
+      // Keep it in flight: its write may have landed, and a delete of the node must know.
+      cond.withLock {
+        parked[job.op.id] = (Date().addingTimeInterval(delay), job.parkedFailures + 1)
+      }
+      return
+    }
+    do {
+      try context.catalog.write(context.userID) { tx in
+        try tx.failOperation(id: job.op.id, retryAt: Date().addingTimeInterval(delay))
+      }
+    } catch {
+      context.logger.error("cannot return operation to the queue", metadata: ["error": "\(error)"])
+    }
+  }
+
+  func requestPull() {
+    let cb = cond.withLock { _onNeedsPull }
+    cb?()
+  }
+
+  var isStopping: Bool { cond.withLock { stopped } }
+
+  private func updateProgress() {
+    let counts = try? context.catalog.read(context.userID) { tx in try tx.operationCount() }
+    let inFlight = cond.withLock { running.count }
+    context.progress.update {
+      $0.push.inFlightItems = inFlight
+      $0.push.pendingItems = max(0, (counts ?? 0) - inFlight)
+    }
+  }
+
+  // MARK: Change log
+
+  /// Queues a change-log entry in `tx` (written to the store after the batch window).
+  func log(_ entries: [ChangeLogEntry], in tx: CloudTransaction) throws {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = .sortedKeys
+    for e in entries { try tx.appendPendingChange(try encoder.encode(e)) }
+    // The flush is scheduled by `run` once the transaction has committed.
+  }
+
+  func scheduleLogFlush(after delay: TimeInterval) {
+    let go = cond.withLock { () -> Bool in
+      if logScheduled { return false }
+      logScheduled = true
+      return true
+    }
+    guard go else { return }
+    logQueue.asyncAfter(deadline: .now() + delay) { [self] in
+      cond.withLock { logScheduled = false }
+      flushLog()
+    }
+  }
+
+  /// Writes every pending change-log entry, in objects of at most `logBatchMaxEntries`.
+  func flushLog() {
+    let decoder = JSONDecoder()
+    while true {
+      do {
+        let pending = try context.catalog.read(context.userID) {
+          try $0.pendingChanges(limit: config.logBatchMaxEntries)
+        }
+        if pending.isEmpty {
+          cond.withLock { logFailures = 0 }
+          return
+        }
+        var entries: [ChangeLogEntry] = []
+        for p in pending {
+          if let e = try? decoder.decode(ChangeLogEntry.self, from: p.entry) { entries.append(e) }
+        }
+        let ulid = ulids.next()
+        let name = "\(ulid.string)-\(context.account.deviceID)"
+        let key = context.layout.changeKey(ulid: ulid.string, deviceID: context.account.deviceID)
+        let body = try ChangeLogCodec.encode(
+          entries, deviceID: context.account.deviceID, name: name, key: context.changeLogKey)
+        _ = try context.store.put(key: key, body: .data(body), condition: .ifNoneMatch)
+        try context.catalog.write(context.userID) { tx in
+          try tx.removePendingChanges(ids: pending.map(\.id))
+        }
+      } catch {
+        let n = cond.withLock { () -> Int in
+          logFailures += 1
+          return logFailures
+        }
+        let delay = min(config.retryCap, config.retryBase * pow(2, Double(min(n - 1, 30))))
+        context.logger.warning(
+          "change-log write failed; will retry", metadata: ["error": "\(error)"])
+        if !isStopping || n < 3 { scheduleLogFlush(after: delay) }
+        return
+      }
+    }
+  }
+}
+
+/// An operation taken from the queue with what it needs, read in the same transaction.
+struct PushJob: Sendable {
+  var op: PushOperation
+  var node: Node?
+  var location: CloudObjectRef?
+  var path: TreesystemPath?
+  /// Failures while parked in flight (not counted in `op.attempts`).
+  var parkedFailures = 0
+}
+
+/// Why an operation did not finish (besides store and crypto errors).
+enum PushIssue: Error, Sendable {
+  /// The node changed or vanished remotely: pull, then retry.
+  case needsPull(String)
+  /// Run the operation again at once (newer data arrived, a name was freed).
+  case retryNow
+  /// The manager is stopping.
+  case stopped
+}

@@ -1,0 +1,167 @@
+import Foundation
+import Testing
+import ZDCCatalog
+import ZDCCore
+import ZDCCrypto
+import ZDCLocalStore
+import ZDCSync
+import ZDCTestSupport
+
+@Suite(.serialized) struct ConflictTests {
+  struct Pair {
+    let dir: TemporaryDirectory
+    let store: LocalFolderStore
+    let a: Device
+    let b: Device
+  }
+
+  func pair(_ label: String) throws -> Pair {
+    let dir = try makeStoreDirectory("zdc-sync-\(label)")
+    let store = try LocalFolderStore(root: dir.url)
+    let user = try TestUser()
+    let a = try Device("alpha", user: user, store: store)
+    let b = try Device("beta", user: user, store: store)
+    try a.start()
+    try b.start()
+    return Pair(dir: dir, store: store, a: a, b: b)
+  }
+
+  @Test func dataConflictKeepsBothVersions() throws {
+    let p = try pair("data")
+    try p.a.create("doc.txt", "original")
+    try p.a.sync()
+    try p.b.sync()
+    // Both edit before hearing of the other.
+    p.a.engine.push.stop()
+    p.b.engine.push.stop()
+    try p.a.write("doc.txt", "alpha's edit")
+    try p.b.write("doc.txt", "beta's edit")
+    try p.a.engine.push.start()
+    try p.a.sync()
+    try p.b.engine.push.start()
+    try p.b.sync()
+    try p.a.sync()
+    try p.b.sync()
+
+    for d in [p.a, p.b] {
+      let tree = try d.tree()
+      #expect(tree.count == 2)
+      #expect(tree["/doc.txt"] == "file:alpha's edit")
+      let copy = tree.keys.first { $0.hasPrefix("/doc (conflicted copy ") }
+      #expect(copy != nil)
+      #expect(copy?.hasSuffix(" beta).txt") == true)
+      if let copy { #expect(tree[copy] == "file:beta's edit") }
+    }
+    #expect(p.b.delegate.conflicts.contains { $0.0 == .data && $0.1 == "doc.txt" })
+    #expect(p.b.delegate.events.contains { $0.hasPrefix("modified /home/doc.txt") })
+    #expect(p.a.delegate.conflicts.isEmpty)
+  }
+
+  @Test func pathConflictRenamesTheLaterNode() throws {
+    let p = try pair("path")
+    p.b.engine.push.stop()
+    try p.a.create("same.txt", "from alpha")
+    try p.b.create("same.txt", "from beta")
+    try p.b.create("Other", kind: .directory)
+    try p.a.create("other", kind: .directory)
+    try p.a.sync()
+    try p.b.engine.push.start()
+    try p.b.sync()
+    try p.a.sync()
+    try p.b.sync()
+    for d in [p.a, p.b] {
+      let tree = try d.tree()
+      #expect(tree["/same.txt"] == "file:from alpha")
+      #expect(tree["/same 2.txt"] == "file:from beta")
+      #expect(tree["/other"] == "dir")
+      #expect(tree["/Other 2"] == "dir")
+      #expect(tree.count == 4)
+    }
+    #expect(p.b.delegate.conflicts.contains { $0.0 == .path && $0.1 == "same 2.txt" })
+  }
+
+  @Test func deletedRemotelyWhileDirtyIsKept() throws {
+    let p = try pair("deldirty")
+    try p.a.create("d", kind: .directory)
+    try p.a.create("d/f.txt", "v1")
+    try p.a.create("d/clean.txt", "clean")
+    try p.a.sync()
+    try p.b.sync()
+    p.b.engine.push.stop()
+    try p.a.delete("d")
+    try p.a.sync()
+    try p.b.write("d/f.txt", "edited on beta")
+    try p.b.engine.push.start()
+    try p.b.sync()
+    try p.a.sync()
+    try p.b.sync()
+    for d in [p.a, p.b] {
+      let tree = try d.tree()
+      #expect(tree["/d"] == "dir")
+      #expect(tree["/d/f.txt"] == "file:edited on beta")
+      #expect(tree["/d/clean.txt"] == nil)  // clean: its deletion applies
+    }
+    #expect(p.b.delegate.conflicts.contains { $0.0 == .deletedWhileDirty })
+    #expect(p.b.delegate.events.contains("deletedDirty d"))
+  }
+
+  @Test(arguments: [false, true])
+  func childPushedIntoRemotelyDeletedDirectoryIsKept(fullScan: Bool) throws {
+    let p = try pair("delpushed")
+    try p.a.create("d", kind: .directory)
+    try p.a.create("d/old.txt", "old")
+    try p.a.sync()
+    try p.b.sync()
+    try p.a.delete("d")
+    try p.a.sync()
+    // B adds a file to d and pushes it before hearing of the delete.
+    try p.b.create("d/new.txt", "new from beta")
+    #expect(p.b.engine.push.waitUntilIdle(timeout: 30))
+    try p.b.engine.pull.pull(fullScan: fullScan)
+    try p.b.sync()
+    try p.a.sync()
+    for d in [p.a, p.b] {
+      #expect(try d.tree() == ["/d": "dir", "/d/new.txt": "file:new from beta"])
+    }
+    #expect(p.b.delegate.conflicts.contains { $0.0 == .deletedWhileDirty })
+  }
+
+  @Test func movedRemotelyWhileEditedLocally() throws {
+    let p = try pair("movededit")
+    try p.a.create("m.txt", "v1")
+    try p.a.create("sub", kind: .directory)
+    try p.a.sync()
+    try p.b.sync()
+    p.b.engine.push.stop()
+    try p.a.move("m.txt", to: "sub/m2.txt")
+    try p.a.sync()
+    try p.b.write("m.txt", "edited while moved")
+    try p.b.engine.push.start()
+    try p.b.sync()
+    try p.a.sync()
+    try p.b.sync()
+    for d in [p.a, p.b] {
+      let tree = try d.tree()
+      #expect(tree == ["/sub": "dir", "/sub/m2.txt": "file:edited while moved"])
+    }
+    #expect(p.b.delegate.conflicts.contains { $0.0 == .movedWhileEdited })
+    #expect(!p.b.delegate.conflicts.contains { $0.0 == .data })
+  }
+
+  @Test func noPlaintextAfterConflicts() throws {
+    let p = try pair("plain")
+    try p.a.create("confidential-name.txt", "confidential content 12345")
+    try p.a.sync()
+    try p.b.sync()
+    p.b.engine.push.stop()
+    try p.a.write("confidential-name.txt", "confidential content alpha")
+    try p.a.sync()
+    try p.b.write("confidential-name.txt", "confidential content beta")
+    try p.b.engine.push.start()
+    try p.b.sync()
+    let hits = try findPlaintext(
+      [Data("confidential".utf8), Data("conflicted copy".utf8)],
+      under: p.dir.url)
+    #expect(hits.isEmpty)
+  }
+}

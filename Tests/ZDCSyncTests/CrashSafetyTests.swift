@@ -1,0 +1,198 @@
+import Foundation
+import Testing
+import ZDCCatalog
+import ZDCCore
+import ZDCCrypto
+import ZDCLocalStore
+import ZDCSync
+import ZDCTestSupport
+
+/// A running helper device whose output lines are collected as they come.
+final class HelperRun: @unchecked Sendable {
+  // Safe: `process` and `reader` are set once; the output goes through a locked `LineBox`.
+  let process = Process()
+  private let reader: Thread
+
+  init(_ args: [String]) throws {
+    process.executableURL = BuiltProducts.executable("zdc-testhelper")
+    process.arguments = args
+    let out = Pipe()
+    process.standardOutput = out
+    process.standardError = FileHandle.nullDevice
+    let handle = out.fileHandleForReading
+    let box = LineBox()
+    reader = Thread {
+      while true {
+        let chunk = handle.availableData
+        if chunk.isEmpty { break }
+        box.append(chunk)
+      }
+    }
+    self.box = box
+    try process.run()
+    reader.start()
+  }
+  private let box: LineBox
+
+  var lines: [String] { box.lines }
+
+  func kill() {
+    if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
+    process.waitUntilExit()
+  }
+
+  func wait(timeout: TimeInterval) -> Bool {
+    let deadline = Date().addingTimeInterval(timeout)
+    while process.isRunning && Date() < deadline { Thread.sleep(forTimeInterval: 0.01) }
+    if process.isRunning {
+      kill()
+      return false
+    }
+    process.waitUntilExit()
+    Thread.sleep(forTimeInterval: 0.05)  // let the reader drain the pipe
+    return true
+  }
+}
+
+final class LineBox: @unchecked Sendable {
+  // Safe: only touched under `lock`.
+  private let lock = NSLock()
+  private var buffer = Data()
+  private var _lines: [String] = []
+  func append(_ d: Data) {
+    lock.withLock {
+      buffer.append(d)
+      while let nl = buffer.firstIndex(of: 10) {
+        _lines.append(String(decoding: buffer[buffer.startIndex..<nl], as: UTF8.self))
+        buffer.removeSubrange(buffer.startIndex...nl)
+      }
+    }
+  }
+  var lines: [String] { lock.withLock { _lines } }
+}
+
+@Suite(.serialized) struct CrashSafetyTests {
+  @Test func killedDeviceStillPushesEveryAcknowledgedChangeExactlyOnce() throws {
+    let storeDir = try makeStoreDirectory("zdc-crash-store")
+    let stateDir = try makeStoreDirectory("zdc-crash-state")
+    let args = [
+      "device", stateDir.url.path, storeDir.url.path, "11", "70", "4",
+    ]
+    var acked: [Int] = []
+    var rng = SplitMix64(seed: 99)
+    var killedDuringMultipart = 0
+    let rounds = 24
+    for _ in 0..<rounds {
+      let run = try HelperRun(args)
+      // Random time after the device got going (its first acknowledged change), so every
+      // round makes progress however slow the machine is.
+      let started = Date().addingTimeInterval(20)
+      while !run.lines.contains(where: { $0.hasPrefix("ACK") || $0 == "DONE" })
+        && run.process.isRunning && Date() < started
+      {
+        Thread.sleep(forTimeInterval: 0.002)
+      }
+      let delay = 0.02 + Double(rng.next() % 500) / 1000
+      let deadline = Date().addingTimeInterval(delay)
+      // Kill at the random time, or as soon as a multipart upload is seen under way.
+      var sawMultipart = false
+      let uploads = storeDir.url.appendingPathComponent(".zdc-multipart").path
+      while Date() < deadline && run.process.isRunning {
+        Thread.sleep(forTimeInterval: 0.002)
+        let open = (try? FileManager.default.contentsOfDirectory(atPath: uploads)) ?? []
+        if !open.isEmpty && killedDuringMultipart < 4 {
+          sawMultipart = true
+          Thread.sleep(forTimeInterval: Double(rng.next() % 20) / 1000)
+          break
+        }
+      }
+      run.kill()
+      if sawMultipart { killedDuringMultipart += 1 }
+      Thread.sleep(forTimeInterval: 0.02)
+      for l in run.lines where l.hasPrefix("ACK ") {
+        acked.append(Int(l.split(separator: " ")[1])!)
+      }
+      #expect(!run.lines.contains { $0.hasPrefix("CONFLICT") })
+    }
+    // The last run goes to the end.
+    let final = try HelperRun(args)
+    #expect(final.wait(timeout: 150))
+    for l in final.lines where l.hasPrefix("ACK ") {
+      acked.append(Int(l.split(separator: " ")[1])!)
+    }
+    #expect(final.lines.last == "DONE")
+    #expect(!final.lines.contains { $0.hasPrefix("CONFLICT") })
+    #expect(killedDuringMultipart >= 1)
+    print("crash test: \(rounds) kills, \(killedDuringMultipart) during a multipart upload")
+
+    // No step was acknowledged twice (a kill between commit and print may leave one silent),
+    // and every step was committed.
+    #expect(Set(acked).count == acked.count)
+    #expect(acked.allSatisfy { (0..<70).contains($0) })
+    #expect(acked.count >= 60)
+
+    // The device's own view: nothing left to push.
+    let catalog = try Catalog(path: stateDir.url.appendingPathComponent("catalog.sqlite").path)
+    let (ops, logs, expected) = try catalog.read(HelperUser.userID) {
+      tx -> (Int, Int, [String: Data]) in
+      var tree: [String: Data] = [:]
+      var queue = [(try tx.trunkNode(.home)!.id, "")]
+      while !queue.isEmpty {
+        let (id, prefix) = queue.removeFirst()
+        for c in try tx.children(of: id) {
+          let p = prefix + "/" + c.name
+          let file = stateDir.url.appendingPathComponent("content").appendingPathComponent(c.uuid)
+          tree[p] =
+            c.kind == .directory ? Data("dir".utf8) : (try? Data(contentsOf: file)) ?? Data()
+          queue.append((c.id, p))
+        }
+      }
+      return (try tx.operationCount(), try tx.pendingChangeCount(), tree)
+    }
+    #expect(ops == 0)
+    #expect(
+      try catalog.read(HelperUser.userID) { try $0.syncValue(forKey: "helper.step") } == "70")
+    #expect(logs == 0)
+
+    // The store: one RCRD per node, no conflicted copies, no leftovers.
+    let store = try LocalFolderStore(root: storeDir.url)
+    let layout = CloudLayout(userID: HelperUser.userID, treeID: HelperUser.treeID)
+    let objects = try store.listAll(prefix: layout.treePrefix).filter {
+      !$0.key.hasPrefix(layout.changesPrefix)
+    }
+    #expect(objects.filter { $0.key.hasSuffix(".rcrd") }.count == expected.count)
+    let files = expected.values.filter { $0 != Data("dir".utf8) }.count
+    #expect(objects.filter { $0.key.hasSuffix(".data") }.count == files)
+
+    // Another device converges to the same tree and bytes.
+    let user = try TestUser(seed: 7)
+    #expect(user.userID == HelperUser.userID)
+    let other = try Device("other", user: user, store: store)
+    try other.engine.pull.pull()
+    let tree = try other.tree(withContent: false)
+    #expect(Set(tree.keys) == Set(expected.keys))
+    #expect(!tree.keys.contains { $0.contains("conflicted copy") })
+    var mismatched = 0
+    for (p, want) in expected where want != Data("dir".utf8) {
+      let got = try other.cloudContent(String(p.dropFirst()))
+      if got != want {
+        mismatched += 1
+        print("mismatch at \(p): \(got?.count ?? -1) bytes, want \(want.count)")
+      }
+    }
+    #expect(mismatched == 0)
+    var needles = [Data("big-4.bin".utf8), Data("f1.txt".utf8), Data("create".utf8)]
+    for (_, content) in expected.prefix(20) where content.count >= 16 {
+      needles.append(content.prefix(16))
+    }
+    let hits = try findPlaintext(needles, under: storeDir.url)
+    #expect(hits.isEmpty)
+  }
+}
+
+/// The helper's fixed user.
+enum HelperUser {
+  static let keys = try! UserKeyPair.fromSeed(Data(repeating: 7, count: 32))
+  static let userID = "user7xxxxxxxxxxxxxxxxxxxxxxxxxxx"
+  static let treeID = "com.zdc.test"
+}

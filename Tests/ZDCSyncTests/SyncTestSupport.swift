@@ -1,0 +1,263 @@
+import Foundation
+import ZDCCatalog
+import ZDCCore
+import ZDCCrypto
+import ZDCLocalStore
+import ZDCSync
+import ZDCTestSupport
+
+/// A delegate that serves node content from memory and records what it is told.
+final class TestDelegate: SyncDelegate, @unchecked Sendable {
+  // Safe: every stored property is only touched under `lock`.
+  private let lock = NSLock()
+  private var contents: [String: Data] = [:]  // by node uuid
+  private var _events: [String] = []
+  private var _conflicts: [(ConflictKind, String, String?)] = []
+
+  func setContent(_ data: Data?, for node: Node) { lock.withLock { contents[node.uuid] = data } }
+  func content(for node: Node) -> Data? { lock.withLock { contents[node.uuid] } }
+  var events: [String] { lock.withLock { _events } }
+  var conflicts: [(ConflictKind, String, String?)] { lock.withLock { _conflicts } }
+  func clearEvents() { lock.withLock { _events.removeAll() } }
+  private func record(_ s: String) { lock.withLock { _events.append(s) } }
+
+  func data(for node: Node, at path: TreesystemPath, transaction: CloudTransaction) -> NodeData? {
+    lock.withLock { contents[node.uuid].map { .data($0) } }
+  }
+  func didPushNodeData(_ node: Node, at path: TreesystemPath, transaction: CloudTransaction) {
+    record("pushed \(path)")
+  }
+  func didDiscoverNewNode(_ node: Node, at path: TreesystemPath, transaction: CloudTransaction) {
+    record("new \(path)")
+  }
+  func didDiscoverModifiedNode(
+    _ node: Node, change: NodeChange, at path: TreesystemPath, transaction: CloudTransaction
+  ) {
+    if change.contains(.data) { lock.withLock { contents[node.uuid] = nil } }
+    record("modified \(path) \(change.rawValue)")
+  }
+  func didDiscoverMovedNode(
+    _ node: Node, from oldPath: TreesystemPath, to newPath: TreesystemPath,
+    transaction: CloudTransaction
+  ) {
+    record("moved \(oldPath) -> \(newPath)")
+  }
+  func didDiscoverDeletedNode(
+    _ node: Node, at path: TreesystemPath, timestamp: Date?, transaction: CloudTransaction
+  ) {
+    lock.withLock { contents[node.uuid] = nil }
+    record("deleted \(path)")
+  }
+  func didDiscoverDeletedDirtyNode(
+    _ node: Node, dirtyDescendants: [NodeID], timestamp: Date?, transaction: CloudTransaction
+  ) {
+    record("deletedDirty \(node.name)")
+  }
+  func didDiscoverConflict(
+    _ kind: ConflictKind, node: Node, other: Node?, at path: TreesystemPath,
+    transaction: CloudTransaction
+  ) {
+    lock.withLock {
+      if kind == .data, let other {
+        // The local version moves to the conflicted copy.
+        contents[other.uuid] = contents[node.uuid]
+        contents[node.uuid] = nil
+      }
+      _conflicts.append((kind, node.name, other?.name))
+    }
+    record("conflict \(kind.rawValue) \(path)")
+  }
+}
+
+/// A store folder for sync tests: in /dev/shm when available (fsync is free there).
+func makeStoreDirectory(_ label: String) throws -> TemporaryDirectory {
+  if FileManager.default.fileExists(atPath: "/dev/shm"),
+    ProcessInfo.processInfo.environment["ZDC_TEST_TMPDIR"] == nil
+  {
+    setenv("ZDC_TEST_TMPDIR", "/dev/shm", 0)
+    defer { unsetenv("ZDC_TEST_TMPDIR") }
+    return try TemporaryDirectory(label)
+  }
+  return try TemporaryDirectory(label)
+}
+
+/// One user's identity shared by the test devices.
+struct TestUser: Sendable {
+  let userID: String
+  let keys: UserKeyPair
+  let treeID = "com.zdc.test"
+
+  init(seed: UInt8 = 7) throws {
+    keys = try UserKeyPair.fromSeed(Data(repeating: seed, count: 32))
+    userID = "user\(seed)xxxxxxxxxxxxxxxxxxxxxxxxxxx"
+  }
+}
+
+/// A headless device: its own catalog, delegate and sync engine on a shared store.
+final class Device: @unchecked Sendable {
+  // Safe: every property is immutable after init; the types are thread-safe.
+  let name: String
+  let user: TestUser
+  let catalog: Catalog
+  let delegate = TestDelegate()
+  let engine: SyncEngine
+  let store: any CloudStore
+  let work: TemporaryDirectory
+
+  init(
+    _ name: String, user: TestUser, store: any CloudStore,
+    configure: (inout PushConfiguration, inout PullConfiguration) -> Void = { _, _ in }
+  ) throws {
+    self.name = name
+    self.user = user
+    self.store = store
+    work = try TemporaryDirectory("zdc-dev-\(name)")
+    catalog = try Catalog.temporary(options: .init(durability: .normal))
+    try catalog.createLocalUser(
+      LocalUser(
+        id: user.userID, treeID: user.treeID, boxPublicKey: user.keys.boxPublicKey,
+        signPublicKey: user.keys.signPublicKey))
+    var push = PushConfiguration(
+      workDirectory: work.url, retryBase: 0.02, retryCap: 0.2, pollInterval: 0.02,
+      logBatchWindow: 0.02)
+    var pull = PullConfiguration(pullInterval: 3600)
+    configure(&push, &pull)
+    engine = try SyncEngine(
+      catalog: catalog, store: store,
+      account: SyncAccount(
+        userID: user.userID, keys: user.keys, deviceID: name, deviceName: name),
+      delegate: delegate, push: push, pull: pull)
+  }
+
+  deinit { engine.stop() }
+
+  func start() throws { try engine.start() }
+
+  func sync(_ timeout: TimeInterval = 60) throws {
+    let ok = try engine.syncNow(timeout: timeout)
+    if !ok {
+      let ops = try catalog.read(user.userID) { tx in
+        try tx.allOperations().map {
+          "op \($0.id) \($0.kind.rawValue) \($0.state.rawValue) node \($0.nodeID ?? -1) "
+            + "attempts \($0.attempts) deps \(try tx.dependencies(ofOperation: $0.id))"
+        }
+      }
+      let logs = try catalog.read(user.userID) { try $0.pendingChangeCount() }
+      print("sync of \(name) timed out; pending log entries \(logs)")
+      for o in ops { print("  \(o)") }
+    }
+    if !ok { throw SyncTimeout(device: name) }
+  }
+
+  func path(_ s: String) throws -> TreesystemPath {
+    try TreesystemPath(s.split(separator: "/").map(String.init))
+  }
+
+  @discardableResult
+  func create(_ p: String, _ content: String? = nil, kind: NodeKind = .file) throws -> Node {
+    let path = try path(p)
+    return try catalog.write(user.userID) { tx in
+      let n = try tx.createNode(path: path, kind: kind)
+      if let content {
+        delegate.setContent(Data(content.utf8), for: n)
+        try tx.queueDataUpload(nodeID: n.id)
+      }
+      return n
+    }
+  }
+
+  func write(_ p: String, _ content: Data) throws {
+    let path = try path(p)
+    try catalog.write(user.userID) { tx in
+      guard let n = try tx.node(path: path) else { throw CatalogError.pathNotFound(path) }
+      delegate.setContent(content, for: n)
+      var u = n
+      u.dataSize = UInt64(content.count)
+      try tx.updateNode(u)
+      try tx.queueDataUpload(nodeID: n.id)
+    }
+  }
+
+  func write(_ p: String, _ content: String) throws { try write(p, Data(content.utf8)) }
+
+  func move(_ p: String, to q: String) throws {
+    let from = try path(p)
+    let to = try path(q)
+    try catalog.write(user.userID) { tx in
+      guard let n = try tx.node(path: from), let parent = try tx.node(path: to.parent!) else {
+        throw CatalogError.pathNotFound(from)
+      }
+      try tx.moveNode(n.id, toParent: parent.id, name: to.name!)
+    }
+  }
+
+  func delete(_ p: String) throws {
+    let path = try path(p)
+    try catalog.write(user.userID) { tx in
+      guard let n = try tx.node(path: path) else { throw CatalogError.pathNotFound(path) }
+      try tx.deleteNode(n.id)
+    }
+  }
+
+  func node(_ p: String) throws -> Node? {
+    let path = try path(p)
+    return try catalog.read(user.userID) { try $0.node(path: path) }
+  }
+
+  /// The content of a node as stored in the cloud (decrypted), or nil without DATA.
+  func cloudContent(_ p: String) throws -> Data? {
+    guard let n = try node(p) else { return nil }
+    return try cloudContent(n)
+  }
+
+  func cloudContent(_ n: Node) throws -> Data? {
+    guard
+      let loc = try catalog.read(user.userID, { try $0.objectLocation(of: n.id) })
+    else { return nil }
+    let info: ObjectInfo
+    do { info = try store.head(key: loc.dataKey) } catch StoreError.notFound { return nil }
+    let store = self.store
+    let key = loc.dataKey
+    let reader = try CloudFileReader(
+      key: n.encryptionKey, ciphertextSize: info.size,
+      fetch: { try store.get(key: key, range: $0) })
+    return try reader.read(.data)
+  }
+
+  /// The home tree: path → (kind, cloud content) for every node.
+  func tree(withContent: Bool = true) throws -> [String: String] {
+    let nodes = try catalog.read(user.userID) { tx -> [(String, Node)] in
+      guard let home = try tx.trunkNode(.home) else { return [] }
+      var out: [(String, Node)] = []
+      var queue = [(home.id, "")]
+      while !queue.isEmpty {
+        let (id, prefix) = queue.removeFirst()
+        for c in try tx.children(of: id) {
+          let p = prefix + "/" + c.name
+          out.append((p, c))
+          queue.append((c.id, p))
+        }
+      }
+      return out
+    }
+    var result: [String: String] = [:]
+    for (p, n) in nodes {
+      var value = n.kind == .directory ? "dir" : n.kind.rawValue
+      if withContent, n.kind != .directory {
+        value += ":" + (try cloudContent(n).map { String(decoding: $0, as: UTF8.self) } ?? "-")
+      }
+      result[p] = value
+    }
+    return result
+  }
+
+  func operationCount() throws -> Int {
+    try catalog.read(user.userID) { try $0.operationCount() }
+  }
+}
+
+/// A device did not get in sync in time.
+struct SyncTimeout: Error, CustomStringConvertible {
+  let device: String
+  var description: String { "sync of \(device) timed out" }
+}
