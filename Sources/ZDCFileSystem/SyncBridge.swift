@@ -1,4 +1,5 @@
 public import Foundation
+import Logging
 public import ZDCCatalog
 public import ZDCCore
 import ZDCDisk
@@ -94,10 +95,15 @@ extension FileSystem {
 }
 
 /// The engine's side of sync: gives the push side the staged content and sections of a node,
-/// and turns the pull side's discoveries into kernel invalidations.
-public final class FileSystemSyncDelegate: SyncDelegate {
+/// and turns the pull side's discoveries into kernel invalidations. Once a node's data is
+/// uploaded, the staged version that was handed out becomes its clean cached copy.
+public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
+  // @unchecked: `handedOut` is only touched under `lock`.
   /// The engine.
   public let fileSystem: FileSystem
+  private let lock = NSLock()
+  /// The staged version last given to the push side, per node.
+  private var handedOut: [NodeID: Int64] = [:]
 
   public init(fileSystem: FileSystem) { self.fileSystem = fileSystem }
 
@@ -105,9 +111,26 @@ public final class FileSystemSyncDelegate: SyncDelegate {
     -> NodeData?
   {
     if let staged = fileSystem.disk.stagedData(forNode: node.id) {
+      lock.withLock { handedOut[node.id] = staged.version }
       return .cryptoFile(staged.url, key: staged.key)
     }
     return nil
+  }
+
+  public func didPushNodeData(_ node: Node, at path: TreesystemPath, transaction: CloudTransaction)
+  {
+    // Only a version known to be the uploaded one is marked: an upload resumed after a restart
+    // may not have asked for its data again, and a newer version must stay dirty.
+    guard let version = lock.withLock({ handedOut.removeValue(forKey: node.id) }),
+      let eTag = node.eTagData
+    else { return }
+    do {
+      try fileSystem.disk.markUploaded(
+        nodeID: node.id, version: version, cloudID: node.cloudID, eTag: eTag)
+    } catch {
+      Logger(label: "zdc.sync").warning(
+        "cannot record an upload in the cache", metadata: ["error": "\(error)"])
+    }
   }
 
   public func metadata(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
@@ -120,6 +143,45 @@ public final class FileSystemSyncDelegate: SyncDelegate {
     -> NodeData?
   {
     section(node, "zdcfs.thumb", transaction)
+  }
+
+  /// Gives the local content of a node that lost a data conflict to its conflicted copy: the
+  /// copy uploads it, and the node goes back to the remote version.
+  func moveStagedContent(from nodeID: NodeID, to copyID: NodeID) {
+    let disk = fileSystem.disk
+    lock.withLock { _ = handedOut.removeValue(forKey: nodeID) }
+    let source: StagingFile
+    do {
+      guard let s = try disk.openStaged(forNode: nodeID) else { return }
+      source = s
+    } catch {
+      Logger(label: "zdc.sync").warning(
+        "cannot read the content of a conflicted node", metadata: ["error": "\(error)"])
+      return
+    }
+    do {
+      let copy = try disk.stagingFile(forNode: copyID, truncate: true)
+      do {
+        var offset: UInt64 = 0
+        while offset < source.size {
+          let chunk = try source.read(offset: offset, count: 1 << 20)
+          if chunk.isEmpty { break }
+          try copy.write(chunk, at: offset)
+          offset += UInt64(chunk.count)
+        }
+        try disk.commitStaging(copy)
+        copy.close()
+      } catch {
+        disk.discardStaging(copy)
+        throw error
+      }
+      disk.discardStaging(source)
+    } catch {
+      source.close()
+      Logger(label: "zdc.sync").warning(
+        "cannot move the content of a conflicted node to its copy",
+        metadata: ["error": "\(error)"])
+    }
   }
 
   func section(_ node: Node, _ tag: String, _ tx: CloudTransaction) -> NodeData? {
@@ -170,6 +232,7 @@ public final class FileSystemSyncDelegate: SyncDelegate {
     transaction: CloudTransaction
   ) {
     if let other {
+      if kind == .data { moveStagedContent(from: node.id, to: other.id) }
       try? transaction.setTag(.int(1), forNodeID: other.id, identifier: FileSystem.conflictTag)
       fileSystem.nodeAppeared(other)
     }

@@ -1,15 +1,18 @@
 import Foundation
 import Logging
 import ZDCFileSystem
+import ZDCSync
 
 #if canImport(Glibc)
   import Glibc
 #endif
 
 /// The mount's local control socket (a Unix socket in the state directory, mode 0600): one JSON
-/// request per line (`{"command":"status"}`), one JSON answer per line.
+/// request per line (`{"command":"status"}`), one JSON answer per line. `sync` first answers
+/// with progress lines (`{"progress":…}`) while it runs.
 final class ControlServer: @unchecked Sendable {
-  // @unchecked: `fd` and `stopped` are set before the accept thread starts or under `lock`.
+  // @unchecked: `fd` is set before the accept thread starts; `stopped` and `draining` are
+  // only touched under `lock`.
   let path: String
   let mountpoint: String
   let fs: FileSystem
@@ -17,6 +20,10 @@ final class ControlServer: @unchecked Sendable {
   let fd: Int32
   let lock = NSLock()
   var stopped = false
+  var draining = false
+
+  /// Reports the mount as gone from the kernel and waiting for uploads.
+  func setDraining(_ on: Bool) { lock.withLock { draining = on } }
 
   init(
     socketPath: String, mountpoint: String, fileSystem: FileSystem,
@@ -69,36 +76,91 @@ final class ControlServer: @unchecked Sendable {
         if errno == EINTR { continue }
         return
       }
-      let h = FileHandle(fileDescriptor: c, closeOnDealloc: true)
-      let line = h.readLine() ?? ""
-      h.writeIgnoringErrors(Data((answer(line) + "\n").utf8))
+      // One thread per connection: a long `sync` must not hold up `status`.
+      let t = Thread { [self] in
+        let h = FileHandle(fileDescriptor: c, closeOnDealloc: true)
+        let line = h.readLine() ?? ""
+        let writeLock = NSLock()
+        let out = answer(line) { progress in
+          writeLock.withLock { h.writeIgnoringErrors(Data((progress + "\n").utf8)) }
+        }
+        writeLock.withLock { h.writeIgnoringErrors(Data((out + "\n").utf8)) }
+      }
+      t.name = "zdc.control.connection"
+      t.start()
     }
   }
 
-  func answer(_ line: String) -> String {
+  /// The answer to one request line; `sync` sends progress lines through `emit` first.
+  func answer(_ line: String, emit: @escaping @Sendable (String) -> Void = { _ in }) -> String {
     let request = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
     let command = request?["command"] as? String ?? "status"
     var out: [String: Any] = ["mounted": true, "mountpoint": mountpoint]
     switch command {
     case "status":
-      if let s = try? fs.status() {
-        out["pendingItems"] = s.pendingItems
-        out["pendingBytes"] = s.pendingBytes
-        out["conflicts"] = s.conflicts ?? NSNull()
-        out["errors"] = s.errors
-        out["openFiles"] = s.openFiles
-      }
-      out["sync"] = sync == nil ? "not running" : "running"
+      out.merge(statusFields()) { $1 }
     case "sync":
-      if let sync {
-        do { try sync.syncNow() } catch { out["error"] = "sync failed: \(error)" }
-      } else {
+      guard let sync else {
         out["error"] = "the sync engine is not running"
+        break
       }
+      let timeout = (request?["timeout"] as? Double) ?? 120
+      let done = DispatchSemaphore(value: 0)
+      let reporter = Thread { [self] in
+        while done.wait(timeout: .now() + 0.5) == .timedOut {
+          emit(Self.json(["progress": statusFields()]))
+        }
+      }
+      reporter.start()
+      do {
+        if try sync.syncNow(timeout: timeout) {
+          out["inSync"] = true
+        } else {
+          out["error"] = "not in sync after \(Int(timeout)) s"
+        }
+      } catch {
+        out["error"] = "sync failed: \(error)"
+      }
+      done.signal()
+      out.merge(statusFields()) { $1 }
+    case "cancel-drain":
+      sync?.cancelDrain()
     default:
       out["error"] = "unsupported command \(command)"
     }
-    let data = (try? JSONSerialization.data(withJSONObject: out, options: [.sortedKeys])) ?? Data()
+    return Self.json(out)
+  }
+
+  /// What `status` reports: the catalog's counts and the sync engine's progress.
+  func statusFields() -> [String: Any] {
+    var out: [String: Any] = ["pid": Int(getpid())]
+    if let s = try? fs.status() {
+      out["pendingItems"] = s.pendingItems
+      out["pendingBytes"] = s.pendingBytes
+      out["conflicts"] = s.conflicts ?? NSNull()
+      out["errors"] = s.errors
+      out["openFiles"] = s.openFiles
+    }
+    let draining = lock.withLock { self.draining }
+    if let sync {
+      let p = sync.progress
+      out["sync"] = draining ? "draining" : "running"
+      out["uploading"] = p.push.inFlightItems
+      out["uploadBytes"] = p.push.inFlightBytes
+      out["uploadDoneBytes"] = p.push.inFlightDoneBytes
+      out["uploadFailed"] = p.push.failedItems
+      out["downloading"] = p.download.inFlightItems
+      out["lastPull"] = p.lastPull.map { ISO8601DateFormatter().string(from: $0) } ?? NSNull()
+      out["lastError"] = p.lastError ?? NSNull()
+    } else {
+      out["sync"] = "not running"
+    }
+    return out
+  }
+
+  static func json(_ object: [String: Any]) -> String {
+    let data =
+      (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data()
     return String(decoding: data, as: UTF8.self)
   }
 }
@@ -107,6 +169,14 @@ final class ControlServer: @unchecked Sendable {
 enum ControlClient {
   /// Sends one command and returns the answer line, or `nil` when nothing listens.
   static func request(socketPath: String, command: String) -> String? {
+    request(socketPath: socketPath, ["command": command])
+  }
+
+  /// Sends one request and returns the final answer line, or `nil` when nothing listens;
+  /// progress lines before it go to `progress`.
+  static func request(
+    socketPath: String, _ body: [String: Any], progress: ([String: Any]) -> Void = { _ in }
+  ) -> String? {
     let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
     guard fd >= 0 else { return nil }
     var addr = sockaddr_un()
@@ -128,7 +198,16 @@ enum ControlClient {
     let h = FileHandle(fileDescriptor: fd, closeOnDealloc: true)
     guard rc == 0 else { return nil }
     signal(SIGPIPE, SIG_IGN)
-    h.writeIgnoringErrors(Data("{\"command\":\"\(command)\"}\n".utf8))
-    return h.readLine()
+    h.writeIgnoringErrors(Data((ControlServer.json(body) + "\n").utf8))
+    while let line = h.readLine() {
+      if let obj = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any],
+        let p = obj["progress"] as? [String: Any]
+      {
+        progress(p)
+        continue
+      }
+      return line
+    }
+    return nil
   }
 }

@@ -52,6 +52,9 @@ extension ZDC {
     @Flag(help: .hidden)
     var daemonChild = false
 
+    @Option(help: .hidden)
+    var pullInterval: Double?
+
     func run() throws {
       try runReportingErrors {
         let stateDirectory = state.stateDirectory
@@ -118,6 +121,7 @@ extension ZDC {
       ]
       for o in options { args += ["-o", o] }
       if verbose { args.append("--verbose") }
+      if let pullInterval { args += ["--pull-interval", String(pullInterval)] }
       p.arguments = args
       let input = Pipe()
       let output = Pipe()
@@ -161,12 +165,10 @@ extension ZDC {
         store: account.store, disk: disk, catalog: account.catalog, userID: account.config.userID)
       let fs = try FileSystem(
         catalog: account.catalog, userID: account.config.userID, disk: disk, downloads: downloads)
-      // The sync engine plugs in here (see MountSyncHooks): nil until PushManager and
-      // PullManager exist.
-      let sync: (any MountSyncHooks)? = nil
-      try sync?.start(delegate: FileSystemSyncDelegate(fileSystem: fs))
+      let sync = try makeSync(account: account, fileSystem: fs, stateDirectory: stateDirectory)
       let mount = FuseMount(fileSystem: fs, mountpoint: mp, options: options)
       try mount.mount()
+      try sync.start(delegate: FileSystemSyncDelegate(fileSystem: fs))
       let control = try ControlServer(
         socketPath: stateDirectory.url.appendingPathComponent("control.sock").path,
         mountpoint: mp, fileSystem: fs, sync: sync)
@@ -183,20 +185,50 @@ extension ZDC {
       }
       defer { control.stop() }
       try mount.run()
-      if let sync {
-        _ = sync.drain(timeout: 60) { items, bytes in
-          logger.info("waiting for uploads: \(items) items, \(bytes) bytes")
-        }
-        sync.stop()
+      control.setDraining(true)
+      let drained = sync.drain(timeout: 3600) { items, bytes in
+        logger.debug("waiting for uploads: \(items) items, \(bytes) bytes")
       }
+      if !drained { logger.info("uploads left queued for the next mount") }
+      sync.stop()
       disk.flush()
       logger.info("unmounted")
+    }
+
+    /// The sync engine for this mount: pushes to and pulls from the account's store, with
+    /// multipart uploads staged in `push/` under the state directory.
+    func makeSync(account: Account, fileSystem fs: FileSystem, stateDirectory: StateDirectory)
+      throws -> EngineSyncHooks
+    {
+      let work = stateDirectory.url.appendingPathComponent("push", isDirectory: true)
+      try FileManager.default.createDirectory(
+        at: work, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+      let syncAccount = SyncAccount(
+        userID: account.config.userID, keys: account.keys.keyPair,
+        deviceID: account.config.deviceID, deviceName: account.config.deviceName)
+      let catalog = account.catalog
+      let store = account.store
+      var pull = PullConfiguration()
+      if let pullInterval, pullInterval > 0 { pull.pullInterval = pullInterval }
+      let pullConfiguration = pull
+      return EngineSyncHooks(
+        make: { delegate, progress in
+          try SyncEngine(
+            catalog: catalog, store: store, account: syncAccount, delegate: delegate,
+            push: PushConfiguration(workDirectory: work), pull: pullConfiguration,
+            progress: progress)
+        },
+        pending: {
+          let s = try? fs.status()
+          return (s?.pendingItems ?? 0, s?.pendingBytes ?? 0)
+        })
     }
   }
 
   struct Unmount: ParsableCommand {
     static let configuration = CommandConfiguration(
-      abstract: "Unmount a zdcfs mount (waits for its process to finish).")
+      abstract: "Unmount a zdcfs mount (waits for pending uploads and for its process to finish)."
+    )
 
     @OptionGroup var state: StateOptions
 
@@ -205,6 +237,9 @@ extension ZDC {
 
     @Flag(help: "Detach now even if files are open; the mount goes away when they close.")
     var lazy = false
+
+    @Flag(help: "Do not wait for pending uploads; they stay queued for the next mount.")
+    var noWait = false
 
     func run() throws {
       try runReportingErrors {
@@ -229,12 +264,29 @@ extension ZDC {
           throw CLIError.usage(
             "cannot unmount \(mp): \(message.trimmingCharacters(in: .whitespacesAndNewlines))")
         }
-        // The serving process removes its control socket when it has finished.
+        // The serving process uploads what is pending, then removes its control socket.
         let sock = state.stateDirectory.url.appendingPathComponent("control.sock").path
-        let deadline = Date().addingTimeInterval(lazy ? 0 : 15)
+        if noWait { _ = ControlClient.request(socketPath: sock, command: "cancel-drain") }
+        var deadline = Date().addingTimeInterval(lazy ? 0 : 15)
+        var shown = ""
         while FileManager.default.fileExists(atPath: sock), Date() < deadline {
-          if ControlClient.request(socketPath: sock, command: "status") == nil { break }
-          usleep(50_000)
+          guard let answer = ControlClient.request(socketPath: sock, command: "status") else {
+            break
+          }
+          let obj =
+            (try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any] ?? [:]
+          if !lazy, obj["sync"] as? String == "draining" {
+            // Waiting for uploads: no deadline while the process reports progress.
+            deadline = Date().addingTimeInterval(15)
+            let line =
+              "Waiting for uploads: \(obj["pendingItems"] ?? 0) items, "
+              + "\(obj["pendingBytes"] ?? 0) bytes left (--no-wait to leave them queued)."
+            if line != shown {
+              print(line)
+              shown = line
+            }
+          }
+          usleep(100_000)
         }
         print("Unmounted \(mp).")
       }
@@ -277,7 +329,14 @@ extension ZDC {
         let conflicts = (obj["conflicts"] as? Int).map(String.init) ?? "unknown"
         print("Conflicts: \(conflicts). Errors: \(obj["errors"] ?? 0).")
         print("Open files: \(obj["openFiles"] ?? 0).")
-        print("Sync engine: \(obj["sync"] ?? "not running").")
+        print("Sync engine: \(obj["sync"] ?? "not running") (process \(obj["pid"] ?? "?")).")
+        if obj["sync"] as? String != "not running" {
+          print(
+            "Uploading: \(obj["uploading"] ?? 0) items. Downloading: \(obj["downloading"] ?? 0) items."
+          )
+          print("Last pull: \((obj["lastPull"] as? String) ?? "never").")
+          if let e = obj["lastError"] as? String { print("Last error: \(e)") }
+        }
       }
     }
   }

@@ -1,0 +1,391 @@
+import Foundation
+import Testing
+import ZDCTestSupport
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// One device of a shared account: its own state directory and mount point, the real `zdc`
+/// binary, and a mount that is always unmounted (its process killed if it lingers) on release.
+final class SyncDevice: @unchecked Sendable {
+  // @unchecked: used by one test at a time.
+  let name: String
+  let state: URL
+  let mnt: URL
+  let storePath: URL
+  let mountArguments: [String]
+  let zdc = BuiltProducts.executable("zdc")
+  var pid: pid_t?
+
+  static let passphrase = "sync mount test passphrase"
+
+  var env: [String: String] {
+    ["ZDC_STATE_DIR": state.path, "ZDC_PASSPHRASE": Self.passphrase, "LC_ALL": "C"]
+  }
+
+  /// Creates the account (`join == false`) or joins it, then mounts.
+  init(
+    _ name: String, in dir: TemporaryDirectory, store: URL, join: Bool,
+    mountArguments: [String] = ["--pull-interval", "3600"]
+  ) throws {
+    self.name = name
+    state = dir.path("state-\(name)")
+    mnt = dir.path("mnt-\(name)")
+    storePath = store
+    self.mountArguments = mountArguments
+    try FileManager.default.createDirectory(at: mnt, withIntermediateDirectories: true)
+    var args = ["init", "--kdf", "minimum", "--store", store.path, "--device-name", name]
+    if join { args.append("--join") }
+    let r = try runProcess(zdc, args, environment: env)
+    try #require(r.status == 0, "init of \(name) failed: \(r.stderr)")
+    try mount()
+  }
+
+  deinit { unmount(wait: false) }
+
+  var isMounted: Bool {
+    let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
+    return mounts.split(separator: "\n").contains {
+      $0.split(separator: " ").dropFirst().first.map(String.init) == mnt.path
+    }
+  }
+
+  func mount() throws {
+    let r = try runProcess(zdc, ["mount", mnt.path] + mountArguments, environment: env)
+    try #require(r.status == 0, "mount of \(name) failed: \(r.stdout) \(r.stderr)")
+    if let range = r.stdout.range(of: "process ") {
+      pid = pid_t(r.stdout[range.upperBound...].prefix { $0.isNumber })
+    }
+    try #require(pid != nil)
+    try #require(isMounted)
+  }
+
+  /// Unmounts (waiting for uploads unless `wait` is false), then lazily, then kills the
+  /// serving process.
+  @discardableResult
+  func unmount(wait: Bool = true) -> ProcessResult? {
+    var result: ProcessResult? = nil
+    if isMounted {
+      result = try? runProcess(
+        zdc, ["unmount", mnt.path] + (wait ? [] : ["--no-wait"]), environment: env)
+    }
+    if isMounted {
+      _ = try? runProcess(URL(fileURLWithPath: "/usr/bin/fusermount3"), ["-u", "-z", mnt.path])
+    }
+    if let pid {
+      for _ in 0..<200 where Self.isAlive(pid) { usleep(50_000) }
+      if Self.isAlive(pid) { kill(pid, SIGKILL) }
+    }
+    pid = nil
+    return result
+  }
+
+  /// True while the process exists and is not a zombie.
+  static func isAlive(_ pid: pid_t) -> Bool {
+    guard kill(pid, 0) == 0 else { return false }
+    let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+    guard let close = stat.lastIndex(of: ")") else { return false }
+    return !stat[close...].hasPrefix(") Z")
+  }
+
+  /// Runs `zdc` with this device's state directory.
+  @discardableResult
+  func run(_ args: [String]) throws -> ProcessResult {
+    try runProcess(zdc, args, environment: env)
+  }
+
+  /// `zdc sync`, expected to succeed.
+  func sync(sourceLocation: SourceLocation = #_sourceLocation) throws {
+    let r = try run(["sync", "--timeout", "60"])
+    #expect(
+      r.status == 0, "zdc sync on \(name): \(r.stdout) \(r.stderr)",
+      sourceLocation: sourceLocation)
+    #expect(r.stdout.contains("In sync"), sourceLocation: sourceLocation)
+  }
+
+  /// Runs a shell script inside the mount point.
+  @discardableResult
+  func sh(
+    _ script: String, expect status: Int32 = 0, sourceLocation: SourceLocation = #_sourceLocation
+  ) throws -> ProcessResult {
+    let r = try runProcess(
+      URL(fileURLWithPath: "/bin/sh"), ["-c", "cd '\(mnt.path)' && \(script)"], environment: env)
+    #expect(
+      r.status == status, "\(name): \(script)\nstdout: \(r.stdout)\nstderr: \(r.stderr)",
+      sourceLocation: sourceLocation)
+    return r
+  }
+
+  /// The names in a directory of the mount, as `ls -A` shows them (sorted).
+  func ls(_ path: String = ".") throws -> [String] {
+    try sh("ls -A '\(path)'").stdout.split(separator: "\n").map(String.init).sorted()
+  }
+
+  func file(_ path: String) -> URL { mnt.appendingPathComponent(path) }
+
+  /// Where ciphertext of this device lives outside the store (caches, staging, push work).
+  var cacheDirectories: [URL] {
+    ["cache", "staging", "push"].map { state.appendingPathComponent($0) }
+  }
+}
+
+/// Two mounts of one store in two processes, driven with ordinary tools and `zdc sync`.
+@Suite(.serialized) struct SyncMountTests {
+  static func random(_ count: Int) throws -> Data {
+    let h = try #require(FileHandle(forReadingAtPath: "/dev/urandom"))
+    defer { try? h.close() }
+    return h.readData(ofLength: count)
+  }
+
+  /// A marker that is easy to find if it ever reached a store or cache in plaintext.
+  static func marker(_ label: String) -> Data {
+    Data("zdc-plaintext-marker-\(label)-\(UUID().uuidString)\n".utf8)
+  }
+
+  static func expectNoPlaintext(
+    _ needles: [Data], store: URL, devices: [SyncDevice],
+    sourceLocation: SourceLocation = #_sourceLocation
+  ) throws {
+    var hits = try findPlaintext(needles, under: store)
+    for d in devices {
+      for dir in d.cacheDirectories { hits += try findPlaintext(needles, under: dir) }
+    }
+    #expect(hits.isEmpty, "plaintext found: \(hits)", sourceLocation: sourceLocation)
+  }
+
+  static func expectNoFuseMounts(under dir: TemporaryDirectory) {
+    let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
+    #expect(!mounts.contains(dir.url.path), "mounts left: \(mounts)")
+  }
+
+  /// The DATA objects in a store.
+  static func dataObjects(_ store: URL) -> [String] {
+    let walker = FileManager.default.enumerator(at: store, includingPropertiesForKeys: nil)
+    var out: [String] = []
+    while let url = walker?.nextObject() as? URL {
+      if url.pathExtension == "data" { out.append(url.path) }
+    }
+    return out
+  }
+
+  @Test func twoMountsSyncFilesRenamesDeletesAndConflicts() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    let b = try SyncDevice("devB", in: dir, store: store, join: true)
+    defer { b.unmount(wait: false) }
+
+    // A file written and closed on A reaches B through the store, without a remount of B.
+    let content = try Self.random(300_000) + Self.marker("content")
+    let secondName = "second-\(UUID().uuidString.prefix(8)).txt"
+    let second = Self.marker("second")
+    try a.sh("mkdir docs")
+    try content.write(to: a.file("docs/report.bin"))
+    try second.write(to: a.file(secondName))
+    #expect(try b.ls() == [])
+    try a.sync()
+    try b.sync()
+    #expect(try b.ls() == ["docs", secondName].sorted())
+    #expect(try b.ls("docs") == ["report.bin"])
+    #expect(try Data(contentsOf: b.file("docs/report.bin")) == content)
+    #expect(try Data(contentsOf: b.file(secondName)) == second)
+
+    // A rename and a delete on B reach A.
+    try b.sh("mv docs/report.bin docs/renamed.bin && rm '\(secondName)'")
+    try b.sync()
+    #expect(try a.ls() == ["docs", secondName].sorted())
+    try a.sync()
+    #expect(try a.ls() == ["docs"])
+    #expect(try a.ls("docs") == ["renamed.bin"])
+    #expect(try Data(contentsOf: a.file("docs/renamed.bin")) == content)
+
+    // Both edit one file without hearing of the other's edit: both versions survive on both.
+    try Data("base version\n".utf8).write(to: a.file("shared.txt"))
+    try a.sync()
+    try b.sync()
+    #expect(try Data(contentsOf: b.file("shared.txt")) == Data("base version\n".utf8))
+    let fromA = Data("edited on device A\n".utf8)
+    let fromB = Data("edited on device B, longer\n".utf8)
+    try fromA.write(to: a.file("shared.txt"))
+    try a.sync()
+    try fromB.write(to: b.file("shared.txt"))
+    try b.sync()
+    try a.sync()
+    for d in [a, b] {
+      let names = try d.ls().filter { $0.hasPrefix("shared") }
+      #expect(names.count == 2, "\(d.name): \(names)")
+      #expect(names.contains("shared.txt"))
+      let copy = names.first { $0.hasPrefix("shared (conflicted copy ") && $0.hasSuffix(".txt") }
+      #expect(copy != nil, "\(d.name): \(names)")
+      let versions = Set(try names.map { try Data(contentsOf: d.file($0)) })
+      #expect(versions == [fromA, fromB], "\(d.name)")
+      // Known engine issue: the losing device's `putRcrd` (local attributes win on 412) can
+      // run beside its `putData` and put its own size over the winner's RCRD, so that device
+      // shows the kept remote content with the local size (see ZDCSync known limitations).
+      withKnownIssue("data conflict: the RCRD keeps the losing side's size", isIntermittent: true) {
+        for n in names {
+          let size = try FileManager.default.attributesOfItem(atPath: d.file(n).path)[.size]
+          let bytes = try Data(contentsOf: d.file(n)).count
+          #expect((size as? Int) == bytes, "\(d.name): size of \(n)")
+        }
+      }
+    }
+
+    #expect(a.unmount()?.status == 0)
+    #expect(b.unmount()?.status == 0)
+    try Self.expectNoPlaintext(
+      [content.suffix(40), second, Data("report".utf8), Data(secondName.utf8), fromA, fromB],
+      store: store, devices: [a, b])
+  }
+
+  @Test func periodicPullsShowRemoteChangesWithoutSync() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    let b = try SyncDevice(
+      "devB", in: dir, store: store, join: true, mountArguments: ["--pull-interval", "1"])
+    defer { b.unmount(wait: false) }
+    #expect(try b.ls() == [])
+    let content = Self.marker("periodic")
+    try content.write(to: a.file("news.txt"))
+    try a.sync()
+    var seen: [String] = []
+    for _ in 0..<100 {
+      seen = try b.ls()
+      if seen == ["news.txt"] { break }
+      usleep(100_000)
+    }
+    #expect(seen == ["news.txt"])
+    #expect(try Data(contentsOf: b.file("news.txt")) == content)
+    // A change of content is seen too (the kernel's cached pages are invalidated).
+    let changed = Self.marker("periodic-changed")
+    try changed.write(to: a.file("news.txt"))
+    try a.sync()
+    var now = Data()
+    for _ in 0..<100 {
+      now = try Data(contentsOf: b.file("news.txt"))
+      if now == changed { break }
+      usleep(100_000)
+    }
+    #expect(now == changed)
+    let status = try b.run(["status"])
+    #expect(status.stdout.contains("Last pull: 20"), "\(status.stdout)")
+  }
+
+  @Test func unmountWaitsForUploads() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    var files: [String: Data] = [:]
+    for i in 0..<5 {
+      files["file \(i).bin"] =
+        try Self.random(i == 0 ? 2_000_000 : 10_000 * i) + Self.marker("u\(i)")
+    }
+    for (name, data) in files { try data.write(to: a.file(name)) }
+    let r = try #require(a.unmount())
+    #expect(r.status == 0, "\(r.stdout) \(r.stderr)")
+    #expect(Self.dataObjects(store).count >= files.count)
+    let status = try a.run(["status"])
+    #expect(status.stdout.contains("Pending uploads: 0 items"), "\(status.stdout)")
+
+    let b = try SyncDevice("devB", in: dir, store: store, join: true)
+    defer { b.unmount(wait: false) }
+    try b.sync()
+    #expect(try b.ls() == files.keys.sorted())
+    for (name, data) in files { #expect(try Data(contentsOf: b.file(name)) == data, "\(name)") }
+    b.unmount()
+    try Self.expectNoPlaintext(
+      files.values.map { $0.suffix(40) }, store: store, devices: [a, b])
+  }
+
+  @Test func unmountNoWaitLeavesUploadsQueued() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    let content = try Self.random(100_000) + Self.marker("nowait")
+    try content.write(to: a.file("late.bin"))
+    let r = try #require(a.unmount(wait: false))
+    #expect(r.status == 0, "\(r.stdout) \(r.stderr)")
+    // Whatever was not uploaded yet is uploaded by the next mount.
+    try a.mount()
+    try a.sync()
+    let b = try SyncDevice("devB", in: dir, store: store, join: true)
+    defer { b.unmount(wait: false) }
+    try b.sync()
+    #expect(try Data(contentsOf: b.file("late.bin")) == content)
+  }
+
+  @Test func killNineRightAfterCloseLosesNothing() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    let content = try Self.random(500_000) + Self.marker("kill9")
+    try content.write(to: a.file("precious.bin"))
+    // The daemon's process ID, as `zdc status` reports it.
+    let json = try a.run(["status", "--json"]).stdout
+    let obj = try #require(
+      try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any])
+    let pid = try #require((obj["pid"] as? Int).map { pid_t($0) })
+    #expect(pid == a.pid)
+    kill(pid, SIGKILL)
+    for _ in 0..<100 where SyncDevice.isAlive(pid) { usleep(50_000) }
+    #expect(!SyncDevice.isAlive(pid))
+    a.pid = nil
+    let u = try runProcess(URL(fileURLWithPath: "/usr/bin/fusermount3"), ["-u", a.mnt.path])
+    #expect(u.status == 0, "\(u.stderr)")
+    #expect(!a.isMounted)
+
+    try a.mount()
+    #expect(try Data(contentsOf: a.file("precious.bin")) == content)
+    try a.sync()
+    let b = try SyncDevice("devB", in: dir, store: store, join: true)
+    defer { b.unmount(wait: false) }
+    try b.sync()
+    #expect(try Data(contentsOf: b.file("precious.bin")) == content)
+    a.unmount()
+    b.unmount()
+    try Self.expectNoPlaintext([content.suffix(40)], store: store, devices: [a, b])
+  }
+
+  @Test func syncFailsClearlyWhenNotMounted() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    a.unmount()
+    let r = try a.run(["sync"])
+    #expect(r.status != 0)
+    #expect(r.stderr.contains("not mounted"))
+  }
+
+  @Test func syncFailsClearlyWhenTheStoreIsUnavailable() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    // The store's folder is replaced by a file: every request fails.
+    let aside = dir.path("store-aside")
+    try FileManager.default.moveItem(at: store, to: aside)
+    try Data("not a store".utf8).write(to: store)
+    try Data("x\n".utf8).write(to: a.file("stuck.txt"))
+    let r = try a.run(["sync", "--timeout", "3"])
+    #expect(r.status != 0, "\(r.stdout)")
+    #expect(r.stderr.contains("zdc: "), "\(r.stderr)")
+    #expect(r.stderr.contains("pending"), "\(r.stderr)")
+    try FileManager.default.removeItem(at: store)
+    try FileManager.default.moveItem(at: aside, to: store)
+    try a.sync()
+    #expect(a.unmount(wait: false)?.status == 0)
+  }
+}
