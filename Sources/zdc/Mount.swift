@@ -244,6 +244,16 @@ extension ZDC {
     func run() throws {
       try runReportingErrors {
         let mp = URL(fileURLWithPath: mountpoint).standardizedFileURL.path
+        let sock = state.stateDirectory.url.appendingPathComponent("control.sock").path
+        if let answer = ControlClient.request(socketPath: sock, command: "status"),
+          let obj = (try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any],
+          obj["sync"] as? String == "draining"
+        {
+          // Already gone from the kernel and uploading: only wait (or stop waiting).
+          waitForServer(sock)
+          print("Unmounted \(mp).")
+          return
+        }
         let p = Process()
         p.executableURL = URL(fileURLWithPath: "/usr/bin/fusermount3")
         p.arguments = lazy ? ["-u", "-z", mp] : ["-u", mp]
@@ -264,31 +274,36 @@ extension ZDC {
           throw CLIError.usage(
             "cannot unmount \(mp): \(message.trimmingCharacters(in: .whitespacesAndNewlines))")
         }
-        // The serving process uploads what is pending, then removes its control socket.
-        let sock = state.stateDirectory.url.appendingPathComponent("control.sock").path
-        if noWait { _ = ControlClient.request(socketPath: sock, command: "cancel-drain") }
-        var deadline = Date().addingTimeInterval(lazy ? 0 : 15)
-        var shown = ""
-        while FileManager.default.fileExists(atPath: sock), Date() < deadline {
-          guard let answer = ControlClient.request(socketPath: sock, command: "status") else {
-            break
-          }
-          let obj =
-            (try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any] ?? [:]
-          if !lazy, obj["sync"] as? String == "draining" {
-            // Waiting for uploads: no deadline while the process reports progress.
-            deadline = Date().addingTimeInterval(15)
-            let line =
-              "Waiting for uploads: \(obj["pendingItems"] ?? 0) items, "
-              + "\(obj["pendingBytes"] ?? 0) bytes left (--no-wait to leave them queued)."
-            if line != shown {
-              print(line)
-              shown = line
-            }
-          }
-          usleep(100_000)
-        }
+        waitForServer(sock)
         print("Unmounted \(mp).")
+      }
+    }
+
+    /// Waits until the serving process has uploaded what is pending (unless `--no-wait`) and
+    /// removed its control socket, printing what is left while it uploads.
+    func waitForServer(_ sock: String) {
+      if noWait { _ = ControlClient.request(socketPath: sock, command: "cancel-drain") }
+      var deadline = Date().addingTimeInterval(lazy ? 0 : 15)
+      var shown = ""
+      while FileManager.default.fileExists(atPath: sock), Date() < deadline {
+        guard let answer = ControlClient.request(socketPath: sock, command: "status") else {
+          break
+        }
+        let obj =
+          (try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any] ?? [:]
+        if !lazy, obj["sync"] as? String == "draining" {
+          // Waiting for uploads: no deadline while the process reports progress.
+          deadline = Date().addingTimeInterval(15)
+          let line =
+            "Waiting for uploads: \(obj["pendingItems"] ?? 0) items, "
+            + "\(obj["pendingBytes"] ?? 0) bytes left (--no-wait to leave them queued)."
+          if line != shown {
+            print(line)
+            fflush(nil)
+            shown = line
+          }
+        }
+        usleep(100_000)
       }
     }
   }

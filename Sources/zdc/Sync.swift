@@ -1,6 +1,10 @@
 import ArgumentParser
 import Foundation
 
+#if canImport(Glibc)
+  import Glibc
+#endif
+
 extension ZDC {
   struct Sync: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -32,6 +36,7 @@ extension ZDC {
             + "\(p["uploading"] ?? 0) uploading, \(p["downloading"] ?? 0) downloading."
           if line != shown {
             print(line)
+            fflush(nil)
             shown = line
           }
         }

@@ -324,6 +324,57 @@ final class SyncDevice: @unchecked Sendable {
     #expect(try Data(contentsOf: b.file("late.bin")) == content)
   }
 
+  @Test func unmountShowsWhatItWaitsForAndNoWaitStopsWaiting() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    // The store's folder is replaced by a file: uploads cannot finish.
+    let aside = dir.path("store-aside")
+    try FileManager.default.moveItem(at: store, to: aside)
+    try Data("not a store".utf8).write(to: store)
+    let content = try Self.random(50_000) + Self.marker("waiting")
+    try content.write(to: a.file("waiting.bin"))
+    let out = dir.path("unmount.out")
+    _ = FileManager.default.createFile(atPath: out.path, contents: nil)
+    let waiting = Process()
+    waiting.executableURL = a.zdc
+    waiting.arguments = ["unmount", a.mnt.path]
+    waiting.environment = a.env
+    waiting.standardOutput = try FileHandle(forWritingTo: out)
+    try waiting.run()
+    defer { if waiting.isRunning { kill(waiting.processIdentifier, SIGKILL) } }
+    var text = ""
+    for _ in 0..<100 {
+      text = (try? String(contentsOf: out, encoding: .utf8)) ?? ""
+      if text.contains("Waiting for uploads: ") { break }
+      usleep(100_000)
+    }
+    #expect(text.contains("Waiting for uploads: "), "\(text)")
+    #expect(!a.isMounted)
+    // A second unmount with --no-wait stops the waiting: the upload stays queued.
+    let r = try a.run(["unmount", a.mnt.path, "--no-wait"])
+    #expect(r.status == 0, "\(r.stdout) \(r.stderr)")
+    for _ in 0..<100 where waiting.isRunning { usleep(100_000) }
+    #expect(!waiting.isRunning)
+    #expect(waiting.terminationStatus == 0)
+    if let pid = a.pid {
+      for _ in 0..<100 where SyncDevice.isAlive(pid) { usleep(100_000) }
+      #expect(!SyncDevice.isAlive(pid))
+    }
+    #expect(try a.run(["status"]).stdout.contains("Not mounted."))
+
+    try FileManager.default.removeItem(at: store)
+    try FileManager.default.moveItem(at: aside, to: store)
+    try a.mount()
+    try a.sync()
+    let b = try SyncDevice("devB", in: dir, store: store, join: true)
+    defer { b.unmount(wait: false) }
+    try b.sync()
+    #expect(try Data(contentsOf: b.file("waiting.bin")) == content)
+  }
+
   @Test func killNineRightAfterCloseLosesNothing() throws {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
