@@ -124,6 +124,20 @@ final class SyncDevice: @unchecked Sendable {
 
   func file(_ path: String) -> URL { mnt.appendingPathComponent(path) }
 
+  /// The files in this device's staging pool (content not uploaded yet).
+  var stagedFiles: [String] {
+    (try? FileManager.default.contentsOfDirectory(
+      atPath: state.appendingPathComponent("staging").path))
+      ?? []
+  }
+
+  /// The files in this device's cache pool.
+  var cachedFiles: [String] {
+    (try? FileManager.default.contentsOfDirectory(
+      atPath: state.appendingPathComponent("cache").path))
+      ?? []
+  }
+
   /// Where ciphertext of this device lives outside the store (caches, staging, push work).
   var cacheDirectories: [URL] {
     ["cache", "staging", "push"].map { state.appendingPathComponent($0) }
@@ -292,6 +306,9 @@ final class SyncDevice: @unchecked Sendable {
     let r = try #require(a.unmount())
     #expect(r.status == 0, "\(r.stdout) \(r.stderr)")
     #expect(Self.dataObjects(store).count >= files.count)
+    // What was uploaded left staging for the cache (it is not downloaded again).
+    #expect(a.stagedFiles == [], "\(a.stagedFiles)")
+    #expect(a.cachedFiles.count >= files.count)
     let status = try a.run(["status"])
     #expect(status.stdout.contains("Pending uploads: 0 items"), "\(status.stdout)")
 
