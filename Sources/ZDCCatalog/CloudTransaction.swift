@@ -38,6 +38,17 @@ public final class CloudTransaction {
     self.failpoint = failpoint
   }
 
+  /// Runs `body` once this transaction has committed (never if it rolls back), so that work
+  /// outside the catalog — moving files, notifying — never becomes visible before the catalog
+  /// change it goes with. In a read-only transaction, `body` runs right away.
+  public func afterCommit(_ body: @escaping @Sendable () -> Void) {
+    guard !isReadOnly, db.isInsideTransaction else {
+      body()
+      return
+    }
+    db.afterNextTransaction { _ in body() }
+  }
+
   /// The layout of a local user's tree, read from the database.
   static func layout(userID: String, db: Database) throws -> CloudLayout {
     let stmt = try db.cachedStatement(sql: "SELECT treeID FROM localUsers WHERE id = ?")

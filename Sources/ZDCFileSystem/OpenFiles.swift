@@ -114,7 +114,12 @@ extension FileSystem {
         throw FileSystemError.io("staged content unreadable")
       }
     }
-    guard let eTag = node.eTagData else { return .empty }
+    guard let eTag = node.eTagData else {
+      // No staged content and never uploaded: only an empty file may be served as empty;
+      // anything else is an inconsistency to report, never content to hide.
+      if node.dataSize > 0 { throw FileSystemError.io("content of a non-empty file is missing") }
+      return .empty
+    }
     if let h = disk.cachedFile(cloudID: node.cloudID, eTag: eTag) {
       if h.isComplete { return .cached(h) }
       if node.dataSize >= options.rangedReadThreshold {

@@ -124,12 +124,18 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
     guard let version = lock.withLock({ handedOut.removeValue(forKey: node.id) }),
       let eTag = node.eTagData
     else { return }
-    do {
-      try fileSystem.disk.markUploaded(
-        nodeID: node.id, version: version, cloudID: node.cloudID, eTag: eTag)
-    } catch {
-      Logger(label: "zdc.sync").warning(
-        "cannot record an upload in the cache", metadata: ["error": "\(error)"])
+    // Only after the catalog records the new eTag: moving the staged file into the cache
+    // earlier would let a concurrent open see neither the staged content nor the eTag that
+    // names the cached copy, and read the file as empty.
+    let disk = fileSystem.disk
+    let (nodeID, cloudID) = (node.id, node.cloudID)
+    transaction.afterCommit {
+      do {
+        try disk.markUploaded(nodeID: nodeID, version: version, cloudID: cloudID, eTag: eTag)
+      } catch {
+        Logger(label: "zdc.sync").warning(
+          "cannot record an upload in the cache", metadata: ["error": "\(error)"])
+      }
     }
   }
 
