@@ -145,4 +145,47 @@ final class GatedStore: CloudStore, @unchecked Sendable {
     #expect(try alpha.operationCount() == 0)
     #expect(try beta.operationCount() == 0)
   }
+
+  /// Known issue (the one the faulty randomized test records, here on a clean store): two
+  /// devices move one node at about the same time. Both pass the move's origin check before
+  /// either has written, both write the RCRD at their own target, and the second finds the
+  /// origin already gone (which counts as deleted). Each device then applies the other's move
+  /// from the change log (it has no move outstanding any more): the node's RCRD stays at both
+  /// targets, each device shows it at the other's target, and the target whose DATA copy came
+  /// after the other device deleted the origin's DATA has none.
+  @Test func concurrentMovesOfOneNodeConverge() throws {
+    let dir = try makeStoreDirectory("zdc-sync-conv-move")
+    let store = try LocalFolderStore(root: dir.url)
+    let gated = GatedStore(store)
+    let user = try TestUser()
+    let alpha = try Device("alpha", user: user, store: gated)
+    let beta = try Device("beta", user: user, store: store)
+    try alpha.start()
+    try beta.start()
+    try alpha.create("f.txt", "content")
+    try alpha.sync()
+    try beta.sync()
+    // Alpha's move has passed its origin check; its RCRD put at the target is held while beta
+    // moves the node elsewhere, completely.
+    gated.holdNextPut(ofKeysEndingWith: ".rcrd")
+    try alpha.move("f.txt", to: "a.txt")
+    #expect(gated.waitForHeldPut())
+    try beta.move("f.txt", to: "b.txt")
+    try beta.sync()
+    gated.release()
+    try alpha.sync()
+    try beta.sync()
+    try alpha.sync()
+    try beta.sync()
+    let ta = try alpha.tree()
+    let tb = try beta.tree()
+    withKnownIssue("concurrent moves of one node leave it at both targets") {
+      #expect(ta == tb)
+      let rcrds = try store.listAll(prefix: "\(user.userID)/").filter {
+        $0.key.hasSuffix(".rcrd")
+      }
+      #expect(rcrds.count == 1)
+      #expect(ta.values.allSatisfy { $0 == "file:content" })
+    }
+  }
 }
