@@ -311,6 +311,22 @@ extension CloudTransaction {
     }
   }
 
+  /// Queues a new RCRD upload of a node that now stands for a remote version (a data
+  /// conflict): its pending RCRD uploads are dropped (they hold the local attributes, which went
+  /// to the conflicted copy). One still in flight cannot be recalled — it may yet write the
+  /// local attributes, and the device must still record and log that write — so the new upload
+  /// waits for it. The RCRD in the store thus ends up holding the node's attributes, under an
+  /// eTag this device knows and has logged.
+  public func requeueRcrdUpload(nodeID: NodeID) throws {
+    try requireWritable()
+    let node = try existingNode(id: nodeID)
+    for op in try outstandingOperations(ofNode: nodeID)
+    where op.kind == .putRcrd && op.state == .pending {
+      try deleteOperation(op.id)
+    }
+    try enqueuePutRcrd(node)
+  }
+
   /// The outstanding delete operations whose payload lists objects of `cloudID`.
   public func deleteOperations(referencing cloudID: String) throws -> [PushOperation] {
     try allOperations().filter {

@@ -151,7 +151,8 @@ struct PushExecutor {
           try tx.updateDeleteETags(
             cloudID: node.cloudID, rcrdKey: loc.rcrdKey, eTagRcrd: eTag, eTagData: nil)
         }
-        try tx.completeOperation(id: op.id)
+        // The RCRD is written whether or not the operation is still queued: record and log it.
+        if try tx.operation(id: op.id) != nil { try tx.completeOperation(id: op.id) }
         try manager.log(
           [
             ChangeLogEntry(
@@ -516,9 +517,12 @@ struct PushExecutor {
       cur.mtime = rcrd.meta.mtime
       cur.xattrs = rcrd.meta.xattrs
       cur.dataSize = rcrd.meta.dataSize
-      cur.eTagRcrd = remote.info.eTag
-      cur.lastModifiedRcrd = remote.info.lastModified
-      try tx.dropOperations(ofNodeID: cur.id, kind: .putRcrd)
+      if cur.eTagRcrd == node.eTagRcrd {
+        cur.eTagRcrd = remote.info.eTag
+        cur.lastModifiedRcrd = remote.info.lastModified
+      }
+      // else: this device's own RCRD upload, running beside this one, landed (and was logged)
+      // after the fetch above: its eTag is the newer one.
       cur.eTagData = dataInfo.eTag
       cur.lastModifiedData = dataInfo.lastModified
       cur.cloudDataInfo = sizes.map {
@@ -529,6 +533,10 @@ struct PushExecutor {
       if let s = sizes { cur.dataSize = s.dataSize }
       try tx.applyRemoteNode(cur, cloudName: try tx.cloudName(of: cur.id))
       try tx.dropOperations(ofNodeID: cur.id, kind: .putData)
+      // The RCRD is uploaded again with the remote attributes, after any RCRD upload of the
+      // node still in flight (which is left to finish: dropping it would leave its write in the
+      // store unrecorded and unlogged, so other devices never learn that RCRD's eTag).
+      try tx.requeueRcrdUpload(nodeID: cur.id)
       context.delegate.didDiscoverModifiedNode(
         cur, change: .data, at: curPath, transaction: tx)
     }
