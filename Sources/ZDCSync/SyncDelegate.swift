@@ -56,4 +56,24 @@ extension SyncDelegate {
     _ node: Node, dirtyDescendants: [NodeID], timestamp: Date?, transaction: CloudTransaction
   ) {}
   public func preferredNodeIDsForPulling() -> Set<NodeID> { [] }
+
+  // Discoveries are notifications: the catalog is already updated when they arrive, so a
+  // delegate that keeps no state of its own (a benchmark, a headless device) may ignore them.
+  public func didDiscoverNewNode(
+    _ node: Node, at path: TreesystemPath, transaction: CloudTransaction
+  ) {}
+  public func didDiscoverModifiedNode(
+    _ node: Node, change: NodeChange, at path: TreesystemPath, transaction: CloudTransaction
+  ) {}
+  public func didDiscoverMovedNode(
+    _ node: Node, from oldPath: TreesystemPath, to newPath: TreesystemPath,
+    transaction: CloudTransaction
+  ) {}
+  public func didDiscoverDeletedNode(
+    _ node: Node, at path: TreesystemPath, timestamp: Date?, transaction: CloudTransaction
+  ) {}
+  public func didDiscoverConflict(
+    _ kind: ConflictKind, node: Node, other: Node?, at path: TreesystemPath,
+    transaction: CloudTransaction
+  ) {}
 }

@@ -5,26 +5,11 @@ import ZDCCrypto
 import ZDCLocalStore
 import ZDCSync
 
-/// A delegate that has no content and ignores discoveries.
+/// A delegate that serves generated content and ignores discoveries (the defaults).
 final class QuietDelegate: SyncDelegate {
   func data(for node: Node, at path: TreesystemPath, transaction: CloudTransaction) -> NodeData? {
     .data(Data("bench content \(node.name)".utf8))
   }
-  func didDiscoverNewNode(_ node: Node, at path: TreesystemPath, transaction: CloudTransaction) {}
-  func didDiscoverModifiedNode(
-    _ node: Node, change: NodeChange, at path: TreesystemPath, transaction: CloudTransaction
-  ) {}
-  func didDiscoverMovedNode(
-    _ node: Node, from oldPath: TreesystemPath, to newPath: TreesystemPath,
-    transaction: CloudTransaction
-  ) {}
-  func didDiscoverDeletedNode(
-    _ node: Node, at path: TreesystemPath, timestamp: Date?, transaction: CloudTransaction
-  ) {}
-  func didDiscoverConflict(
-    _ kind: ConflictKind, node: Node, other: Node?, at path: TreesystemPath,
-    transaction: CloudTransaction
-  ) {}
 }
 
 /// `zdc-bench sync`: (a) one incremental pull of 10 changes on trees of 1,000 and 100,000

@@ -23,17 +23,6 @@ final class FileDelegate: SyncDelegate {
     let u = url(for: node)
     return FileManager.default.fileExists(atPath: u.path) ? .cleartextFile(u) : nil
   }
-  func didDiscoverNewNode(_ node: Node, at path: TreesystemPath, transaction: CloudTransaction) {}
-  func didDiscoverModifiedNode(
-    _ node: Node, change: NodeChange, at path: TreesystemPath, transaction: CloudTransaction
-  ) {}
-  func didDiscoverMovedNode(
-    _ node: Node, from oldPath: TreesystemPath, to newPath: TreesystemPath,
-    transaction: CloudTransaction
-  ) {}
-  func didDiscoverDeletedNode(
-    _ node: Node, at path: TreesystemPath, timestamp: Date?, transaction: CloudTransaction
-  ) {}
   func didDiscoverConflict(
     _ kind: ConflictKind, node: Node, other: Node?, at path: TreesystemPath,
     transaction: CloudTransaction

@@ -9,7 +9,7 @@ import ZDCTestSupport
 
 /// A store wrapper that can hold the next put of a key with a given suffix until released, to
 /// script an interleaving of push operations that otherwise depends on timing.
-final class GatedStore: CloudStore, @unchecked Sendable {
+final class GatedStore: ForwardingStore, @unchecked Sendable {
   // Safe: `armed` is only touched under `lock`; the semaphores are thread-safe.
   let inner: any CloudStore
   private let lock = NSLock()
@@ -28,18 +28,6 @@ final class GatedStore: CloudStore, @unchecked Sendable {
   /// Lets the held put go on.
   func release() { released.signal() }
 
-  func list(prefix: String, startAfter: String?, continuationToken: String?, maxKeys: Int)
-    throws -> ListPage
-  {
-    try inner.list(
-      prefix: prefix, startAfter: startAfter, continuationToken: continuationToken,
-      maxKeys: maxKeys)
-  }
-  func get(key: String, range: ByteRange?) throws -> Data { try inner.get(key: key, range: range) }
-  func get(key: String, range: ByteRange?, to file: URL) throws -> ObjectInfo {
-    try inner.get(key: key, range: range, to: file)
-  }
-  func head(key: String) throws -> ObjectInfo { try inner.head(key: key) }
   func put(key: String, body: UploadBody, condition: WriteCondition) throws -> String {
     let hold = lock.withLock { () -> Bool in
       guard let s = armed, key.hasSuffix(s) else { return false }
@@ -51,30 +39,6 @@ final class GatedStore: CloudStore, @unchecked Sendable {
       _ = released.wait(timeout: .now() + 30)
     }
     return try inner.put(key: key, body: body, condition: condition)
-  }
-  func delete(key: String, condition: WriteCondition) throws {
-    try inner.delete(key: key, condition: condition)
-  }
-  func copy(from source: String, to destination: String, condition: WriteCondition) throws
-    -> String
-  { try inner.copy(from: source, to: destination, condition: condition) }
-  func createMultipartUpload(key: String) throws -> String {
-    try inner.createMultipartUpload(key: key)
-  }
-  func uploadPart(key: String, uploadID: String, partNumber: Int, body: UploadBody) throws
-    -> String
-  { try inner.uploadPart(key: key, uploadID: uploadID, partNumber: partNumber, body: body) }
-  func listParts(key: String, uploadID: String) throws -> [UploadedPart] {
-    try inner.listParts(key: key, uploadID: uploadID)
-  }
-  func completeMultipartUpload(
-    key: String, uploadID: String, parts: [UploadedPart], condition: WriteCondition
-  ) throws -> String {
-    try inner.completeMultipartUpload(
-      key: key, uploadID: uploadID, parts: parts, condition: condition)
-  }
-  func abortMultipartUpload(key: String, uploadID: String) throws {
-    try inner.abortMultipartUpload(key: key, uploadID: uploadID)
   }
 }
 

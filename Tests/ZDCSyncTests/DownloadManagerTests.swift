@@ -9,7 +9,7 @@ import ZDCSync
 import ZDCTestSupport
 
 /// A store wrapper that records the byte ranges read, to prove what a download fetched.
-final class RecordingStore: CloudStore, @unchecked Sendable {
+final class RecordingStore: ForwardingStore, @unchecked Sendable {
   let inner: any CloudStore
   private let lock = NSLock()
   private var _reads: [(key: String, range: ByteRange?, bytes: Int)] = []
@@ -26,13 +26,6 @@ final class RecordingStore: CloudStore, @unchecked Sendable {
     }
   }
 
-  func list(prefix: String, startAfter: String?, continuationToken: String?, maxKeys: Int)
-    throws -> ListPage
-  {
-    try inner.list(
-      prefix: prefix, startAfter: startAfter, continuationToken: continuationToken,
-      maxKeys: maxKeys)
-  }
   func get(key: String, range: ByteRange?) throws -> Data {
     let d = try inner.get(key: key, range: range)
     lock.withLock { _reads.append((key, range, d.count)) }
@@ -46,33 +39,6 @@ final class RecordingStore: CloudStore, @unchecked Sendable {
   func head(key: String) throws -> ObjectInfo {
     lock.withLock { _heads += 1 }
     return try inner.head(key: key)
-  }
-  func put(key: String, body: UploadBody, condition: WriteCondition) throws -> String {
-    try inner.put(key: key, body: body, condition: condition)
-  }
-  func delete(key: String, condition: WriteCondition) throws {
-    try inner.delete(key: key, condition: condition)
-  }
-  func copy(from source: String, to destination: String, condition: WriteCondition) throws
-    -> String
-  { try inner.copy(from: source, to: destination, condition: condition) }
-  func createMultipartUpload(key: String) throws -> String {
-    try inner.createMultipartUpload(key: key)
-  }
-  func uploadPart(key: String, uploadID: String, partNumber: Int, body: UploadBody) throws
-    -> String
-  { try inner.uploadPart(key: key, uploadID: uploadID, partNumber: partNumber, body: body) }
-  func listParts(key: String, uploadID: String) throws -> [UploadedPart] {
-    try inner.listParts(key: key, uploadID: uploadID)
-  }
-  func completeMultipartUpload(
-    key: String, uploadID: String, parts: [UploadedPart], condition: WriteCondition
-  ) throws -> String {
-    try inner.completeMultipartUpload(
-      key: key, uploadID: uploadID, parts: parts, condition: condition)
-  }
-  func abortMultipartUpload(key: String, uploadID: String) throws {
-    try inner.abortMultipartUpload(key: key, uploadID: uploadID)
   }
 }
 

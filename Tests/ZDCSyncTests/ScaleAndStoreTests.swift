@@ -275,21 +275,6 @@ final class SourcesDelegate: SyncDelegate, @unchecked Sendable {
   func metadata(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
     -> NodeData?
   { .data(Data("meta of \(node.name)".utf8)) }
-  func didDiscoverNewNode(_ node: Node, at path: TreesystemPath, transaction: CloudTransaction) {}
-  func didDiscoverModifiedNode(
-    _ node: Node, change: NodeChange, at path: TreesystemPath, transaction: CloudTransaction
-  ) {}
-  func didDiscoverMovedNode(
-    _ node: Node, from oldPath: TreesystemPath, to newPath: TreesystemPath,
-    transaction: CloudTransaction
-  ) {}
-  func didDiscoverDeletedNode(
-    _ node: Node, at path: TreesystemPath, timestamp: Date?, transaction: CloudTransaction
-  ) {}
-  func didDiscoverConflict(
-    _ kind: ConflictKind, node: Node, other: Node?, at path: TreesystemPath,
-    transaction: CloudTransaction
-  ) {}
 }
 
 @Suite(.serialized) struct DataSourceTests {
