@@ -651,8 +651,12 @@ public final class DiskManager: @unchecked Sendable {
   /// A writable staging version of a node: the node's open uncommitted version if there is
   /// one, else a new version holding a copy of its newest committed staged version, else a
   /// copy of `base`, else empty. With `truncate`, a new version starts empty.
+  ///
+  /// A caller that found the node's current content itself passes it as `base`: a staged
+  /// version it holds may meanwhile have become a cache entry (its upload finished), and would
+  /// no longer be found here as staged.
   public func stagingFile(
-    forNode nodeID: NodeID, truncate: Bool = false, base: CachedFileHandle? = nil
+    forNode nodeID: NodeID, truncate: Bool = false, base: StagingBase? = nil
   )
     throws -> StagingFile
   {
@@ -666,10 +670,10 @@ public final class DiskManager: @unchecked Sendable {
     let file = try CryptoFile.create(at: path, key: key)
     do {
       if !truncate {
-        if let latest = stagedData(forNode: nodeID) {
-          let src = try CryptoFile.open(at: latest.url, key: key)
-          defer { try? src.close() }
-          try copy(from: { try src.read(into: $0, at: $1) }, size: src.size, to: file)
+        // Pinned: an upload finishing meanwhile moves the entry to the cache, the handle stays.
+        if let latest = try openStaged(forNode: nodeID) {
+          defer { latest.close() }
+          try copy(from: { try latest.read(into: $0, at: $1) }, size: latest.size, to: file)
         } else if let base {
           try copy(from: { try base.read(into: $0, at: $1) }, size: base.size, to: file)
         }
@@ -848,15 +852,21 @@ public final class DiskManager: @unchecked Sendable {
       }
       let from = url(pool: .staging, fileName: row.fileName)
       let to = url(pool: .cache, fileName: row.fileName)
-      // The row first: after a crash between the two, start-up finds the file in the other
-      // directory and moves it where the row says.
-      do { try index.update(row) } catch { throw DiskError.io("cannot record an upload: \(error)") }
-      guard Glibc.rename(from.path, to.path) == 0 else {
-        let code = errno
-        try? index.update(e.row)
-        throw DiskError.io("rename of an uploaded staging file: errno \(code)")
+      // Under the entry's open lock: a concurrent first open of the entry opens the file either
+      // before the rename (the descriptor survives it) or after the row names the cache.
+      try e.openLock.withLock {
+        // The row first: after a crash between the two, start-up finds the file in the other
+        // directory and moves it where the row says.
+        do { try index.update(row) } catch {
+          throw DiskError.io("cannot record an upload: \(error)")
+        }
+        guard Glibc.rename(from.path, to.path) == 0 else {
+          let code = errno
+          try? index.update(e.row)
+          throw DiskError.io("rename of an uploaded staging file: errno \(code)")
+        }
+        stateLock.withLock { replaceRow(e, row) }
       }
-      stateLock.withLock { replaceRow(e, row) }
       scheduleEviction()
       return true
     }

@@ -217,3 +217,33 @@ public final class StagingFile: @unchecked Sendable {
     if manager.isSealed(entry) { throw DiskError.sealed }
   }
 }
+
+/// The content a new staging version starts from: a pinned staged version or cached content.
+public enum StagingBase: Sendable {
+  case staged(StagingFile)
+  case cached(CachedFileHandle)
+
+  /// Plaintext size of the content.
+  public var size: UInt64 {
+    switch self {
+    case .staged(let f): return f.size
+    case .cached(let h): return h.size
+    }
+  }
+
+  /// Reads up to `buffer.count` bytes at `offset`.
+  public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: UInt64) throws -> Int {
+    switch self {
+    case .staged(let f): return try f.read(into: buffer, at: offset)
+    case .cached(let h): return try h.read(into: buffer, at: offset)
+    }
+  }
+
+  /// Closes (unpins) the handle.
+  public func close() {
+    switch self {
+    case .staged(let f): f.close()
+    case .cached(let h): h.close()
+    }
+  }
+}

@@ -30,7 +30,7 @@ final class OpenHandle: @unchecked Sendable {
 /// Where reads of a node's data come from while no write is in progress.
 enum ReadSource {
   case empty
-  case staged(CryptoFile)
+  case staged(StagingFile)
   case cached(CachedFileHandle)
   /// A big file read through ranged downloads; the handle is the latest partial entry.
   case ranged(nodeID: NodeID, size: UInt64, handle: CachedFileHandle?)
@@ -71,7 +71,7 @@ enum ReadSource {
   func close() {
     switch self {
     case .empty: break
-    case .staged(let f): try? f.close()
+    case .staged(let f): f.close()
     case .cached(let h): h.close()
     case .ranged(_, _, let h): h?.close()
     }
@@ -108,25 +108,25 @@ extension FileSystem {
   func isOpen(_ key: ContentKey) -> Bool { lock.withLock { contents[key] != nil } }
 
   /// A read source for a node's data: staged content, else the cache, else a download.
-  func openReadSource(_ node: Node) throws -> ReadSource {
-    if let staged = disk.stagedData(forNode: node.id) {
-      do { return .staged(try CryptoFile.open(at: staged.url, key: staged.key)) } catch {
-        throw FileSystemError.io("staged content unreadable")
-      }
-    }
+  ///
+  /// `snapshot` may be older than the disk state: an upload that finished since then moved the
+  /// staged content to the cache under an eTag the snapshot does not know. The catalog records
+  /// that eTag before the move, so whenever the staged lookup misses and the snapshot does not
+  /// name cached content, the node is read again after the lookup.
+  func openReadSource(_ snapshot: Node) throws -> ReadSource {
+    let id = snapshot.id
+    do {
+      if let staged = try disk.openStaged(forNode: id) { return .staged(staged) }
+    } catch { throw Self.map(error) }
+    if let eTag = snapshot.eTagData, let h = cachedSource(snapshot, eTag) { return h }
+    let node = try read { tx in try existingNode(id, tx) }
     guard let eTag = node.eTagData else {
       // No staged content and never uploaded: only an empty file may be served as empty;
       // anything else is an inconsistency to report, never content to hide.
       if node.dataSize > 0 { throw FileSystemError.io("content of a non-empty file is missing") }
       return .empty
     }
-    if let h = disk.cachedFile(cloudID: node.cloudID, eTag: eTag) {
-      if h.isComplete { return .cached(h) }
-      if node.dataSize >= options.rangedReadThreshold {
-        return .ranged(nodeID: node.id, size: node.dataSize, handle: h)
-      }
-      h.close()
-    }
+    if let h = cachedSource(node, eTag) { return h }
     guard let downloads else { throw FileSystemError.unavailable }
     if node.dataSize >= options.rangedReadThreshold {
       return .ranged(nodeID: node.id, size: node.dataSize, handle: nil)
@@ -138,30 +138,53 @@ extension FileSystem {
     }
   }
 
+  /// Cached content of a node's DATA version `eTag` that can serve reads, or `nil`.
+  private func cachedSource(_ node: Node, _ eTag: String) -> ReadSource? {
+    guard let h = disk.cachedFile(cloudID: node.cloudID, eTag: eTag) else { return nil }
+    if h.isComplete { return .cached(h) }
+    if node.dataSize >= options.rangedReadThreshold {
+      return .ranged(nodeID: node.id, size: node.dataSize, handle: h)
+    }
+    h.close()
+    return nil
+  }
+
   /// The writable staging version of a node (created from its current content).
   func ensureWriterLocked(_ c: NodeContent, truncate: Bool) throws -> StagingFile {
     if let w = c.writer {
       if truncate { try w.truncate(to: 0) }
       return w
     }
-    let node = try read { tx in try existingNode(c.key.nodeID, tx) }
-    var base: CachedFileHandle?
+    let id = c.key.nodeID
+    var base: StagingBase?
     defer { base?.close() }
-    if !truncate, disk.stagedData(forNode: node.id) == nil, let eTag = node.eTagData {
-      if let h = disk.cachedFile(cloudID: node.cloudID, eTag: eTag), h.isComplete {
-        base = h
-      } else if let downloads {
-        do {
-          base = try downloadingNode(node.id) { try downloads.downloadData(nodeID: node.id) }
-        } catch {
-          throw FileSystemError.io("download failed")
+    if !truncate {
+      // The staged lookup first, then the catalog (see `openReadSource`).
+      do {
+        if let staged = try disk.openStaged(forNode: id) { base = .staged(staged) }
+      } catch { throw Self.map(error) }
+      if base == nil {
+        let node = try read { tx in try existingNode(id, tx) }
+        if let eTag = node.eTagData {
+          if let h = disk.cachedFile(cloudID: node.cloudID, eTag: eTag), h.isComplete {
+            base = .cached(h)
+          } else if let downloads {
+            do {
+              base = .cached(
+                try downloadingNode(id) { try downloads.downloadData(nodeID: id) })
+            } catch {
+              throw FileSystemError.io("download failed")
+            }
+          } else {
+            throw FileSystemError.unavailable
+          }
+        } else if node.dataSize > 0 {
+          throw FileSystemError.io("content of a non-empty file is missing")
         }
-      } else {
-        throw FileSystemError.unavailable
       }
     }
     do {
-      let w = try disk.stagingFile(forNode: node.id, truncate: truncate, base: base)
+      let w = try disk.stagingFile(forNode: id, truncate: truncate, base: base)
       if truncate, w.size > 0 { try w.truncate(to: 0) }
       c.writer = w
       c.resetReader()

@@ -164,6 +164,69 @@ import ZDCTestSupport
     #expect(m == Data("{}".utf8))
   }
 
+  /// An upload finishing moves the staged content into the cache (after the catalog records
+  /// the new eTag) while other threads open, read and re-stage the file: every read sees the
+  /// content, none fails, and re-staging never starts from an empty file.
+  @Test func opensRacingAFinishingUploadSeeTheContent() throws {
+    let w = try World()
+    let fs = try w.fileSystem(online: true)
+    let delegate = FileSystemSyncDelegate(fileSystem: fs)
+    let (attrs, created) = try fs.create(parent: 1, name: "race.bin", mode: 0o644, flags: O_WRONLY)
+    try fs.release(created.handle)
+    let id = try w.catalog.read(w.userID) { tx in
+      try #require(try tx.node(path: TreesystemPath(["race.bin"]))).id
+    }
+    let failures = Locked<[String]>([])
+    for round in 0..<400 {
+      let content = Data(repeating: UInt8(round % 250 + 1), count: 70_000 + round)
+      let h = try fs.open(attrs.inode, flags: O_WRONLY | O_TRUNC)
+      _ = try content.withUnsafeBytes { try fs.write(h.handle, offset: 0, bytes: $0) }
+      try fs.release(h.handle)
+      let done = Locked(false)
+      let group = DispatchGroup()
+      for worker in 0..<3 {
+        DispatchQueue.global().async(group: group) {
+          while !done.value {
+            do {
+              if worker == 2 {
+                // Re-stages the current content (a section change does), then reads it.
+                try fs.setxattr(
+                  attrs.inode, name: "user.zdc.meta", value: Data("m".utf8), mode: .any)
+              }
+              let r = try fs.open(attrs.inode, flags: O_RDONLY)
+              defer { try? fs.release(r.handle) }
+              let got = try Self.read(fs, r.handle, at: 0, count: content.count + 1)
+              if got != content {
+                failures.mutate {
+                  $0.append("round \(round): read \(got.count) bytes, not the content")
+                }
+              }
+            } catch {
+              failures.mutate { $0.append("round \(round): \(error)") }
+            }
+          }
+        }
+      }
+      // What the push side does when a DATA upload of the node completes.
+      _ = try w.catalog.read(w.userID) { tx in
+        delegate.data(for: try tx.existingNode(id: id), at: try tx.path(of: id), transaction: tx)
+      }
+      usleep(UInt32.random(in: 0...400))
+      try w.catalog.write(w.userID) { tx in
+        try tx.setCloudState(
+          nodeID: id, eTagRcrd: "r\(round)", lastModifiedRcrd: nil, eTagData: "d\(round)",
+          lastModifiedData: nil)
+        let n = try tx.existingNode(id: id)
+        delegate.didPushNodeData(n, at: try tx.path(of: id), transaction: tx)
+      }
+      usleep(UInt32.random(in: 0...400))
+      done.value = true
+      group.wait()
+      if !failures.value.isEmpty { break }
+    }
+    #expect(failures.value.isEmpty, "\(failures.value.prefix(5))")
+  }
+
   final class Recorder: KernelNotifier, @unchecked Sendable {
     // @unchecked: `calls` is guarded by `lock`.
     let lock = NSLock()

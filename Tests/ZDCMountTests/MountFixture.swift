@@ -76,9 +76,20 @@ final class MountFixture: @unchecked Sendable {
     let r = try runProcess(
       URL(fileURLWithPath: "/bin/sh"), ["-c", "cd '\(mnt.path)' && \(script)"], environment: env)
     #expect(
-      r.status == status, "script: \(script)\nstdout: \(r.stdout)\nstderr: \(r.stderr)",
+      r.status == status,
+      "script: \(script)\nstdout: \(r.stdout)\nstderr: \(r.stderr)\(r.status == status ? "" : daemonProblems())",
       sourceLocation: sourceLocation)
     return r
+  }
+
+  /// The warnings and errors the mount daemon logged, to explain a failed step.
+  func daemonProblems() -> String {
+    let log =
+      (try? String(contentsOf: state.appendingPathComponent("mount.log"), encoding: .utf8)) ?? ""
+    let lines = log.split(separator: "\n").filter {
+      $0.contains(" warning ") || $0.contains(" error ")
+    }
+    return lines.isEmpty ? "" : "\nmount.log:\n" + lines.suffix(20).joined(separator: "\n")
   }
 
   /// Runs a Python script inside the mount point.

@@ -122,3 +122,28 @@ public func findPlaintext(_ needles: [Data], under root: URL) throws -> [String]
   }
   return hits
 }
+
+/// A lock-protected value for tests.
+public final class Locked<Value>: @unchecked Sendable {
+  // @unchecked: `stored` is only touched under `lock`.
+  private let lock = NSLock()
+  private var stored: Value
+
+  public init(_ value: Value) { stored = value }
+
+  /// Runs `body` with exclusive access to the value.
+  public func withLock<R>(_ body: (inout Value) throws -> R) rethrows -> R {
+    lock.lock()
+    defer { lock.unlock() }
+    return try body(&stored)
+  }
+
+  /// The value (read or replaced under the lock).
+  public var value: Value {
+    get { withLock { $0 } }
+    set { withLock { $0 = newValue } }
+  }
+
+  /// Changes the value under the lock.
+  public func mutate(_ body: (inout Value) -> Void) { withLock { body(&$0) } }
+}
