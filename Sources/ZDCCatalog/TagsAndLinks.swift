@@ -53,6 +53,16 @@ extension CloudTransaction {
     return out
   }
 
+  /// The nodes of this user that carry the tag `identifier` (any value), by id.
+  public func nodeIDs(withTag identifier: String) throws -> [NodeID] {
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT t.nodeID FROM nodeTags t JOIN nodes n ON n.id = t.nodeID
+        WHERE t.identifier = ? AND n.localUserID = ? ORDER BY t.nodeID
+        """)
+    return try NodeID.fetchAll(stmt, arguments: [identifier, userID])
+  }
+
   private static func tagValue(_ value: DatabaseValue) -> TagValue? {
     switch value.storage {
     case .string(let s): return .string(s)

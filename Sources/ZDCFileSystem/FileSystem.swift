@@ -603,6 +603,8 @@ public final class FileSystem: @unchecked Sendable {
       }
       if flags.contains(.exchange) { throw FileSystemError.notFound }
       try tx.moveNode(src.id, toParent: np.id, name: newName)
+      // Renaming a conflicted copy is how a user settles it.
+      try tx.setTag(nil, forNodeID: src.id, identifier: Self.conflictTag)
       return .done
     }
     switch plan {

@@ -11,19 +11,23 @@ public struct MountStatus: Sendable, Hashable, Codable {
   public var pendingItems: Int
   /// Bytes of committed content waiting for upload.
   public var pendingBytes: UInt64
-  /// Nodes marked as conflicted copies; `nil` while the catalog cannot count tagged nodes.
-  public var conflicts: Int?
+  /// Conflicted copies not yet dealt with (renamed or deleted).
+  public var conflicts: Int
+  /// Paths of the first conflicted copies, as shown through the mount (relative to its root).
+  public var conflictPaths: [String]
   /// Operations that failed at least once and wait for a retry.
   public var errors: Int
   /// Open files.
   public var openFiles: Int
 
   public init(
-    pendingItems: Int, pendingBytes: UInt64, conflicts: Int?, errors: Int, openFiles: Int
+    pendingItems: Int, pendingBytes: UInt64, conflicts: Int, conflictPaths: [String] = [],
+    errors: Int, openFiles: Int
   ) {
     self.pendingItems = pendingItems
     self.pendingBytes = pendingBytes
     self.conflicts = conflicts
+    self.conflictPaths = conflictPaths
     self.errors = errors
     self.openFiles = openFiles
   }
@@ -32,14 +36,22 @@ public struct MountStatus: Sendable, Hashable, Codable {
 extension FileSystem {
   /// Counts for `zdc status`.
   public func status() throws -> MountStatus {
-    let ops = try read { tx in try tx.allOperations() }
-    // Conflicts: counting nodes tagged `conflictTag` needs a catalog query that does not
-    // exist yet, so the count is reported as unknown rather than as zero.
+    let (ops, conflicted, paths) = try read { tx in
+      let ids = try tx.nodeIDs(withTag: Self.conflictTag)
+      let paths = try ids.prefix(Self.statusConflictPaths).map { id in
+        try tx.path(of: id).components.map(NameEscape.shown).joined(separator: "/")
+      }
+      return (try tx.allOperations(), ids.count, paths)
+    }
     return MountStatus(
-      pendingItems: ops.count, pendingBytes: disk.usage.dirtyBytes, conflicts: nil,
+      pendingItems: ops.count, pendingBytes: disk.usage.dirtyBytes, conflicts: conflicted,
+      conflictPaths: paths,
       errors: ops.filter { $0.attempts > 0 }.count,
       openFiles: lock.withLock { handles.count })
   }
+
+  /// How many conflicted copies `status` names.
+  static let statusConflictPaths = 10
 
   // MARK: Invalidation (called by the sync side after a pull changed the catalog)
 

@@ -137,7 +137,8 @@ final class ControlServer: @unchecked Sendable {
     if let s = try? fs.status() {
       out["pendingItems"] = s.pendingItems
       out["pendingBytes"] = s.pendingBytes
-      out["conflicts"] = s.conflicts ?? NSNull()
+      out["conflicts"] = s.conflicts
+      out["conflictPaths"] = s.conflictPaths
       out["errors"] = s.errors
       out["openFiles"] = s.openFiles
     }

@@ -341,8 +341,15 @@ extension ZDC {
         print("Mounted on \(obj["mountpoint"] ?? "?").")
         print(
           "Pending uploads: \(obj["pendingItems"] ?? 0) items, \(obj["pendingBytes"] ?? 0) bytes.")
-        let conflicts = (obj["conflicts"] as? Int).map(String.init) ?? "unknown"
+        let conflicts = obj["conflicts"] as? Int ?? 0
         print("Conflicts: \(conflicts). Errors: \(obj["errors"] ?? 0).")
+        let mountpoint = obj["mountpoint"] as? String ?? "."
+        for path in obj["conflictPaths"] as? [String] ?? [] {
+          print("  conflicted copy: \(mountpoint)/\(path)")
+        }
+        if conflicts > 0 {
+          print("  (both versions are kept; rename or delete a copy once you have merged it)")
+        }
         print("Open files: \(obj["openFiles"] ?? 0).")
         print("Sync engine: \(obj["sync"] ?? "not running") (process \(obj["pid"] ?? "?")).")
         if obj["sync"] as? String != "not running" {

@@ -248,6 +248,17 @@ final class SyncDevice: @unchecked Sendable {
       }
     }
 
+    // B met the conflict (its upload came second): `zdc status` names the copy until the user
+    // settles it by renaming (or deleting) it.
+    let before = try b.run(["status"]).stdout
+    #expect(before.contains("Conflicts: 1."), "\(before)")
+    #expect(before.contains("conflicted copy: \(b.mnt.path)/shared (conflicted copy "), "\(before)")
+    let copy = try #require(try b.ls().first { $0.hasPrefix("shared (conflicted copy ") })
+    #expect(
+      try b.sh("getfattr --only-values -n user.zdc.state '\(copy)'").stdout == "conflict")
+    try b.sh("mv '\(copy)' shared-merged.txt")
+    #expect(try b.run(["status"]).stdout.contains("Conflicts: 0."))
+
     #expect(a.unmount()?.status == 0)
     #expect(b.unmount()?.status == 0)
     try Self.expectNoPlaintext(
