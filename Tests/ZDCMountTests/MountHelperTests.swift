@@ -98,12 +98,15 @@ import ZDCTestSupport
   }
 
   /// Through mount(8) itself, with the helper installed where mount(8) looks for it. Needs root
-  /// (to install the helper); skipped otherwise, and when another helper is installed there.
-  @Test func mountTypeFuseZdcAndAnFstabLine() throws {
-    guard getuid() == 0,
-      !FileManager.default.fileExists(atPath: Self.installed.path),
-      (try? FileManager.default.destinationOfSymbolicLink(atPath: Self.installed.path)) == nil
-    else { return }
+  /// (to install the helper) and no other helper installed there; skipped (and reported as
+  /// skipped) otherwise.
+  @Test(
+    .enabled(
+      if: getuid() == 0
+        && (try? FileManager.default.attributesOfItem(atPath: installed.path)) == nil
+        && (try? FileManager.default.destinationOfSymbolicLink(atPath: installed.path)) == nil,
+      "needs root and a free /sbin/mount.fuse.zdc"))
+  func mountTypeFuseZdcAndAnFstabLine() throws {
     try FileManager.default.createSymbolicLink(at: Self.installed, withDestinationURL: Self.helper)
     defer { try? FileManager.default.removeItem(at: Self.installed) }
     let a = try Account()
