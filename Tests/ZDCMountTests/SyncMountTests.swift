@@ -164,6 +164,11 @@ final class SyncDevice: @unchecked Sendable {
     var hits = try findPlaintext(needles, under: store)
     for d in devices {
       for dir in d.cacheDirectories { hits += try findPlaintext(needles, under: dir) }
+      // The daemon logs at info level: never a name or content there either.
+      let log = (try? Data(contentsOf: d.state.appendingPathComponent("mount.log"))) ?? Data()
+      for needle in needles where !needle.isEmpty && log.range(of: needle) != nil {
+        hits.append("mount.log of \(d.name) contains \(needle.count) plaintext bytes")
+      }
     }
     #expect(hits.isEmpty, "plaintext found: \(hits)", sourceLocation: sourceLocation)
   }
