@@ -284,7 +284,9 @@ extension ZDC {
     func waitForServer(_ sock: String) {
       if noWait { _ = ControlClient.request(socketPath: sock, command: "cancel-drain") }
       var deadline = Date().addingTimeInterval(lazy ? 0 : 15)
-      var shown = ""
+      let display = ProgressDisplay(
+        label: "Waiting for uploads", hint: "(--no-wait to leave them queued)")
+      defer { display.finish() }
       while FileManager.default.fileExists(atPath: sock), Date() < deadline {
         guard let answer = ControlClient.request(socketPath: sock, command: "status") else {
           break
@@ -294,14 +296,8 @@ extension ZDC {
         if !lazy, obj["sync"] as? String == "draining" {
           // Waiting for uploads: no deadline while the process reports progress.
           deadline = Date().addingTimeInterval(15)
-          let line =
-            "Waiting for uploads: \(obj["pendingItems"] ?? 0) items, "
-            + "\(obj["pendingBytes"] ?? 0) bytes left (--no-wait to leave them queued)."
-          if line != shown {
-            print(line)
-            fflush(nil)
-            shown = line
-          }
+          display.update(
+            items: obj["pendingItems"] as? Int ?? 0, bytes: Int64(obj["pendingBytes"] as? Int ?? 0))
         }
         usleep(100_000)
       }

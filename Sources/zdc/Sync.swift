@@ -26,20 +26,17 @@ extension ZDC {
     func run() throws {
       try runReportingErrors {
         let sock = state.stateDirectory.url.appendingPathComponent("control.sock").path
-        var shown = ""
+        let display = ProgressDisplay(label: "Syncing")
         let answer = ControlClient.request(
           socketPath: sock, ["command": "sync", "timeout": timeout]
         ) { p in
           guard !quiet else { return }
-          let line =
-            "Syncing: \(p["pendingItems"] ?? 0) items (\(p["pendingBytes"] ?? 0) bytes) to upload, "
-            + "\(p["uploading"] ?? 0) uploading, \(p["downloading"] ?? 0) downloading."
-          if line != shown {
-            print(line)
-            fflush(nil)
-            shown = line
-          }
+          display.update(
+            items: p["pendingItems"] as? Int ?? 0, bytes: Int64(p["pendingBytes"] as? Int ?? 0),
+            detail: " to upload, \(p["uploading"] ?? 0) uploading, "
+              + "\(p["downloading"] ?? 0) downloading")
         }
+        display.finish()
         guard let answer else {
           FileHandle.standardError.write(
             Data("zdc: not mounted: `zdc sync` works through a running `zdc mount`\n".utf8))

@@ -408,6 +408,42 @@ final class SyncDevice: @unchecked Sendable {
     #expect(try Data(contentsOf: b.file("waiting.bin")) == content)
   }
 
+  /// On a terminal (a pty from script(1)), `zdc unmount` draws a progress bar in place.
+  @Test func unmountDrawsAProgressBarOnATerminal() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    // Uploads cannot finish while the store's folder is a file.
+    try FileManager.default.moveItem(at: store, to: dir.path("store-aside"))
+    try Data("not a store".utf8).write(to: store)
+    try Self.random(80_000).write(to: a.file("big.bin"))
+    let typescript = dir.path("typescript")
+    let waiting = Process()
+    waiting.executableURL = URL(fileURLWithPath: "/usr/bin/script")
+    waiting.arguments = [
+      "-q", "-f", "-e", "-c", "'\(a.zdc.path)' unmount '\(a.mnt.path)'", typescript.path,
+    ]
+    waiting.environment = a.env.merging(["TERM": "xterm"]) { $1 }
+    waiting.standardInput = FileHandle.nullDevice
+    waiting.standardOutput = FileHandle.nullDevice
+    try waiting.run()
+    defer { if waiting.isRunning { kill(waiting.processIdentifier, SIGKILL) } }
+    var text = ""
+    for _ in 0..<100 {
+      text = (try? String(contentsOf: typescript, encoding: .utf8)) ?? ""
+      if text.contains("% ") { break }
+      usleep(100_000)
+    }
+    #expect(text.contains("\rWaiting for uploads ["), "\(text.debugDescription)")
+    #expect(text.contains("0/1 items") || text.contains("0/2 items"), "\(text.debugDescription)")
+    #expect(!text.contains("Waiting for uploads: "), "line output on a terminal")
+    #expect(try a.run(["unmount", a.mnt.path, "--no-wait"]).status == 0)
+    for _ in 0..<100 where waiting.isRunning { usleep(100_000) }
+    #expect(!waiting.isRunning)
+  }
+
   @Test func killNineRightAfterCloseLosesNothing() throws {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
