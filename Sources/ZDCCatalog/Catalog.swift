@@ -123,12 +123,16 @@ public final class Catalog: Sendable {
   public func write<T>(_ userID: String, _ body: (CloudTransaction) throws -> T) throws -> T {
     let failpoint = failpointBox.value
     let known = layouts.value[userID]
-    return try writer.write { db in
-      let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
-      let tx = CloudTransaction(db: db, layout: layout, readOnly: false, failpoint: failpoint)
-      let result = try body(tx)
-      if known == nil { layouts.value[userID] = layout }
-      return result
+    do {
+      return try writer.write { db in
+        let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
+        let tx = CloudTransaction(db: db, layout: layout, readOnly: false, failpoint: failpoint)
+        let result = try body(tx)
+        if known == nil { layouts.value[userID] = layout }
+        return result
+      }
+    } catch let error as DatabaseError where error.resultCode == .SQLITE_FULL {
+      throw CatalogError.outOfSpace
     }
   }
 

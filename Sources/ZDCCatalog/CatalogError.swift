@@ -28,6 +28,8 @@ public enum CatalogError: Error, Sendable, Equatable, CustomStringConvertible {
   case corrupt(String)
   /// A failure injected by a test failpoint.
   case injectedFailure(String)
+  /// The disk holding the catalog is full (or over quota): the transaction was rolled back.
+  case outOfSpace
 
   public var description: String {
     switch self {
@@ -46,6 +48,7 @@ public enum CatalogError: Error, Sendable, Equatable, CustomStringConvertible {
     case .invalidOperation(let m): return "invalid operation: \(m)"
     case .corrupt(let m): return "corrupt catalog: \(m)"
     case .injectedFailure(let f): return "injected failure at \(f)"
+    case .outOfSpace: return "no space left on the disk holding the catalog"
     }
   }
 }

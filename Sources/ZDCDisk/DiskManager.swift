@@ -72,7 +72,7 @@ public final class DiskManager: @unchecked Sendable {
     do {
       index = try DiskIndex(path: directory.appendingPathComponent("disk.sqlite").path)
     } catch {
-      throw DiskError.io("cannot open the disk index: \(error)")
+      throw DiskError.from(error, "cannot open the disk index")
     }
     totals.capBytes = capBytes ?? Self.defaultCap(for: directory)
     try reconcile()
@@ -230,7 +230,7 @@ public final class DiskManager: @unchecked Sendable {
   private func reconcile() throws {
     let rows: [IndexRow]
     do { rows = try index.allRows() } catch {
-      throw DiskError.io("cannot read the disk index: \(error)")
+      throw DiskError.from(error, "cannot read the disk index")
     }
     var files: [DiskPool: Set<String>] = [:]
     for pool in [DiskPool.cache, .staging] {
@@ -278,7 +278,7 @@ public final class DiskManager: @unchecked Sendable {
     for (pool, names) in files {
       for name in names { unlink(url(pool: pool, fileName: name)) }
     }
-    do { try index.delete(ids: drop) } catch { throw DiskError.io("\(error)") }
+    do { try index.delete(ids: drop) } catch { throw DiskError.from(error, "") }
     stateLock.withLock { for e in keep { add(e) } }
     if !drop.isEmpty || files.values.contains(where: { !$0.isEmpty }) {
       logger.info(
@@ -538,7 +538,7 @@ public final class DiskManager: @unchecked Sendable {
       } catch {
         try? file.close()
         unlink(url(pool: .cache, fileName: r.fileName))
-        throw DiskError.io("cannot index a cache entry: \(error)")
+        throw DiskError.from(error, "cannot index a cache entry")
       }
       let e = Entry(row: r)
       e.file = file
@@ -630,7 +630,7 @@ public final class DiskManager: @unchecked Sendable {
         return r
       }
       guard let row else { return }
-      do { try index.update(row) } catch { throw DiskError.io("\(error)") }
+      do { try index.update(row) } catch { throw DiskError.from(error, "") }
       stateLock.withLock {
         let full = row.complete
         if full {
@@ -702,7 +702,7 @@ public final class DiskManager: @unchecked Sendable {
       } catch {
         try? file.close()
         unlink(path)
-        throw DiskError.io("cannot index a staging file: \(error)")
+        throw DiskError.from(error, "cannot index a staging file")
       }
       let e = Entry(row: row)
       e.file = file
@@ -762,7 +762,7 @@ public final class DiskManager: @unchecked Sendable {
         r.lastAccess = nextTick()
         return r
       }
-      do { try index.update(row) } catch { throw DiskError.io("cannot commit: \(error)") }
+      do { try index.update(row) } catch { throw DiskError.from(error, "cannot commit") }
       let older = stateLock.withLock { () -> [Entry] in
         replaceRow(e, row)
         return (stagingEntries[staging.nodeID] ?? []).filter {
@@ -858,7 +858,7 @@ public final class DiskManager: @unchecked Sendable {
         // The row first: after a crash between the two, start-up finds the file in the other
         // directory and moves it where the row says.
         do { try index.update(row) } catch {
-          throw DiskError.io("cannot record an upload: \(error)")
+          throw DiskError.from(error, "cannot record an upload")
         }
         guard Glibc.rename(from.path, to.path) == 0 else {
           let code = errno

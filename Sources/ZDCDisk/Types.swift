@@ -1,5 +1,10 @@
 public import Foundation
+import GRDB
 public import ZDCCore
+
+#if canImport(Glibc)
+  import Glibc
+#endif
 
 /// Errors of the local disk cache and staging area.
 public enum DiskError: Error, Sendable, Equatable, CustomStringConvertible {
@@ -17,6 +22,8 @@ public enum DiskError: Error, Sendable, Equatable, CustomStringConvertible {
   case gone
   /// The index database or a file operation failed.
   case io(String)
+  /// The disk holding the state directory is full (or over quota).
+  case noSpace
 
   public var description: String {
     switch self {
@@ -27,6 +34,18 @@ public enum DiskError: Error, Sendable, Equatable, CustomStringConvertible {
     case .closed: return "handle closed"
     case .gone: return "entry no longer in the disk index"
     case .io(let m): return "disk cache I/O: \(m)"
+    case .noSpace: return "no space left on the disk holding the cache"
+    }
+  }
+
+  /// `error` (from the index database or a file operation) as a `DiskError`: a full disk stays
+  /// recognisable as `.noSpace`; anything else becomes `.io` with `context`.
+  static func from(_ error: any Error, _ context: String) -> DiskError {
+    switch error {
+    case let e as DiskError: return e
+    case StoreError.io(_, let code) where code == ENOSPC || code == EDQUOT: return .noSpace
+    case let e as DatabaseError where e.resultCode == .SQLITE_FULL: return .noSpace
+    default: return .io(context.isEmpty ? "\(error)" : "\(context): \(error)")
     }
   }
 }

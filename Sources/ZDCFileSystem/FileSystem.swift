@@ -157,9 +157,14 @@ public final class FileSystem: @unchecked Sendable {
       case .notADirectory: return FileSystemError.notADirectory
       case .cycle: return FileSystemError.invalidArgument
       case .invalidOperation: return FileSystemError.notPermitted
+      case .outOfSpace: return FileSystemError.noSpace
       default: return FileSystemError.io("catalog: \(e)")
       }
-    case let e as DiskError: return FileSystemError.io("disk: \(e)")
+    case let e as DiskError:
+      if case .noSpace = e { return FileSystemError.noSpace }
+      return FileSystemError.io("disk: \(e)")
+    case StoreError.io(_, let code) where code == ENOSPC || code == EDQUOT:
+      return FileSystemError.noSpace
     default: return FileSystemError.io("\(type(of: error))")
     }
   }

@@ -39,6 +39,8 @@ public enum FileSystemError: Error, Sendable, Equatable, CustomStringConvertible
   case io(String)
   /// The content is not available offline and no download path exists.
   case unavailable
+  /// The local disk (state directory: staging, cache, catalog) is full.
+  case noSpace
 
   public var description: String {
     switch self {
@@ -57,6 +59,7 @@ public enum FileSystemError: Error, Sendable, Equatable, CustomStringConvertible
     case .tooBig: return "value too large"
     case .io(let m): return "I/O error: \(m)"
     case .unavailable: return "content unavailable"
+    case .noSpace: return "no space left on the local disk"
     }
   }
 }

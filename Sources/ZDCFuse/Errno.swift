@@ -24,5 +24,6 @@ func errnoCode(for error: any Error) -> Int32 {
   case .tooBig: return E2BIG
   case .io: return EIO
   case .unavailable: return EIO
+  case .noSpace: return ENOSPC
   }
 }

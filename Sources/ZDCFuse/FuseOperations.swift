@@ -52,8 +52,8 @@ enum FuseOperations {
 
   static func fail(_ req: fuse_req_t?, _ error: any Error) {
     let code = errnoCode(for: error)
-    if code == EIO {
-      context(req).log.warning("I/O error: \(error)")
+    if code == EIO || code == ENOSPC {
+      context(req).log.warning("request failed: \(error)")
     } else {
       context(req).log.debug("request failed with errno \(code)")
     }
