@@ -218,7 +218,10 @@ public final class Account: Sendable {
   private static func openCatalog(
     _ stateDirectory: StateDirectory, _ config: AccountConfig, _ bundle: PrivateKeyBundle
   ) throws -> Catalog {
-    let catalog = try Catalog(path: stateDirectory.catalogURL.path)
+    // Commits survive a crash of the daemon; `fsync(2)` through the mount makes them durable
+    // against power loss too (`Catalog.makeDurable`).
+    let catalog = try Catalog(
+      path: stateDirectory.catalogURL.path, options: Catalog.Options(durability: .normal))
     if try catalog.localUser(id: config.userID) == nil {
       _ = try catalog.createLocalUser(
         LocalUser(

@@ -96,6 +96,15 @@ public final class Catalog: Sendable {
     }
   }
 
+  /// Makes every commit so far durable against power loss (with ``Durability/normal`` a commit
+  /// survives a crash of the process but may wait in the write-ahead log for the next
+  /// checkpoint's flush): flushes the log and the database file.
+  public func makeDurable() throws {
+    guard let path else { return }
+    try LocalDurability.sync(path: path + "-wal")
+    try LocalDurability.sync(path: path)
+  }
+
   /// The current value of a pragma (diagnostics and tests), e.g. `journal_mode`.
   public func pragma(_ name: String) throws -> String? {
     guard name.allSatisfy({ $0.isLetter || $0 == "_" }) else {

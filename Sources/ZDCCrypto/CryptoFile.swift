@@ -407,6 +407,15 @@ public final class CryptoFile: @unchecked Sendable {
     try POSIXIO.fsync(fd)
   }
 
+  /// Writes the buffered chunk to the file (no fsync): the content survives a crash of this
+  /// process, not a power loss (use ``sync()`` for that).
+  public func flushBuffer() throws {
+    lock.lock()
+    defer { lock.unlock() }
+    try checkOpen()
+    try flush()
+  }
+
   /// Writes the buffered chunk and closes the file; later calls throw.
   public func close() throws {
     lock.lock()

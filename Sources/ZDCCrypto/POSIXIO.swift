@@ -2,6 +2,20 @@ import Foundation
 import Glibc  // zdcfs is Linux-only (FUSE 3).
 import ZDCCore
 
+/// Making local files durable (against power loss, not only a crash of the process).
+public enum LocalDurability {
+  /// Flushes a file (or a directory's entries) to stable storage; a missing file is fine.
+  public static func sync(path: String) throws {
+    let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+    if fd < 0 {
+      if errno == ENOENT { return }
+      throw POSIXIO.error("open \(path)")
+    }
+    defer { Glibc.close(fd) }
+    try POSIXIO.fsync(fd)
+  }
+}
+
 /// Thin positional I/O helpers over a file descriptor; errors become `StoreError.io`.
 enum POSIXIO {
   static func error(_ what: String) -> StoreError {

@@ -1,6 +1,7 @@
 import Foundation
 import GRDB
 import ZDCCore
+import ZDCCrypto
 
 /// One row of the disk index, as stored.
 struct IndexRow: Sendable {
@@ -24,6 +25,7 @@ struct IndexRow: Sendable {
 /// manager runs. Every method runs on the caller's thread through one serialized connection.
 final class DiskIndex: Sendable {
   let queue: DatabaseQueue
+  let path: String
 
   static var migrator: DatabaseMigrator {
     var m = DatabaseMigrator()
@@ -54,14 +56,22 @@ final class DiskIndex: Sendable {
   }
 
   init(path: String) throws {
+    self.path = path
     var config = Configuration()
     config.busyMode = .timeout(10)
     config.prepareDatabase { db in
       try db.execute(sql: "PRAGMA journal_mode = WAL")
-      try db.execute(sql: "PRAGMA synchronous = FULL")
+      try db.execute(sql: "PRAGMA synchronous = NORMAL")
     }
     queue = try DatabaseQueue(path: path, configuration: config)
     try Self.migrator.migrate(queue)
+  }
+
+  /// Flushes committed changes to stable storage (commits are `synchronous=NORMAL`: they
+  /// survive a crash of the process, and wait in the write-ahead log for power-loss safety).
+  func makeDurable() throws {
+    try LocalDurability.sync(path: path + "-wal")
+    try LocalDurability.sync(path: path)
   }
 
   func allRows() throws -> [IndexRow] {

@@ -745,11 +745,14 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
-  /// Commits a staging version: flushes it to stable storage and marks it dirty (to upload).
-  /// Older committed versions of the node are superseded and removed. The version is sealed.
+  /// Commits a staging version: writes it out and marks it dirty (to upload). Older committed
+  /// versions of the node are superseded and removed. The version is sealed.
+  ///
+  /// The commit survives a crash of this process; ``makeDurable(nodeID:)`` makes it survive a
+  /// power loss too.
   public func commitStaging(_ staging: StagingFile) throws {
     let e = staging.entry
-    try staging.file.sync()
+    try staging.file.flushBuffer()
     try mutationLock.withLock {
       let row = try stateLock.withLock { () -> IndexRow in
         guard !e.removed else { throw DiskError.gone }
@@ -785,6 +788,17 @@ public final class DiskManager: @unchecked Sendable {
       let stale = stateLock.withLock { e.pins == 0 && !e.removed && !e.row.committed }
       if stale { removeEntries([e]) }
     }
+  }
+
+  /// Flushes a node's newest committed staged version, the staging directory's entries and the
+  /// index to stable storage (what `fsync(2)` of the file promises).
+  public func makeDurable(nodeID: NodeID) throws {
+    if let staged = try openStaged(forNode: nodeID) {
+      defer { staged.close() }
+      try staged.file.sync()
+    }
+    try LocalDurability.sync(path: stagingDirectory.path)
+    try index.makeDurable()
   }
 
   /// The newest committed staged version of a node, or `nil`.

@@ -342,15 +342,29 @@ extension FileSystem {
     return bytes.count
   }
 
-  /// `close(2)` of one descriptor: nothing to do (content is committed at release/fsync).
+  /// `close(2)` of a descriptor: commits the file's pending writes, so that a close that
+  /// returned means the content survives a crash of the daemon (the kernel sends `release`
+  /// only later, after `close(2)` has returned).
   public func flush(_ h: FileHandleID) throws {
-    _ = try handle(h)
+    let oh = try handle(h)
+    guard oh.writable else { return }
+    try oh.content.lock.withLock { try commitLocked(oh.content) }
   }
 
-  /// Commits the file's pending writes now.
+  /// `fsync(2)`: commits the file's pending writes and makes them durable against power loss
+  /// (its staged content, the disk index and the catalog flushed to stable storage).
   public func fsync(_ h: FileHandleID) throws {
     let oh = try handle(h)
     try oh.content.lock.withLock { try commitLocked(oh.content) }
+    do {
+      try disk.makeDurable(nodeID: oh.content.key.nodeID)
+      try catalog.makeDurable()
+    } catch { throw Self.map(error) }
+  }
+
+  /// `fsync(2)` of a directory: makes every committed change durable against power loss.
+  public func fsyncDirectory() throws {
+    do { try catalog.makeDurable() } catch { throw Self.map(error) }
   }
 
   /// Closes a handle; the last writable handle of a file commits its writes.

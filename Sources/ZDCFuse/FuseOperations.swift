@@ -245,7 +245,9 @@ enum FuseOperations {
       } catch { FuseOperations.fail(req, error) }
     }
     ops.releasedir = { req, _, _ in fuse_reply_err(req, 0) }
-    ops.fsyncdir = { req, _, _, _ in fuse_reply_err(req, 0) }
+    ops.fsyncdir = { req, _, _, _ in
+      FuseOperations.replyOK(req) { try $0.fsyncDirectory() }
+    }
     ops.readdir = { req, ino, size, off, _ in
       FuseOperations.readdir(req, ino, size, off, plus: false)
     }

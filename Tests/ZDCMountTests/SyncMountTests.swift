@@ -451,14 +451,26 @@ final class SyncDevice: @unchecked Sendable {
     let a = try SyncDevice("devA", in: dir, store: store, join: false)
     defer { a.unmount(wait: false) }
     let content = try Self.random(500_000) + Self.marker("kill9")
-    try content.write(to: a.file("precious.bin"))
     // The daemon's process ID, as `zdc status` reports it.
     let json = try a.run(["status", "--json"]).stdout
     let obj = try #require(
       try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any])
     let pid = try #require((obj["pid"] as? Int).map { pid_t($0) })
     #expect(pid == a.pid)
-    kill(pid, SIGKILL)
+    // The kill follows the last `close(2)` at once, from the writing process itself: the
+    // kernel may not even have sent `release` yet.
+    let source = dir.path("precious.src")
+    try content.write(to: source)
+    let script = """
+      import os, shutil, signal
+      for i in range(5):
+          shutil.copyfile('\(source.path)', '\(a.mnt.path)/small-%d.txt' % i)
+      with open('\(a.mnt.path)/precious.bin', 'wb') as f:
+          f.write(open('\(source.path)', 'rb').read())
+      os.kill(\(pid), signal.SIGKILL)
+      """
+    let r = try runProcess(URL(fileURLWithPath: "/usr/bin/python3"), ["-c", script])
+    #expect(r.status == 0, "\(r.stderr)")
     for _ in 0..<100 where SyncDevice.isAlive(pid) { usleep(50_000) }
     #expect(!SyncDevice.isAlive(pid))
     a.pid = nil
@@ -468,11 +480,13 @@ final class SyncDevice: @unchecked Sendable {
 
     try a.mount()
     #expect(try Data(contentsOf: a.file("precious.bin")) == content)
+    for i in 0..<5 { #expect(try Data(contentsOf: a.file("small-\(i).txt")) == content) }
     try a.sync()
     let b = try SyncDevice("devB", in: dir, store: store, join: true)
     defer { b.unmount(wait: false) }
     try b.sync()
     #expect(try Data(contentsOf: b.file("precious.bin")) == content)
+    for i in 0..<5 { #expect(try Data(contentsOf: b.file("small-\(i).txt")) == content) }
     a.unmount()
     b.unmount()
     try Self.expectNoPlaintext([content.suffix(40)], store: store, devices: [a, b])
