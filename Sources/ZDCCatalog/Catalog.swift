@@ -36,6 +36,8 @@ public final class Catalog: Sendable {
   public let path: String?
   private let temporaryDirectory: URL?
   private let failpointBox = LockedBox<String?>(nil)
+  /// Share lists decoded and encoded, shared by every transaction.
+  let shareLists = ShareListCache()
   /// Layouts of the local users seen so far (a user's treeID never changes).
   private let layouts = LockedBox<[String: CloudLayout]>([:])
 
@@ -135,7 +137,9 @@ public final class Catalog: Sendable {
     do {
       return try writer.write { db in
         let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
-        let tx = CloudTransaction(db: db, layout: layout, readOnly: false, failpoint: failpoint)
+        let tx = CloudTransaction(
+          db: db, layout: layout, readOnly: false, failpoint: failpoint,
+          shareLists: shareLists)
         let result = try body(tx)
         if known == nil { layouts.value[userID] = layout }
         return result
@@ -150,7 +154,8 @@ public final class Catalog: Sendable {
     let known = layouts.value[userID]
     return try writer.read { db in
       let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
-      let tx = CloudTransaction(db: db, layout: layout, readOnly: true, failpoint: nil)
+      let tx = CloudTransaction(
+        db: db, layout: layout, readOnly: true, failpoint: nil, shareLists: shareLists)
       let result = try body(tx)
       if known == nil { layouts.value[userID] = layout }
       return result
@@ -178,7 +183,8 @@ public final class Catalog: Sendable {
           user.createdAt.timeIntervalSinceReferenceDate,
           String(decoding: user.settings, as: UTF8.self),
         ])
-      let tx = CloudTransaction(db: db, layout: user.layout, readOnly: false, failpoint: nil)
+      let tx = CloudTransaction(
+        db: db, layout: user.layout, readOnly: false, failpoint: nil, shareLists: shareLists)
       var trunks: [Trunk: Node] = [:]
       for trunk in Trunk.allCases {
         trunks[trunk] = try tx.insertTrunk(trunk)
@@ -218,7 +224,8 @@ public final class Catalog: Sendable {
     layouts.value[id] = nil
     try writer.write { db in
       let layout = try CloudTransaction.layout(userID: id, db: db)
-      let tx = CloudTransaction(db: db, layout: layout, readOnly: false, failpoint: nil)
+      let tx = CloudTransaction(
+        db: db, layout: layout, readOnly: false, failpoint: nil, shareLists: shareLists)
       try db.execute(sql: "DELETE FROM pushOperations WHERE localUserID = ?", arguments: [id])
       for trunk in Trunk.allCases {
         if let root = try tx.trunkNode(trunk) { try tx.deleteRows(subtreeOf: root.id) }
@@ -245,5 +252,29 @@ final class LockedBox<Value: Sendable>: @unchecked Sendable {
   var value: Value {
     get { lock.withLock { stored } }
     set { lock.withLock { stored = newValue } }
+  }
+}
+
+/// Share lists by their JSON and back: most nodes share a few lists (the owner's alone,
+/// usually), and decoding JSON for every node read would dominate lookups.
+final class ShareListCache: @unchecked Sendable {
+  // @unchecked: both maps are only touched under `lock`.
+  private let lock = NSLock()
+  private var byJSON: [String: ShareList] = [:]
+  private var byList: [ShareList: String] = [:]
+
+  func decoded(_ json: String) -> ShareList? { lock.withLock { byJSON[json] } }
+
+  func encoded(_ list: ShareList) -> String? { lock.withLock { byList[list] } }
+
+  func remember(_ list: ShareList, json: String) {
+    lock.withLock {
+      if byJSON.count > 256 {
+        byJSON.removeAll()
+        byList.removeAll()
+      }
+      byJSON[json] = list
+      byList[list] = json
+    }
   }
 }

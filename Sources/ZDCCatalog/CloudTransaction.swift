@@ -21,8 +21,7 @@ public final class CloudTransaction {
   /// True for a read-only transaction.
   public let isReadOnly: Bool
   let failpoint: String?
-  private var shareListCache: [String: ShareList] = [:]
-  private var shareListJSONCache: [ShareList: String] = [:]
+  let shareLists: ShareListCache
   lazy var encoder: JSONEncoder = {
     let e = JSONEncoder()
     e.outputFormatting = .sortedKeys
@@ -30,12 +29,16 @@ public final class CloudTransaction {
   }()
   lazy var decoder = JSONDecoder()
 
-  init(db: Database, layout: CloudLayout, readOnly: Bool, failpoint: String?) {
+  init(
+    db: Database, layout: CloudLayout, readOnly: Bool, failpoint: String?,
+    shareLists: ShareListCache
+  ) {
     self.db = db
     self.userID = layout.userID
     self.layout = layout
     self.isReadOnly = readOnly
     self.failpoint = failpoint
+    self.shareLists = shareLists
   }
 
   /// Runs `body` once this transaction has committed (never if it rolls back), so that work
@@ -98,12 +101,11 @@ public final class CloudTransaction {
       let dataSize = int(25)
     else { throw CatalogError.corrupt("node row") }
     let shareList: ShareList
-    if let cached = shareListCache[shareJSON] {
+    if let cached = shareLists.decoded(shareJSON) {
       shareList = cached
     } else {
       shareList = try decoder.decode(ShareList.self, from: Data(shareJSON.utf8))
-      if shareListCache.count > 64 { shareListCache.removeAll() }
-      shareListCache[shareJSON] = shareList
+      shareLists.remember(shareList, json: shareJSON)
     }
     var xattrs: [String: Data] = [:]
     if let json = text(23) {
@@ -135,10 +137,9 @@ public final class CloudTransaction {
 
   /// A share list's JSON; most nodes share a few lists, so the encoding is cached.
   func shareListJSON(_ list: ShareList) throws -> String {
-    if let cached = shareListJSONCache[list] { return cached }
+    if let cached = shareLists.encoded(list) { return cached }
     let encoded = try json(list)
-    if shareListJSONCache.count > 64 { shareListJSONCache.removeAll() }
-    shareListJSONCache[list] = encoded
+    shareLists.remember(list, json: encoded)
     return encoded
   }
 

@@ -225,19 +225,25 @@ extension CloudTransaction {
 
   // MARK: Push manager queries
 
-  /// Pending operations whose retry time has come and whose dependencies have all completed,
-  /// oldest first.
-  public func readyOperations(limit: Int, now: Date = Date()) throws -> [PushOperation] {
+  /// Pending operations whose retry time has come, whose dependencies have all completed and
+  /// (with `settledBefore`) that were queued or last coalesced no later than that, oldest first.
+  public func readyOperations(limit: Int, now: Date = Date(), settledBefore: Date? = nil) throws
+    -> [PushOperation]
+  {
     let stmt = try db.cachedStatement(
       sql: """
         SELECT \(Self.operationColumns) FROM pushOperations o
-        WHERE localUserID = ? AND state = 'pending' AND nextAttemptAt <= ?
+        WHERE localUserID = ? AND state = 'pending' AND nextAttemptAt <= ? AND createdAt <= ?
           AND NOT EXISTS (SELECT 1 FROM pushOperationDeps d WHERE d.opID = o.id)
         ORDER BY id LIMIT ?
         """)
     var out: [PushOperation] = []
     let cursor = try Row.fetchCursor(
-      stmt, arguments: [userID, now.timeIntervalSinceReferenceDate, limit])
+      stmt,
+      arguments: [
+        userID, now.timeIntervalSinceReferenceDate,
+        (settledBefore ?? now).timeIntervalSinceReferenceDate, limit,
+      ])
     while let row = try cursor.next() { out.append(try decodeOperation(row)) }
     return out
   }

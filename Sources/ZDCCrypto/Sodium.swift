@@ -35,8 +35,20 @@ public enum SecureRandom {
   /// A new cloudID: 128 random bits as 32 lower-case hex digits.
   public static func cloudID() -> String { Hex.encode(bytes(16)) }
 
-  /// A new local node uuid (RFC 4122 form).
-  public static func uuid() -> String { UUID().uuidString.lowercased() }
+  /// A new local node uuid (RFC 4122 version 4 form, lower case), from libsodium's generator
+  /// (Foundation's `UUID()` opens `/dev/urandom` for each one on Linux).
+  public static func uuid() -> String {
+    var b = [UInt8](bytes(16))
+    b[6] = (b[6] & 0x0f) | 0x40  // version 4
+    b[8] = (b[8] & 0x3f) | 0x80  // RFC 4122 variant
+    let h = Hex.encode(Data(b))
+    let c = Array(h.utf8)
+    return String(decoding: c[0..<8], as: UTF8.self) + "-"
+      + String(decoding: c[8..<12], as: UTF8.self) + "-"
+      + String(decoding: c[12..<16], as: UTF8.self) + "-"
+      + String(decoding: c[16..<20], as: UTF8.self) + "-"
+      + String(decoding: c[20..<32], as: UTF8.self)
+  }
 
   /// A new userID: 160 random bits in zBase32 (32 characters).
   public static func userID() -> String { ZBase32.encode(bytes(20)) }

@@ -216,7 +216,7 @@ public final class DiskManager: @unchecked Sendable {
   }
 
   private static func randomName() -> String {
-    SecureRandom.bytes(16).map { String(format: "%02x", $0) }.joined()
+    Hex.encode(SecureRandom.bytes(16))
   }
 
   private func unlink(_ url: URL) {

@@ -105,7 +105,17 @@ enum FuseOperations {
     }
     ops.lookup = { req, parent, name in
       let n = FuseOperations.name(name)
-      FuseOperations.replyEntry(req) { try $0.lookup(parent: Inode(parent), name: n) }
+      let ctx = FuseOperations.context(req)
+      do {
+        var e = FuseOperations.entry(try ctx.fs.lookup(parent: Inode(parent), name: n), ctx)
+        fuse_reply_entry(req, &e)
+      } catch FileSystemError.notFound {
+        // A negative entry the kernel may cache (a pull that adds the name invalidates it),
+        // so `open(O_CREAT)` after a failed lookup does not ask again.
+        var e = zdc_fuse_entry_param_zero()
+        e.entry_timeout = ctx.timeout
+        fuse_reply_entry(req, &e)
+      } catch { FuseOperations.fail(req, error) }
     }
     ops.forget = { req, ino, nlookup in
       FuseOperations.context(req).fs.forget(Inode(ino), count: nlookup)

@@ -26,12 +26,20 @@ public struct PushConfiguration: Sendable {
   public var workDirectory: URL
   /// How long a data promise may take.
   public var promiseTimeout: TimeInterval
+  /// An operation waits until its node has been left alone this long (coalescing a burst of
+  /// changes — a build, a copy, an editor's saves — into one upload, and leaving the CPU to
+  /// them meanwhile). ``PushManager/waitUntilIdle(timeout:)`` does not wait for it.
+  public var settleDelay: TimeInterval
+  /// The CPU priority (nice value, 0…19) of the threads that run operations: above 0 they give
+  /// way to the application's own work.
+  public var workerNice: Int32
 
   public init(
     workDirectory: URL, maxConcurrentOperations: Int = 6, retryBase: TimeInterval = 1,
     retryCap: TimeInterval = 60, multipartThreshold: UInt64 = 10 << 20, partSize: UInt64 = 8 << 20,
     pollInterval: TimeInterval = 0.5, logBatchWindow: TimeInterval = 0.2,
-    logBatchMaxEntries: Int = 500, promiseTimeout: TimeInterval = 60
+    logBatchMaxEntries: Int = 500, promiseTimeout: TimeInterval = 60,
+    settleDelay: TimeInterval = 0, workerNice: Int32 = 0
   ) {
     self.workDirectory = workDirectory
     self.maxConcurrentOperations = maxConcurrentOperations
@@ -43,6 +51,8 @@ public struct PushConfiguration: Sendable {
     self.logBatchWindow = logBatchWindow
     self.logBatchMaxEntries = logBatchMaxEntries
     self.promiseTimeout = promiseTimeout
+    self.settleDelay = settleDelay
+    self.workerNice = workerNice
   }
 }
 
@@ -62,7 +72,10 @@ public final class PushManager: @unchecked Sendable {
   private var wake = false
   private var dispatcherDone = DispatchSemaphore(value: 0)
   private var hasDispatcher = false
-  private let workers = DispatchQueue(label: "zdc.push.workers", attributes: .concurrent)
+  private var workers: WorkerPool?
+  /// Callers waiting in ``waitUntilIdle(timeout:)``: while any, operations start unsettled.
+  private var urgent = 0
+  private var lastProgressCount = Date.distantPast
   private let logQueue = DispatchQueue(label: "zdc.push.changelog")
   private var logScheduled = false
   private var logFailures = 0
@@ -131,7 +144,16 @@ public final class PushManager: @unchecked Sendable {
       hasDispatcher = true
       dispatcherDone = DispatchSemaphore(value: 0)
     }
-    let t = Thread { [self] in dispatchLoop() }
+    cond.withLock {
+      if workers == nil {
+        workers = WorkerPool(
+          name: "zdc.push.worker", count: config.maxConcurrentOperations, nice: config.workerNice)
+      }
+    }
+    let t = Thread { [self] in
+      WorkerPool.lowerPriority(config.workerNice)
+      dispatchLoop()
+    }
     t.name = "zdc.push.dispatcher"
     t.start()
     scheduleLogFlush(after: 0)
@@ -149,6 +171,8 @@ public final class PushManager: @unchecked Sendable {
     cond.withLock {
       while !running.isEmpty { cond.wait() }
       hasDispatcher = false
+      workers?.stop()
+      workers = nil
     }
   }
 
@@ -169,6 +193,8 @@ public final class PushManager: @unchecked Sendable {
   @discardableResult
   public func waitUntilIdle(timeout: TimeInterval) -> Bool {
     let deadline = Date().addingTimeInterval(timeout)
+    cond.withLock { urgent += 1 }
+    defer { cond.withLock { urgent -= 1 } }
     pushNow()
     while Date() < deadline {
       let busy = cond.withLock { !running.isEmpty || dispatching }
@@ -219,11 +245,12 @@ public final class PushManager: @unchecked Sendable {
           dispatching = false
           cond.broadcast()
         }
+        let pool = cond.withLock { workers }
         for job in jobs {
-          workers.async { [self] in run(job) }
+          pool?.submit { [self] in run(job) }
         }
         started = jobs.count
-        updateProgress()
+        updateProgress(force: started > 0)
       }
       cond.withLock {
         if !stopped && !wake && (started == 0 || running.count >= config.maxConcurrentOperations) {
@@ -243,6 +270,8 @@ public final class PushManager: @unchecked Sendable {
         for (id, _) in ids { parked[id] = nil }
         return ids.map { ($0.key, $0.value.failures) }
       }
+      let settled =
+        cond.withLock { urgent > 0 } ? now : now.addingTimeInterval(-config.settleDelay)
       return try context.catalog.write(context.userID) { tx in
         var jobs: [PushJob] = []
         var candidates: [(PushOperation, Int)] = []
@@ -250,7 +279,9 @@ public final class PushManager: @unchecked Sendable {
           if let op = try tx.operation(id: id) { candidates.append((op, failures)) }
         }
         if candidates.count < slots {
-          for op in try tx.readyOperations(limit: slots - candidates.count) {
+          for op in try tx.readyOperations(
+            limit: slots - candidates.count, now: now, settledBefore: settled)
+          {
             try tx.markInFlight(op.id)
             candidates.append((op, 0))
           }
@@ -302,7 +333,7 @@ public final class PushManager: @unchecked Sendable {
       wake = true
       cond.broadcast()
     }
-    updateProgress()
+    updateProgress(force: false)
   }
 
   private func fail(_ job: PushJob, _ error: any Error) {
@@ -355,12 +386,19 @@ public final class PushManager: @unchecked Sendable {
 
   var isStopping: Bool { cond.withLock { stopped } }
 
-  private func updateProgress() {
-    let counts = try? context.catalog.read(context.userID) { tx in try tx.operationCount() }
-    let inFlight = cond.withLock { running.count }
+  /// Refreshes the progress counts; the count of queued operations (a catalog query) at most
+  /// every 0.2 s unless forced.
+  private func updateProgress(force: Bool) {
+    let (inFlight, countNow) = cond.withLock { () -> (Int, Bool) in
+      let due = force || Date().timeIntervalSince(lastProgressCount) >= 0.2
+      if due { lastProgressCount = Date() }
+      return (running.count, due)
+    }
+    let counts =
+      countNow ? try? context.catalog.read(context.userID) { tx in try tx.operationCount() } : nil
     context.progress.update {
       $0.push.inFlightItems = inFlight
-      $0.push.pendingItems = max(0, (counts ?? 0) - inFlight)
+      if let counts { $0.push.pendingItems = max(0, counts - inFlight) }
     }
   }
 

@@ -1,6 +1,7 @@
 // zdc-bench: micro-benchmarks of the crypto formats (not tests; figures vary by machine).
 //
 //   zdc-bench cloudfile      AEAD, CloudFile and CryptoFile throughput on one core.
+//   zdc-bench catalog [N]    µs per catalog transaction of each kind the mount uses.
 //   zdc-bench sync [SIZES]   incremental pull of 10 changes and first full pull on trees of
 //                            SIZES nodes (comma-separated; default 1000,10000,100000).
 
@@ -173,7 +174,9 @@ case "sync":
     FileHandle.standardError.write(Data("zdc-bench sync: \(error)\n".utf8))
     exit(1)
   }
+case "catalog":
+  try CatalogBench.run(count: args.count > 1 ? Int(args[args.startIndex + 1]) ?? 5000 : 5000)
 default:
-  print("usage: zdc-bench cloudfile | zdc-bench sync [SIZES]")
+  print("usage: zdc-bench cloudfile | zdc-bench sync [SIZES] | zdc-bench catalog [COUNT]")
   exit(args.isEmpty ? 0 : 2)
 }

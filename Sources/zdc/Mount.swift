@@ -55,6 +55,14 @@ extension ZDC {
     @Option(help: .hidden)
     var pullInterval: Double?
 
+    @Option(
+      help: ArgumentHelp(
+        "Start uploading a file once it has been left alone this many seconds.",
+        discussion: "Bursts of changes (a copy, a build, an editor's saves) then cost one upload "
+          + "per file and leave the CPU to the work itself; `zdc sync` and `zdc unmount` do not "
+          + "wait for it."))
+    var uploadDelay: Double = 2
+
     func run() throws {
       try runReportingErrors {
         let stateDirectory = state.stateDirectory
@@ -122,6 +130,7 @@ extension ZDC {
       for o in options { args += ["-o", o] }
       if verbose { args.append("--verbose") }
       if let pullInterval { args += ["--pull-interval", String(pullInterval)] }
+      args += ["--upload-delay", String(uploadDelay)]
       p.arguments = args
       let input = Pipe()
       let output = Pipe()
@@ -215,7 +224,9 @@ extension ZDC {
         make: { delegate, progress in
           try SyncEngine(
             catalog: catalog, store: store, account: syncAccount, delegate: delegate,
-            push: PushConfiguration(workDirectory: work), pull: pullConfiguration,
+            push: PushConfiguration(
+              workDirectory: work, settleDelay: max(0, uploadDelay), workerNice: 10),
+            pull: pullConfiguration,
             progress: progress)
         },
         pending: {

@@ -11,11 +11,11 @@ import ZDCCore
     defer { try? FileManager.default.removeItem(at: dir) }
     let path = dir.appendingPathComponent("catalog.sqlite").path
 
-    #expect(Catalog.knownMigrations == ["v1", "v2"])
+    #expect(Catalog.knownMigrations == ["v1", "v2", "v3"])
     var nodeID: NodeID = 0
     do {
       let catalog = try Catalog(path: path)
-      #expect(try catalog.appliedMigrations() == ["v1", "v2"])
+      #expect(try catalog.appliedMigrations() == ["v1", "v2", "v3"])
       #expect(try catalog.pragma("journal_mode") == "wal")
       #expect(try catalog.pragma("synchronous") == "2")  // FULL
       #expect(try catalog.pragma("foreign_keys") == "1")
@@ -23,7 +23,7 @@ import ZDCCore
       nodeID = try catalog.write("alice") { try $0.createNode(path: p("a")).id }
     }
     let reopened = try Catalog(path: path)
-    #expect(try reopened.appliedMigrations() == ["v1", "v2"])
+    #expect(try reopened.appliedMigrations() == ["v1", "v2", "v3"])
     let node = try reopened.read("alice") { try $0.node(path: p("a")) }
     #expect(node?.id == nodeID)
     #expect(try reopened.read("alice") { try $0.operationCount() } == 1)

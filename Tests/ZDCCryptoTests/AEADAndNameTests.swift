@@ -92,3 +92,20 @@ import ZDCCore
     }
   }
 }
+
+@Suite struct SecureRandomTests {
+  @Test func uuidsAreVersion4AndUnique() throws {
+    var seen = Set<String>()
+    for _ in 0..<2000 {
+      let u = SecureRandom.uuid()
+      let parts = u.split(separator: "-").map(String.init)
+      #expect(parts.map(\.count) == [8, 4, 4, 4, 12], "\(u)")
+      #expect(u == u.lowercased())
+      #expect(parts[2].first == "4", "version nibble of \(u)")
+      #expect("89ab".contains(parts[3].first!), "variant of \(u)")
+      #expect(UUID(uuidString: u) != nil)
+      seen.insert(u)
+    }
+    #expect(seen.count == 2000)
+  }
+}

@@ -1,0 +1,62 @@
+import Foundation
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// A fixed set of threads running submitted jobs in order of submission, at a chosen CPU
+/// priority (unlike Dispatch's shared threads, whose priority must not be changed).
+final class WorkerPool: @unchecked Sendable {
+  // @unchecked: `jobs` and `stopped` are only touched under `cond`.
+  private let cond = NSCondition()
+  private var jobs: [@Sendable () -> Void] = []
+  private var stopped = false
+
+  /// Starts `count` threads named `name` at nice value `nice` (0: unchanged).
+  init(name: String, count: Int, nice: Int32) {
+    for i in 0..<max(1, count) {
+      let t = Thread { [self] in
+        Self.lowerPriority(nice)
+        loop()
+      }
+      t.name = "\(name).\(i)"
+      t.start()
+    }
+  }
+
+  deinit { stop() }
+
+  /// Runs `job` on one of the threads.
+  func submit(_ job: @escaping @Sendable () -> Void) {
+    cond.withLock {
+      jobs.append(job)
+      cond.signal()
+    }
+  }
+
+  /// Lets the threads finish the jobs already submitted, then end.
+  func stop() {
+    cond.withLock {
+      stopped = true
+      cond.broadcast()
+    }
+  }
+
+  private func loop() {
+    while true {
+      let job = cond.withLock { () -> (@Sendable () -> Void)? in
+        while jobs.isEmpty && !stopped { cond.wait() }
+        return jobs.isEmpty ? nil : jobs.removeFirst()
+      }
+      guard let job else { return }
+      job()
+    }
+  }
+
+  /// Lowers the calling thread's CPU priority to nice value `nice` (on Linux the nice value
+  /// belongs to the thread: `who` 0 is the calling thread).
+  static func lowerPriority(_ nice: Int32) {
+    guard nice > 0 else { return }
+    _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, nice)
+  }
+}

@@ -1,0 +1,59 @@
+import Foundation
+import ZDCCatalog
+import ZDCCore
+import ZDCCrypto
+
+/// Per-transaction costs of the catalog, the unit of work of every FUSE metadata operation.
+enum CatalogBench {
+  static func run(count: Int) throws {
+    print("zdc-bench catalog (\(count) operations each; µs per operation, one thread)")
+    let catalog = try Catalog.temporary(options: Catalog.Options(durability: .normal))
+    let user = "benchuser"
+    try catalog.createLocalUser(
+      LocalUser(
+        id: user, treeID: "bench", boxPublicKey: SecureRandom.bytes(32),
+        signPublicKey: SecureRandom.bytes(32)))
+    let dir = try catalog.write(user) { tx in
+      try tx.createNode(path: TreesystemPath(["dir"]), kind: .directory)
+    }
+    func perOp(_ what: String, _ body: (Int) throws -> Void) rethrows {
+      let t = try time { for i in 0..<count { try body(i) } }
+      print(
+        what.padding(toLength: 60, withPad: " ", startingAt: 0)
+          + String(format: "%8.1f µs", t / Double(count) * 1e6))
+    }
+    var ids: [NodeID] = []
+    try perOp("write tx: create a file node (+ its putRcrd)") { i in
+      let n = try catalog.write(user) { tx in
+        try tx.createNode(path: TreesystemPath(["dir", "f\(i)"]))
+      }
+      ids.append(n.id)
+    }
+    try perOp("write tx: update size + queue the data upload") { i in
+      try catalog.write(user) { tx -> Void in
+        guard var n = try tx.node(id: ids[i]) else { return }
+        n.dataSize = 100
+        _ = try tx.updateNode(n)
+        _ = try tx.queueDataUpload(nodeID: n.id)
+      }
+    }
+    try perOp("read tx: node by id") { i in
+      _ = try catalog.read(user) { tx in try tx.node(id: ids[i]) }
+    }
+    try perOp("read tx: child by name") { i in
+      _ = try catalog.read(user) { tx in try tx.child(of: dir.id, named: "f\(i)") }
+    }
+    try perOp("read tx: empty") { _ in
+      _ = try catalog.read(user) { _ in 0 }
+    }
+    try perOp("write tx: empty") { _ in
+      _ = try catalog.write(user) { _ in 0 }
+    }
+    try perOp("write tx: rename a node") { i in
+      _ = try catalog.write(user) { tx in try tx.moveNode(ids[i], toParent: dir.id, name: "g\(i)") }
+    }
+    try perOp("write tx: delete a node") { i in
+      try catalog.write(user) { tx in try tx.deleteNode(ids[i]) }
+    }
+  }
+}
