@@ -43,7 +43,10 @@ let package = Package(
       swiftSettings: strict),
     .target(
       name: "ZDCCatalog",
-      dependencies: ["ZDCCore", "ZDCCrypto", .product(name: "GRDB", package: "GRDB.swift")],
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", .product(name: "GRDB", package: "GRDB.swift"),
+        .product(name: "Logging", package: "swift-log"),
+      ],
       swiftSettings: strict),
     .target(
       name: "ZDCLocalStore",

@@ -1,5 +1,6 @@
 public import Foundation
 import GRDB
+import Logging
 public import ZDCCore
 import ZDCCrypto
 
@@ -71,9 +72,11 @@ public final class Catalog: Sendable {
     self.path = path
     self.temporaryDirectory = temporaryDirectory
     try Schema.migrator.migrate(writer)
+    writer.add(transactionObserver: commitHooks, extent: .databaseLifetime)
   }
 
   deinit {
+    try? commitPending()
     if let temporaryDirectory {
       try? FileManager.default.removeItem(at: temporaryDirectory)
     }
@@ -83,6 +86,8 @@ public final class Catalog: Sendable {
     var config = Configuration()
     config.foreignKeysEnabled = true
     config.busyMode = .timeout(options.busyTimeout)
+    // `Commit.soon` writes leave their transaction open between accesses until it commits.
+    config.allowsUnsafeTransactions = true
     let sync = options.durability.rawValue
     config.prepareDatabase { db in
       try db.execute(sql: "PRAGMA synchronous = \(sync)")
@@ -102,6 +107,7 @@ public final class Catalog: Sendable {
   /// survives a crash of the process but may wait in the write-ahead log for the next
   /// checkpoint's flush): flushes the log and the database file.
   public func makeDurable() throws {
+    try commitPending()
     guard let path else { return }
     try LocalDurability.sync(path: path + "-wal")
     try LocalDurability.sync(path: path)
@@ -126,33 +132,137 @@ public final class Catalog: Sendable {
 
   // MARK: Transactions
 
-  /// Runs `body` in one read-write transaction for a local user's treesystem.
+  /// When a write's changes reach the database file.
+  public enum Commit: Sendable {
+    /// Committed before ``Catalog/write(_:commit:_:)`` returns: it survives a crash of the
+    /// process from then on.
+    case now
+    /// Committed within ``Catalog/batchWindow`` seconds, with the writes around it, or earlier
+    /// by the next ``now`` write or ``Catalog/commitPending()``. Seen at once by every read and
+    /// write of this catalog; a crash before the commit loses it. For changes no one was
+    /// promised would survive a crash (a file system's metadata changes, until `fsync`).
+    case soon
+  }
+
+  /// The longest a ``Commit/soon`` write waits for its commit, in seconds.
+  public static let batchWindow: Double = 0.02
+
+  /// True while ``Commit/soon`` writes wait for their commit (an open SQLite transaction on
+  /// the writer connection).
+  private let batchOpen = LockedBox<Bool>(false)
+  private let batchTimer = DispatchQueue(label: "zdc.catalog.batch")
+  /// What ``CloudTransaction/afterCommit(_:)`` asked for, run when the writer commits. (One
+  /// observer for the catalog's lifetime: GRDB drops its cached DELETE statements whenever an
+  /// observer is added, as `afterNextTransaction` would for every hook.)
+  private let commitHooks = CommitHooks()
+  private let logger = Logger(label: "zdc.catalog")
+
+  /// Runs `body` as one unit of work for a local user's treesystem.
   ///
   /// Everything `body` does (node changes, the push operations they enqueue, tags, links) is
-  /// committed together when it returns, and rolled back if it throws.
+  /// kept together when it returns, and undone if it throws. With `commit: .now` (the default)
+  /// it is committed before this returns; with `.soon`, see ``Commit/soon``.
   @discardableResult
-  public func write<T>(_ userID: String, _ body: (CloudTransaction) throws -> T) throws -> T {
+  public func write<T>(
+    _ userID: String, commit: Commit = .now, _ body: (CloudTransaction) throws -> T
+  ) throws -> T {
     let failpoint = failpointBox.value
     let known = layouts.value[userID]
     do {
-      return try writer.write { db in
-        let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
-        let tx = CloudTransaction(
-          db: db, layout: layout, readOnly: false, failpoint: failpoint,
-          shareLists: shareLists)
-        let result = try body(tx)
-        if known == nil { layouts.value[userID] = layout }
-        return result
+      return try writer.writeWithoutTransaction { db in
+        func unit() throws -> T {
+          let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
+          let tx = CloudTransaction(
+            db: db, layout: layout, readOnly: false, failpoint: failpoint,
+            shareLists: shareLists)
+          let result = try body(tx)
+          commitHooks.append(tx.commitHooks)
+          if known == nil { layouts.value[userID] = layout }
+          return result
+        }
+        var result: T?
+        if !db.isInsideTransaction {
+          if commit == .now {
+            try db.inTransaction(.immediate) {
+              result = try unit()
+              return .commit
+            }
+            return result!
+          }
+          try db.beginTransaction(.immediate)
+          batchOpen.value = true
+          scheduleBatchCommit()
+        }
+        do {
+          try db.inSavepoint {
+            result = try unit()
+            return .commit
+          }
+        } catch {
+          // A failed commit may have ended the transaction (SQLite rolls back on a full disk).
+          if !db.isInsideTransaction { batchOpen.value = false }
+          throw error
+        }
+        if commit == .now { try commitBatch(db) }
+        return result!
       }
     } catch let error as DatabaseError where error.resultCode == .SQLITE_FULL {
       throw CatalogError.outOfSpace
     }
   }
 
-  /// Runs `body` with a read-only, consistent view of a local user's treesystem.
-  public func read<T>(_ userID: String, _ body: (CloudTransaction) throws -> T) throws -> T {
+  /// Commits the ``Commit/soon`` writes still waiting.
+  public func commitPending() throws {
+    guard batchOpen.value else { return }
+    do {
+      try writer.writeWithoutTransaction { db in try commitBatch(db) }
+    } catch let error as DatabaseError where error.resultCode == .SQLITE_FULL {
+      throw CatalogError.outOfSpace
+    }
+  }
+
+  private func commitBatch(_ db: Database) throws {
+    guard db.isInsideTransaction else {
+      batchOpen.value = false
+      return
+    }
+    do {
+      try db.commit()
+      batchOpen.value = false
+    } catch {
+      if !db.isInsideTransaction {
+        batchOpen.value = false
+      } else {
+        // Not committed and still open: give up on it rather than leave it half-done.
+        try? db.rollback()
+        batchOpen.value = false
+      }
+      logger.error(
+        "catalog commit failed; metadata changes of the last moments are lost: \(error)")
+      throw error
+    }
+  }
+
+  private func scheduleBatchCommit() {
+    batchTimer.asyncAfter(deadline: .now() + Self.batchWindow) { [weak self] in
+      guard let self else { return }
+      do { try self.commitPending() } catch {
+        // Logged by commitBatch; the next write retries.
+      }
+    }
+  }
+
+  /// Runs `body` with a read-only, consistent view of a local user's treesystem (including
+  /// ``Commit/soon`` writes not committed yet).
+  ///
+  /// With `onWriter`, it runs on the writer connection, between writes (no snapshot to set up
+  /// and no page cache to refresh: cheaper for the short reads of a file system; a long read
+  /// there delays writes).
+  public func read<T>(
+    _ userID: String, onWriter: Bool = false, _ body: (CloudTransaction) throws -> T
+  ) throws -> T {
     let known = layouts.value[userID]
-    return try writer.read { db in
+    func unit(_ db: Database) throws -> T {
       let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
       let tx = CloudTransaction(
         db: db, layout: layout, readOnly: true, failpoint: nil, shareLists: shareLists)
@@ -160,6 +270,24 @@ public final class Catalog: Sendable {
       if known == nil { layouts.value[userID] = layout }
       return result
     }
+    if onWriter {
+      // Writes of this process are serialized on this connection: no statement of another
+      // one can interleave with `body`'s, so it needs no transaction of its own.
+      return try writer.unsafeReentrantWrite { db in try unit(db) }
+    }
+    if batchOpen.value {
+      // Uncommitted writes are visible on the writer connection only.
+      return try writer.unsafeReentrantWrite { db in
+        if db.isInsideTransaction { return try unit(db) }
+        var result: T?
+        try db.inTransaction(.deferred) {
+          result = try unit(db)
+          return .commit
+        }
+        return result!
+      }
+    }
+    return try writer.read { db in try unit(db) }
   }
 
   // MARK: Local users
@@ -276,5 +404,32 @@ final class ShareListCache: @unchecked Sendable {
       byJSON[json] = list
       byList[list] = json
     }
+  }
+}
+
+/// Runs the work queued for after a commit of the writer connection; drops it on a rollback.
+final class CommitHooks: TransactionObserver, @unchecked Sendable {
+  // @unchecked: `pending` is only touched under `lock`.
+  private let lock = NSLock()
+  private var pending: [@Sendable () -> Void] = []
+
+  func append(_ hooks: [@Sendable () -> Void]) {
+    guard !hooks.isEmpty else { return }
+    lock.withLock { pending += hooks }
+  }
+
+  func observes(eventsOfKind eventKind: DatabaseEventKind) -> Bool { false }
+  func databaseDidChange(with event: DatabaseEvent) {}
+
+  func databaseDidCommit(_ db: Database) {
+    let hooks = lock.withLock { () -> [@Sendable () -> Void] in
+      defer { pending.removeAll() }
+      return pending
+    }
+    for hook in hooks { hook() }
+  }
+
+  func databaseDidRollback(_ db: Database) {
+    lock.withLock { pending.removeAll() }
   }
 }

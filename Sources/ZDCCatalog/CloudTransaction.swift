@@ -49,8 +49,12 @@ public final class CloudTransaction {
       body()
       return
     }
-    db.afterNextTransaction { _ in body() }
+    commitHooks.append(body)
   }
+
+  /// Hooks of ``afterCommit(_:)``, handed to the database once this unit of work succeeded
+  /// (it may be one savepoint of a larger transaction: they run when that one commits).
+  var commitHooks: [@Sendable () -> Void] = []
 
   /// The layout of a local user's tree, read from the database.
   static func layout(userID: String, db: Database) throws -> CloudLayout {
@@ -196,8 +200,15 @@ public final class CloudTransaction {
 
   /// The node with this id, or `nil`.
   public func node(id: NodeID) throws -> Node? {
-    return try fetchNode(try db.cachedStatement(sql: Self.nodeByIDSQL), [id, userID])
+    // A read-only transaction sees no change: nodes read once are kept for its duration.
+    if isReadOnly, let cached = readCache[id] { return cached }
+    let node = try fetchNode(try db.cachedStatement(sql: Self.nodeByIDSQL), [id, userID])
+    if isReadOnly { readCache[id] = node }
+    return node
   }
+
+  /// Nodes a read-only transaction has read (see ``node(id:)``).
+  private var readCache: [NodeID: Node?] = [:]
 
   /// The node with this id; throws ``CatalogError/nodeNotFound(_:)`` when missing.
   public func existingNode(id: NodeID) throws -> Node {
@@ -430,20 +441,27 @@ public final class CloudTransaction {
   public func updateNode(_ node: Node) throws -> Node {
     try requireWritable()
     let stored = try existingNode(id: node.id)
-    func same<T: Equatable>(_ kp: KeyPath<Node, T>) -> Bool {
-      node[keyPath: kp] == stored[keyPath: kp]
+    // Plain comparisons (key paths here cost more than the update itself).
+    var changed: String?
+    func differ<T: Equatable>(_ field: String, _ a: T, _ b: T) {
+      if changed == nil && a != b { changed = field }
     }
-    let fixed: [(String, Bool)] = [
-      ("uuid", same(\.uuid)), ("localUserID", same(\.localUserID)),
-      ("parentID", same(\.parentID)), ("name", Array(node.name.utf8) == Array(stored.name.utf8)),
-      ("trunk", same(\.trunk)), ("encryptionKey", same(\.encryptionKey)),
-      ("dirSalt", same(\.dirSalt)), ("dirPrefix", same(\.dirPrefix)), ("cloudID", same(\.cloudID)),
-      ("eTagRcrd", same(\.eTagRcrd)), ("eTagData", same(\.eTagData)),
-      ("lastModifiedRcrd", same(\.lastModifiedRcrd)),
-      ("lastModifiedData", same(\.lastModifiedData)), ("cloudDataInfo", same(\.cloudDataInfo)),
-      ("explicitCloudName", same(\.explicitCloudName)),
-    ]
-    if let (field, _) = fixed.first(where: { !$0.1 }) {
+    differ("uuid", node.uuid, stored.uuid)
+    differ("localUserID", node.localUserID, stored.localUserID)
+    differ("parentID", node.parentID, stored.parentID)
+    differ("name", Array(node.name.utf8), Array(stored.name.utf8))
+    differ("trunk", node.trunk, stored.trunk)
+    differ("encryptionKey", node.encryptionKey, stored.encryptionKey)
+    differ("dirSalt", node.dirSalt, stored.dirSalt)
+    differ("dirPrefix", node.dirPrefix, stored.dirPrefix)
+    differ("cloudID", node.cloudID, stored.cloudID)
+    differ("eTagRcrd", node.eTagRcrd, stored.eTagRcrd)
+    differ("eTagData", node.eTagData, stored.eTagData)
+    differ("lastModifiedRcrd", node.lastModifiedRcrd, stored.lastModifiedRcrd)
+    differ("lastModifiedData", node.lastModifiedData, stored.lastModifiedData)
+    differ("cloudDataInfo", node.cloudDataInfo, stored.cloudDataInfo)
+    differ("explicitCloudName", node.explicitCloudName, stored.explicitCloudName)
+    if let field = changed {
       throw CatalogError.invalidOperation("updateNode cannot change \(field)")
     }
     if (node.kind == .trunk) != (stored.kind == .trunk) {

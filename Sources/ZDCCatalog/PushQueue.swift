@@ -279,6 +279,13 @@ extension CloudTransaction {
     return try Int.fetchOne(stmt, arguments: [userID]) ?? 0
   }
 
+  /// How many operations have failed at least once (and wait to be retried).
+  public func retryingOperationCount() throws -> Int {
+    let stmt = try db.cachedStatement(
+      sql: "SELECT COUNT(*) FROM pushOperations WHERE localUserID = ? AND attempts > 0")
+    return try Int.fetchOne(stmt, arguments: [userID]) ?? 0
+  }
+
   /// The ids of the uncompleted operations `id` waits for.
   public func dependencies(ofOperation id: Int64) throws -> [Int64] {
     let stmt = try db.cachedStatement(

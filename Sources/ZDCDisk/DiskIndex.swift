@@ -90,12 +90,13 @@ final class DiskIndex: Sendable {
   /// Inserts a row (its `id` is ignored) and returns the new id.
   func insert(_ row: IndexRow) throws -> Int64 {
     try queue.write { db in
-      try db.execute(
+      try db.cachedStatement(
         sql: """
           INSERT INTO entries (pool, nodeID, version, cloudID, eTag, fileName, size, diskBytes,
             lastAccess, dirty, committed, complete, chunks)
           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-          """,
+          """
+      ).execute(
         arguments: [
           row.pool.rawValue, row.nodeID, row.version, row.cloudID, row.eTag, row.fileName,
           Int64(bitPattern: row.size), Int64(bitPattern: row.diskBytes), row.lastAccess,
@@ -108,13 +109,14 @@ final class DiskIndex: Sendable {
   /// Rewrites every column of an existing row.
   func update(_ row: IndexRow) throws {
     try queue.write { db in
-      try db.execute(
+      try db.cachedStatement(
         sql: """
           UPDATE entries SET pool = ?, nodeID = ?, version = ?, cloudID = ?, eTag = ?,
             size = ?, diskBytes = ?, lastAccess = ?, dirty = ?, committed = ?, complete = ?,
             chunks = ?
           WHERE id = ?
-          """,
+          """
+      ).execute(
         arguments: [
           row.pool.rawValue, row.nodeID, row.version, row.cloudID, row.eTag,
           Int64(bitPattern: row.size), Int64(bitPattern: row.diskBytes), row.lastAccess,
@@ -126,7 +128,8 @@ final class DiskIndex: Sendable {
   func delete(ids: [Int64]) throws {
     guard !ids.isEmpty else { return }
     try queue.write { db in
-      for id in ids { try db.execute(sql: "DELETE FROM entries WHERE id = ?", arguments: [id]) }
+      let stmt = try db.cachedStatement(sql: "DELETE FROM entries WHERE id = ?")
+      for id in ids { try stmt.execute(arguments: [id]) }
     }
   }
 

@@ -40,6 +40,8 @@ public final class DiskManager: @unchecked Sendable {
   private var stagingEntries: [NodeID: [Entry]] = [:]
   private var totals = DiskUsage()
   private var lastTick: Int64 = 0
+  /// Ids of staging entries not yet in the index (negative, never reused).
+  private var provisionalIDs: Int64 = 0
   private var accessed: Set<Int64> = []
   private var flushScheduled = false
   private var evictionScheduled = false
@@ -195,7 +197,9 @@ public final class DiskManager: @unchecked Sendable {
       let ticks = stateLock.withLock { () -> [(Int64, Int64)] in
         flushScheduled = false
         defer { accessed.removeAll() }
-        return accessed.compactMap { id in byID[id].map { (id, $0.row.lastAccess) } }
+        return accessed.compactMap { id in
+          id > 0 ? byID[id].map { (id, $0.row.lastAccess) } : nil
+        }
       }
       do {
         try index.setLastAccess(ticks)
@@ -354,7 +358,7 @@ public final class DiskManager: @unchecked Sendable {
   private func removeEntries(_ entries: [Entry]) {
     guard !entries.isEmpty else { return }
     do {
-      try index.delete(ids: entries.map(\.id))
+      try index.delete(ids: entries.map(\.id).filter { $0 > 0 })
     } catch {
       logger.error("could not delete disk index rows: \(error)")
     }
@@ -690,20 +694,18 @@ public final class DiskManager: @unchecked Sendable {
         if truncate { try open.truncate(to: 0) }
         return open
       }
-      let version = stateLock.withLock { (stagingEntries[nodeID]?.last?.row.version ?? 0) + 1 }
-      var row = IndexRow(
-        id: 0, pool: .staging, nodeID: nodeID, version: version, cloudID: nil, eTag: nil,
+      // Not in the index until committed (an uncommitted version is nobody's acknowledged
+      // content, and start-up deletes files the index does not know): a provisional id.
+      let (version, provisional) = stateLock.withLock { () -> (Int64, Int64) in
+        provisionalIDs -= 1
+        return ((stagingEntries[nodeID]?.last?.row.version ?? 0) + 1, provisionalIDs)
+      }
+      let row = IndexRow(
+        id: provisional, pool: .staging, nodeID: nodeID, version: version, cloudID: nil, eTag: nil,
         fileName: name, size: file.size,
         diskBytes: Self.diskBytes(size: file.size, bitmap: nil),
         lastAccess: stateLock.withLock { nextTick() }, dirty: false, committed: false,
         complete: true, chunks: nil)
-      do {
-        row.id = try index.insert(row)
-      } catch {
-        try? file.close()
-        unlink(path)
-        throw DiskError.from(error, "cannot index a staging file")
-      }
       let e = Entry(row: row)
       e.file = file
       e.pins = 1
@@ -754,7 +756,7 @@ public final class DiskManager: @unchecked Sendable {
     let e = staging.entry
     try staging.file.flushBuffer()
     try mutationLock.withLock {
-      let row = try stateLock.withLock { () -> IndexRow in
+      var row = try stateLock.withLock { () -> IndexRow in
         guard !e.removed else { throw DiskError.gone }
         guard !e.row.committed else { throw DiskError.sealed }
         var r = e.row
@@ -765,7 +767,9 @@ public final class DiskManager: @unchecked Sendable {
         r.lastAccess = nextTick()
         return r
       }
-      do { try index.update(row) } catch { throw DiskError.from(error, "cannot commit") }
+      do {
+        if row.id < 0 { row.id = try index.insert(row) } else { try index.update(row) }
+      } catch { throw DiskError.from(error, "cannot commit") }
       let older = stateLock.withLock { () -> [Entry] in
         replaceRow(e, row)
         return (stagingEntries[staging.nodeID] ?? []).filter {

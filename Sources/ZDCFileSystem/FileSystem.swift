@@ -42,6 +42,8 @@ public final class FileSystem: @unchecked Sendable {
   public let options: FileSystemOptions
   /// The home trunk's node id (inode 1).
   public let homeID: NodeID
+  /// When the user last made a request through the mount (background uploads give way).
+  public let activity = ActivityMonitor()
   /// Where kernel invalidations go (set by the FUSE adapter). Setting `nil` waits for the
   /// invalidations already queued, so none reaches a session being torn down.
   public var notifier: (any KernelNotifier)? {
@@ -63,6 +65,8 @@ public final class FileSystem: @unchecked Sendable {
   var contents: [ContentKey: NodeContent] = [:]
   /// Nodes deleted while open: their last state, until the last handle closes.
   var unlinked: [NodeID: Node] = [:]
+  /// The last check of free space for batched commits (see `spaceForBatches`).
+  var spaceCheck: (ContinuousClock.Instant, Bool)?
   /// Size and mtime of the latest local commits, newest last (bounded): a read transaction
   /// that started just before a commit would otherwise show the old size.
   var recentCommits: [NodeID: (size: UInt64, mtime: FileTime)] = [:]
@@ -140,11 +144,34 @@ public final class FileSystem: @unchecked Sendable {
   // MARK: Catalog helpers
 
   func read<T>(_ body: (CloudTransaction) throws -> T) throws -> T {
-    do { return try catalog.read(userID, body) } catch { throw Self.map(error) }
+    do { return try catalog.read(userID, onWriter: true, body) } catch { throw Self.map(error) }
   }
 
-  func write<T>(_ body: (CloudTransaction) throws -> T) throws -> T {
-    do { return try catalog.write(userID, body) } catch { throw Self.map(error) }
+  /// A catalog write. Metadata changes (names, modes, times, xattrs) commit `.soon`, in
+  /// batches: like a local file system's, they are durable once a file is closed or `fsync`
+  /// returns, or within ``Catalog/batchWindow``. Content commits are `.now`.
+  ///
+  /// Batching is off while the state directory's disk is nearly full: a batch whose commit
+  /// fails is lost as a whole, so each change then commits (and fails) on its own.
+  func write<T>(commit: Catalog.Commit = .now, _ body: (CloudTransaction) throws -> T) throws -> T {
+    let commit: Catalog.Commit = commit == .soon && spaceForBatches() ? .soon : .now
+    do { return try catalog.write(userID, commit: commit, body) } catch { throw Self.map(error) }
+  }
+
+  /// Free space below which metadata changes are not batched.
+  static let batchingFreeSpace: UInt64 = 256 << 20
+
+  /// True while the state directory's disk has room for batched commits (checked at most
+  /// every 0.2 s).
+  func spaceForBatches() -> Bool {
+    let now = ContinuousClock.now
+    if let (at, ok) = lock.withLock({ spaceCheck }), now - at < .milliseconds(200) { return ok }
+    var st = statvfs()
+    let ok =
+      statvfs(disk.directory.path, &st) == 0
+      && UInt64(st.f_bavail) * UInt64(st.f_frsize) >= Self.batchingFreeSpace
+    lock.withLock { spaceCheck = (now, ok) }
+    return ok
   }
 
   static func map(_ error: any Error) -> any Error {
@@ -404,7 +431,7 @@ public final class FileSystem: @unchecked Sendable {
         c.lock.withLock { if c.writer != nil { c.pendingMtime = mtime } }
       }
       if section == .node || section == .data {
-        try write { tx in
+        try write(commit: .soon) { tx in
           guard var n = try tx.node(id: id) else { return }
           if let m = changes.mode { n.mode = m & 0o7777 }
           if let mtime { n.mtime = mtime }
@@ -431,9 +458,17 @@ public final class FileSystem: @unchecked Sendable {
   func makeNode(parent: Inode, name shown: String, kind: NodeKind, mode: UInt32, target: String?)
     throws -> Attributes
   {
+    try makeNodeReturningNode(
+      parent: parent, name: shown, kind: kind, mode: mode, target: target
+    ).0
+  }
+
+  func makeNodeReturningNode(
+    parent: Inode, name shown: String, kind: NodeKind, mode: UInt32, target: String?
+  ) throws -> (Attributes, Node) {
     if Section(fileName: shown) != nil { throw FileSystemError.exists }
     let name = try newName(shown)
-    let attrs = try write { tx -> Attributes in
+    let (attrs, node) = try write(commit: .soon) { tx -> (Attributes, Node) in
       let p = try requireDirectory(parent, tx)
       if try tx.child(of: p.id, named: name) != nil { throw FileSystemError.exists }
       let node = try tx.createNode(
@@ -441,10 +476,10 @@ public final class FileSystem: @unchecked Sendable {
           uuid: "", localUserID: userID, parentID: p.id, name: name, kind: kind,
           shareList: .owner(userID), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "",
           cloudID: "", mode: mode & 0o7777, mtime: FileTime(Date()), symlinkTarget: target))
-      return try attributes(of: node, .node, tx)
+      return (try attributes(of: node, .node, tx), node)
     }
     noteLookup(attrs.inode)
-    return attrs
+    return (attrs, node)
   }
 
   /// Creates a directory node.
@@ -488,14 +523,17 @@ public final class FileSystem: @unchecked Sendable {
       return (try getattr(ino), opened)
     }
     let attrs: Attributes
+    let node: Node
     do {
-      attrs = try makeNode(parent: parent, name: name, kind: .file, mode: mode, target: nil)
+      (attrs, node) = try makeNodeReturningNode(
+        parent: parent, name: name, kind: .file, mode: mode, target: nil)
     } catch FileSystemError.exists where flags & O_EXCL == 0 {
       // Raced with another create, or the name differs only in case from a sibling's.
       guard let a = try? lookup(parent: parent, name: name) else { throw FileSystemError.exists }
       return (a, try open(a.inode, flags: flags))
     }
-    return (attrs, try open(attrs.inode, flags: flags & ~O_TRUNC))
+    // A node this call made: empty, with no staged or cached content to look for.
+    return (attrs, try open(attrs.inode, flags: flags & ~O_TRUNC, newNode: node))
   }
 
   // MARK: Removing
@@ -507,20 +545,19 @@ public final class FileSystem: @unchecked Sendable {
       if section == .data { try truncate(pid, to: 0) } else { try setSection(pid, section, Data()) }
       return
     }
-    let removed = try write { tx -> Node in
+    try write(commit: .soon) { tx in
       let p = try requireDirectory(parent, tx)
       guard let c = try child(of: p.id, shown: name, tx) else { throw FileSystemError.notFound }
       if try isDirectory(c, tx) { throw FileSystemError.isADirectory }
       try tx.deleteNode(c.id)
-      return c
+      afterDelete(c, tx)
     }
-    afterDelete(removed)
   }
 
   /// Removes an empty directory (one with no children and empty hidden sections).
   public func rmdir(parent: Inode, name: String) throws {
     if Section(fileName: name) != nil { throw FileSystemError.notADirectory }
-    let removed = try write { tx -> Node in
+    try write(commit: .soon) { tx in
       let p = try requireDirectory(parent, tx)
       guard let c = try child(of: p.id, shown: name, tx) else { throw FileSystemError.notFound }
       guard try isDirectory(c, tx) else { throw FileSystemError.notADirectory }
@@ -528,20 +565,26 @@ public final class FileSystem: @unchecked Sendable {
       let sections = try sectionSize(c, .meta, tx) + sectionSize(c, .thumb, tx)
       if c.dataSize > 0 || sections > 0 { throw FileSystemError.notEmpty }
       try tx.deleteNode(c.id)
-      return c
+      afterDelete(c, tx)
     }
-    afterDelete(removed)
   }
 
   /// Local clean-up after a node left the catalog: open files keep working until closed.
-  func afterDelete(_ node: Node) {
+  /// With `tx`, its staged and cached content goes once `tx` has committed (before, a crash
+  /// would bring the node back without it).
+  func afterDelete(_ node: Node, _ tx: CloudTransaction? = nil) {
     let open = lock.withLock { () -> Bool in
       guard contents[ContentKey(node.id, .data)] != nil else { return false }
       unlinked[node.id] = node
       return true
     }
-    if !open { disk.remove(nodeID: node.id) }
     forgetCommit(node.id)
+    guard !open else { return }
+    if let tx {
+      tx.afterCommit { [disk] in disk.remove(nodeID: node.id) }
+    } else {
+      disk.remove(nodeID: node.id)
+    }
   }
 
   // MARK: Rename
@@ -560,9 +603,8 @@ public final class FileSystem: @unchecked Sendable {
     enum Plan {
       case done
       case replaceContent(source: Node, target: NodeID, section: Section)
-      case deleted(Node)
     }
-    let plan = try write { tx -> Plan in
+    let plan = try write(commit: .soon) { tx -> Plan in
       let p = try requireDirectory(parent, tx)
       let np = try requireDirectory(newParent, tx)
       guard let src = try child(of: p.id, shown: name, tx) else { throw FileSystemError.notFound }
@@ -593,7 +635,8 @@ public final class FileSystem: @unchecked Sendable {
           if try tx.childCount(of: dst.id) > 0 { throw FileSystemError.notEmpty }
           try tx.deleteNode(dst.id)
           try tx.moveNode(src.id, toParent: np.id, name: newName)
-          return .deleted(dst)
+          afterDelete(dst, tx)
+          return .done
         }
         if src.kind == .file && dst.kind == .file {
           if Array(dst.name.utf8) != Array(newName.utf8) {
@@ -604,7 +647,8 @@ public final class FileSystem: @unchecked Sendable {
         }
         try tx.deleteNode(dst.id)
         try tx.moveNode(src.id, toParent: np.id, name: newName)
-        return .deleted(dst)
+        afterDelete(dst, tx)
+        return .done
       }
       if flags.contains(.exchange) { throw FileSystemError.notFound }
       try tx.moveNode(src.id, toParent: np.id, name: newName)
@@ -614,7 +658,6 @@ public final class FileSystem: @unchecked Sendable {
     }
     switch plan {
     case .done: break
-    case .deleted(let n): afterDelete(n)
     case .replaceContent(let source, let target, let section):
       try replaceContent(of: target, section, with: source)
     }

@@ -95,6 +95,9 @@ final class NodeContent: @unchecked Sendable {
   var pendingMtime: FileTime?
   /// The bytes of a metadata or thumbnail section being edited.
   var buffer: Data?
+  /// A node created empty by this open and not committed since: its first staging version
+  /// starts empty, without looking for staged or cached content.
+  var isNew = false
 
   init(key: ContentKey) { self.key = key }
 
@@ -158,7 +161,7 @@ extension FileSystem {
     let id = c.key.nodeID
     var base: StagingBase?
     defer { base?.close() }
-    if !truncate {
+    if !truncate && !c.isNew {
       // The staged lookup first, then the catalog (see `openReadSource`).
       do {
         if let staged = try disk.openStaged(forNode: id) { base = .staged(staged) }
@@ -212,6 +215,7 @@ extension FileSystem {
       // Only now (the catalog shows the commit) may attribute readers stop using the writer.
       w.close()
       c.writer = nil
+      c.isNew = false
       c.dirty = false
       c.pendingMtime = nil
       c.resetReader()
@@ -231,17 +235,25 @@ extension FileSystem {
 
   /// Opens a file (`O_TRUNC`, `O_APPEND`, access mode honoured).
   public func open(_ ino: Inode, flags: Int32) throws -> OpenedFile {
+    try open(ino, flags: flags, newNode: nil)
+  }
+
+  /// Opens a file; `newNode` is a file node the caller has just created (empty, nothing
+  /// staged or cached: its first write starts a new staging version without looking).
+  func open(_ ino: Inode, flags: Int32, newNode: Node?) throws -> OpenedFile {
     let (id, section) = resolve(ino)
-    let node = try read { tx -> Node in
-      let n = try existingNode(id, tx)
-      // The mount root (a trunk) has no content or sections of its own.
-      if n.kind == .trunk { throw FileSystemError.notPermitted }
-      if section == .node {
-        if n.kind == .symlink { throw FileSystemError.invalidArgument }
-        if try isDirectory(n, tx) { throw FileSystemError.isADirectory }
+    let node =
+      try newNode
+      ?? read { tx -> Node in
+        let n = try existingNode(id, tx)
+        // The mount root (a trunk) has no content or sections of its own.
+        if n.kind == .trunk { throw FileSystemError.notPermitted }
+        if section == .node {
+          if n.kind == .symlink { throw FileSystemError.invalidArgument }
+          if try isDirectory(n, tx) { throw FileSystemError.isADirectory }
+        }
+        return n
       }
-      return n
-    }
     let key = ContentKey(id, section)
     let accmode = flags & O_ACCMODE
     let writable = accmode == O_WRONLY || accmode == O_RDWR
@@ -263,6 +275,9 @@ extension FileSystem {
             _ = try ensureWriterLocked(content, truncate: true)
             content.dirty = true
             content.pendingMtime = FileTime(Date())
+          } else if newNode != nil, content.writer == nil, content.reader == nil {
+            content.reader = .empty
+            content.isNew = true
           } else if content.writer == nil, content.reader == nil {
             // Lazy download happens here, so reads afterwards are local.
             content.reader = try openReadSource(node)
@@ -349,6 +364,8 @@ extension FileSystem {
     let oh = try handle(h)
     guard oh.writable else { return }
     try oh.content.lock.withLock { try commitLocked(oh.content) }
+    // The file's creation and attribute changes too (`touch f` closes nothing written).
+    do { try catalog.commitPending() } catch { throw Self.map(error) }
   }
 
   /// `fsync(2)`: commits the file's pending writes and makes them durable against power loss

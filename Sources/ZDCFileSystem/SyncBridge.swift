@@ -36,18 +36,16 @@ public struct MountStatus: Sendable, Hashable, Codable {
 extension FileSystem {
   /// Counts for `zdc status`.
   public func status() throws -> MountStatus {
-    let (ops, conflicted, paths) = try read { tx in
+    let (pending, retrying, conflicted, paths) = try read { tx in
       let ids = try tx.nodeIDs(withTag: Self.conflictTag)
       let paths = try ids.prefix(Self.statusConflictPaths).map { id in
         try tx.path(of: id).components.map(NameEscape.shown).joined(separator: "/")
       }
-      return (try tx.allOperations(), ids.count, paths)
+      return (try tx.operationCount(), try tx.retryingOperationCount(), ids.count, paths)
     }
     return MountStatus(
-      pendingItems: ops.count, pendingBytes: disk.usage.dirtyBytes, conflicts: conflicted,
-      conflictPaths: paths,
-      errors: ops.filter { $0.attempts > 0 }.count,
-      openFiles: lock.withLock { handles.count })
+      pendingItems: pending, pendingBytes: disk.usage.dirtyBytes, conflicts: conflicted,
+      conflictPaths: paths, errors: retrying, openFiles: lock.withLock { handles.count })
   }
 
   /// How many conflicted copies `status` names.

@@ -91,7 +91,7 @@ extension FileSystem {
       try setSection(id, s, value)
       return
     }
-    try write { tx in
+    try write(commit: .soon) { tx in
       guard var node = try tx.node(id: id) else { throw FileSystemError.notFound }
       if node.kind == .trunk { throw FileSystemError.notPermitted }
       let exists = node.xattrs[name] != nil
@@ -113,7 +113,7 @@ extension FileSystem {
       try setSection(id, s, Data())
       return
     }
-    try write { tx in
+    try write(commit: .soon) { tx in
       guard var node = try tx.node(id: id) else { throw FileSystemError.notFound }
       guard node.xattrs.removeValue(forKey: name) != nil else { throw FileSystemError.noAttribute }
       try tx.updateNode(node)

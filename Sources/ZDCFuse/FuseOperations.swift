@@ -10,8 +10,12 @@ import ZDCFileSystem
 /// The low-level callbacks. Each decodes its arguments, makes one call into the engine and sends
 /// exactly one reply. They are plain nonisolated functions: libfuse calls them on its threads.
 enum FuseOperations {
+  /// The mount's context; every request counts as the user's activity (background uploads
+  /// give way to it).
   static func context(_ req: fuse_req_t?) -> FuseContext {
-    Unmanaged<FuseContext>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
+    let ctx = Unmanaged<FuseContext>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
+    ctx.fs.activity.touch()
+    return ctx
   }
 
   static func name(_ p: UnsafePointer<CChar>?) -> String { p.map { String(cString: $0) } ?? "" }

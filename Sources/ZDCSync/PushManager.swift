@@ -33,13 +33,23 @@ public struct PushConfiguration: Sendable {
   /// The CPU priority (nice value, 0…19) of the threads that run operations: above 0 they give
   /// way to the application's own work.
   public var workerNice: Int32
+  /// The user's activity on the files (the mount's requests). While they are busy (their last
+  /// request less than ``quietPeriod`` ago), operations wait — up to ``maxDeferral`` — so that
+  /// uploads do not compete with the work that produces them; ``PushManager/waitUntilIdle(timeout:)``
+  /// does not wait for quiet.
+  public var activity: ActivityMonitor?
+  /// See ``activity``.
+  public var quietPeriod: TimeInterval
+  /// The longest an operation waits for quiet; past it, operations run one at a time meanwhile.
+  public var maxDeferral: TimeInterval
 
   public init(
     workDirectory: URL, maxConcurrentOperations: Int = 6, retryBase: TimeInterval = 1,
     retryCap: TimeInterval = 60, multipartThreshold: UInt64 = 10 << 20, partSize: UInt64 = 8 << 20,
     pollInterval: TimeInterval = 0.5, logBatchWindow: TimeInterval = 0.2,
     logBatchMaxEntries: Int = 500, promiseTimeout: TimeInterval = 60,
-    settleDelay: TimeInterval = 0, workerNice: Int32 = 0
+    settleDelay: TimeInterval = 0, workerNice: Int32 = 0, activity: ActivityMonitor? = nil,
+    quietPeriod: TimeInterval = 1, maxDeferral: TimeInterval = 60
   ) {
     self.workDirectory = workDirectory
     self.maxConcurrentOperations = maxConcurrentOperations
@@ -53,6 +63,9 @@ public struct PushConfiguration: Sendable {
     self.promiseTimeout = promiseTimeout
     self.settleDelay = settleDelay
     self.workerNice = workerNice
+    self.activity = activity
+    self.quietPeriod = quietPeriod
+    self.maxDeferral = maxDeferral
   }
 }
 
@@ -270,8 +283,20 @@ public final class PushManager: @unchecked Sendable {
         for (id, _) in ids { parked[id] = nil }
         return ids.map { ($0.key, $0.value.failures) }
       }
-      let settled =
-        cond.withLock { urgent > 0 } ? now : now.addingTimeInterval(-config.settleDelay)
+      var slots = slots
+      let settled: Date
+      if cond.withLock({ urgent > 0 }) {
+        settled = now
+      } else if let activity = config.activity,
+        activity.secondsSinceLastActivity < config.quietPeriod
+      {
+        // The user is busy: only operations that waited too long, one at a time.
+        if !cond.withLock({ running.isEmpty }) && due.isEmpty { return [] }
+        slots = 1
+        settled = now.addingTimeInterval(-max(config.settleDelay, config.maxDeferral))
+      } else {
+        settled = now.addingTimeInterval(-config.settleDelay)
+      }
       return try context.catalog.write(context.userID) { tx in
         var jobs: [PushJob] = []
         var candidates: [(PushOperation, Int)] = []

@@ -194,6 +194,9 @@ extension ZDC {
       }
       defer { control.stop() }
       try mount.run()
+      do { try account.catalog.commitPending() } catch {
+        logger.error("could not commit the last changes: \(error)")
+      }
       control.setDraining(true)
       let drained = sync.drain(timeout: 3600) { items, bytes in
         logger.debug("waiting for uploads: \(items) items, \(bytes) bytes")
@@ -225,7 +228,8 @@ extension ZDC {
           try SyncEngine(
             catalog: catalog, store: store, account: syncAccount, delegate: delegate,
             push: PushConfiguration(
-              workDirectory: work, settleDelay: max(0, uploadDelay), workerNice: 10),
+              workDirectory: work, settleDelay: max(0, uploadDelay), workerNice: 10,
+              activity: fs.activity),
             pull: pullConfiguration,
             progress: progress)
         },
