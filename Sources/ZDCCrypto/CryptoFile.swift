@@ -48,6 +48,9 @@ public final class CryptoFile: @unchecked Sendable {
   private let buffer: UnsafeMutableRawBufferPointer
   private var bufferIndex: UInt64?
   private var bufferLength = 0
+  /// Bytes of `buffer` that may be non-zero (from here on it is zero): making the buffer zero
+  /// costs only what was used, not 64 KiB (most files are small).
+  private var bufferExtent = 0
   private var bufferDirty = false
   /// Scratch space for one slot.
   private let slot: UnsafeMutableRawBufferPointer
@@ -59,10 +62,21 @@ public final class CryptoFile: @unchecked Sendable {
     self.key = key
     self.plaintextSize = plaintextSize
     self.physicalSize = physicalSize
-    buffer = .allocate(byteCount: Self.chunkSize, alignment: 16)
-    buffer.initializeMemory(as: UInt8.self, repeating: 0)
-    slot = .allocate(byteCount: Self.slotSize, alignment: 16)
-    slot.initializeMemory(as: UInt8.self, repeating: 0)
+    // Both from one anonymous mapping: zero pages that cost nothing until touched, and that
+    // leave the process (plaintext included) when unmapped — no 64 KiB memset at either end.
+    let space = Self.mapSize
+    let base = mmap(nil, space, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+    if let base, base != MAP_FAILED {
+      mapped = UnsafeMutableRawBufferPointer(start: base, count: space)
+    } else {
+      let fallback = UnsafeMutableRawBufferPointer.allocate(byteCount: space, alignment: 16)
+      fallback.initializeMemory(as: UInt8.self, repeating: 0)
+      mapped = fallback
+      isMapped = false
+    }
+    buffer = UnsafeMutableRawBufferPointer(rebasing: mapped[0..<Self.chunkSize])
+    slot = UnsafeMutableRawBufferPointer(
+      rebasing: mapped[Self.slotStart..<(Self.slotStart + Self.slotSize)])
     ad.replaceSubrange(0..<16, with: fileID)
   }
 
@@ -71,9 +85,27 @@ public final class CryptoFile: @unchecked Sendable {
       try? flush()
       Glibc.close(fd)
     }
-    sodium_memzero(buffer.baseAddress, buffer.count)
-    buffer.deallocate()
-    slot.deallocate()
+    if isMapped {
+      munmap(mapped.baseAddress, mapped.count)
+    } else {
+      sodium_memzero(mapped.baseAddress, mapped.count)
+      mapped.deallocate()
+    }
+  }
+
+  /// The buffer and the slot scratch space, page-aligned.
+  private let mapped: UnsafeMutableRawBufferPointer
+  private var isMapped = true
+  private static let slotStart = chunkSize
+  private static let mapSize = (chunkSize + slotSize + 4095) & ~4095
+
+  /// Makes the whole buffer zero again.
+  private func zeroBuffer() {
+    if bufferExtent > 0 {
+      UnsafeMutableRawBufferPointer(rebasing: buffer[0..<bufferExtent])
+        .initializeMemory(as: UInt8.self, repeating: 0)
+    }
+    bufferExtent = 0
   }
 
   // MARK: Layout arithmetic
@@ -234,7 +266,7 @@ public final class CryptoFile: @unchecked Sendable {
     try flush()
     bufferIndex = nil
     if fresh {
-      buffer.initializeMemory(as: UInt8.self, repeating: 0)
+      zeroBuffer()
       bufferLength = 0
       bufferIndex = index
       return
@@ -249,7 +281,7 @@ public final class CryptoFile: @unchecked Sendable {
       sodium_is_zero(slot.baseAddress!.assumingMemoryBound(to: UInt8.self), count) == 1
     {
       // A hole: reads as zeros.
-      buffer.initializeMemory(as: UInt8.self, repeating: 0)
+      zeroBuffer()
     } else {
       setAD(index: index, last: last)
       do {
@@ -262,12 +294,16 @@ public final class CryptoFile: @unchecked Sendable {
           }
         }
       } catch CryptoError.authenticationFailed {
+        // The buffer may hold part of the plaintext: it holds nothing valid now.
+        bufferExtent = Self.chunkSize
+        zeroBuffer()
         throw CryptoError.authenticationFailed("CryptoFile chunk \(index)")
       }
-      if length < Self.chunkSize {
-        UnsafeMutableRawBufferPointer(rebasing: buffer[length...])
+      if length < bufferExtent {
+        UnsafeMutableRawBufferPointer(rebasing: buffer[length..<bufferExtent])
           .initializeMemory(as: UInt8.self, repeating: 0)
       }
+      bufferExtent = length
     }
     bufferLength = length
     bufferIndex = index
@@ -362,6 +398,7 @@ public final class CryptoFile: @unchecked Sendable {
       let src = Int(pos - offset)
       UnsafeMutableRawBufferPointer(rebasing: buffer[a..<b])
         .copyMemory(from: UnsafeRawBufferPointer(rebasing: bytes[src..<(src + b - a)]))
+      bufferExtent = max(bufferExtent, b)
       bufferLength = length
       bufferDirty = true
       pos = start + UInt64(b)

@@ -49,7 +49,7 @@ public struct PushConfiguration: Sendable {
     pollInterval: TimeInterval = 0.5, logBatchWindow: TimeInterval = 0.2,
     logBatchMaxEntries: Int = 500, promiseTimeout: TimeInterval = 60,
     settleDelay: TimeInterval = 0, workerNice: Int32 = 0, activity: ActivityMonitor? = nil,
-    quietPeriod: TimeInterval = 1, maxDeferral: TimeInterval = 60
+    quietPeriod: TimeInterval = 1, maxDeferral: TimeInterval = 300
   ) {
     self.workDirectory = workDirectory
     self.maxConcurrentOperations = maxConcurrentOperations

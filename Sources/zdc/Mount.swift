@@ -308,7 +308,10 @@ extension ZDC {
         }
         let obj =
           (try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any] ?? [:]
-        if !lazy, obj["sync"] as? String == "draining" {
+        if noWait, obj["sync"] as? String == "draining" {
+          // The process may have started draining after the first request: ask again.
+          _ = ControlClient.request(socketPath: sock, command: "cancel-drain")
+        } else if !lazy, obj["sync"] as? String == "draining" {
           // Waiting for uploads: no deadline while the process reports progress.
           deadline = Date().addingTimeInterval(15)
           display.update(
