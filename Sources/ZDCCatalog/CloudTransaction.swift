@@ -261,6 +261,27 @@ public final class CloudTransaction {
     return out
   }
 
+  /// Which children of `parentID` with ids in `ids` (ascending, as ``children(of:afterID:limit:)``
+  /// returns them) have children of their own: one query for a page of a directory listing.
+  public func childrenWithChildren(of parentID: NodeID, ids: ClosedRange<NodeID>) throws
+    -> Set<NodeID>
+  {
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT p.id FROM nodes p
+        WHERE p.parentID = ? AND p.id BETWEEN ? AND ? AND p.localUserID = ?
+          AND EXISTS (SELECT 1 FROM nodes c WHERE c.parentID = p.id)
+        """)
+    return Set(
+      try NodeID.fetchAll(stmt, arguments: [parentID, ids.lowerBound, ids.upperBound, userID]))
+  }
+
+  /// True when `parentID` has at least one child.
+  public func hasChildren(_ parentID: NodeID) throws -> Bool {
+    let stmt = try db.cachedStatement(sql: "SELECT 1 FROM nodes WHERE parentID = ? LIMIT 1")
+    return try Int.fetchOne(stmt, arguments: [parentID]) != nil
+  }
+
   /// The number of children of `parentID`.
   public func childCount(of parentID: NodeID) throws -> Int {
     let stmt = try db.cachedStatement(

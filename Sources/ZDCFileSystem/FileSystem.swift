@@ -197,11 +197,12 @@ public final class FileSystem: @unchecked Sendable {
   }
 
   /// True when a node shows as a directory.
-  func isDirectory(_ node: Node, _ tx: CloudTransaction) throws -> Bool {
+  /// `hasChildren`, when the caller knows it, saves a query.
+  func isDirectory(_ node: Node, _ tx: CloudTransaction, hasChildren: Bool? = nil) throws -> Bool {
     switch node.kind {
     case .trunk, .directory: return true
     case .symlink: return false
-    case .file: return try tx.childCount(of: node.id) > 0
+    case .file: return try hasChildren ?? tx.hasChildren(node.id)
     }
   }
 
@@ -242,9 +243,10 @@ public final class FileSystem: @unchecked Sendable {
 
   // MARK: Attributes
 
-  func attributes(of node: Node, _ section: Section, _ tx: CloudTransaction, ino: Inode? = nil)
-    throws -> Attributes
-  {
+  func attributes(
+    of node: Node, _ section: Section, _ tx: CloudTransaction, ino: Inode? = nil,
+    hasChildren: Bool? = nil
+  ) throws -> Attributes {
     let inode = ino ?? self.inode(of: node.id, section)
     var type: FileType
     var size: UInt64
@@ -256,7 +258,7 @@ public final class FileSystem: @unchecked Sendable {
       if node.kind == .symlink {
         type = .symlink
         size = UInt64(node.symlinkTarget?.utf8.count ?? 0)
-      } else if try isDirectory(node, tx) {
+      } else if try isDirectory(node, tx, hasChildren: hasChildren) {
         type = .directory
         size = 4096
       } else {
@@ -785,11 +787,16 @@ public final class FileSystem: @unchecked Sendable {
         }
         let children = try tx.children(
           of: id, afterID: NodeID(after > fixed ? after - fixed : 0), limit: 256)
+        let parents =
+          children.isEmpty
+          ? []
+          : try tx.childrenWithChildren(of: id, ids: children.first!.id...children.last!.id)
         for c in children {
           batch.append(
             DirectoryEntry(
               name: NameEscape.shown(c.name), nextOffset: UInt64(c.id) + fixed,
-              attributes: try attributes(of: c, .node, tx)))
+              attributes: try attributes(
+                of: c, .node, tx, hasChildren: parents.contains(c.id))))
         }
         if children.count < 256 { done = true }
       }

@@ -31,8 +31,10 @@ final class FuseContext: @unchecked Sendable {
   let fs: FileSystem
   var session: OpaquePointer?
   let log = Logger(label: "zdc.fuse")
-  /// Entry and attribute cache lifetime: short, because another device may change the tree.
-  let timeout: Double = 1.0
+  /// Entry and attribute cache lifetime. Changes made through the mount go through the
+  /// kernel, and a pull that changes what the kernel may hold invalidates it explicitly; the
+  /// timeout bounds what a missed invalidation could cost.
+  let timeout: Double = 5.0
 
   init(fs: FileSystem) { self.fs = fs }
 }
