@@ -66,7 +66,7 @@ let package = Package(
     .target(
       name: "ZDCAccount",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCS3Store",
         .product(name: "Logging", package: "swift-log"),
       ],
       swiftSettings: strict),
@@ -92,7 +92,8 @@ let package = Package(
     .executableTarget(
       name: "zdc",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "CFuse", "CCurl",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCS3Store", "ZDCAccount", "CFuse",
+        "CCurl",
         "ZDCDisk", "ZDCSync", "ZDCFileSystem", "ZDCFuse",
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
         .product(name: "Logging", package: "swift-log"),
@@ -100,7 +101,9 @@ let package = Package(
       swiftSettings: strict),
     .executableTarget(
       name: "zdc-testhelper",
-      dependencies: ["ZDCCore", "ZDCLocalStore", "ZDCSync", "ZDCCatalog", "ZDCCrypto"],
+      dependencies: [
+        "ZDCCore", "ZDCLocalStore", "ZDCS3Store", "ZDCSync", "ZDCCatalog", "ZDCCrypto",
+      ],
       swiftSettings: strict),
     .executableTarget(
       name: "zdc-bench",
@@ -131,7 +134,8 @@ let package = Package(
     .testTarget(
       name: "ZDCAccountTests",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "ZDCTestSupport", "zdc",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "ZDCS3Store",
+        "ZDCTestSupport", "zdc",
       ],
       swiftSettings: strict),
     .testTarget(

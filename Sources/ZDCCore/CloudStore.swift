@@ -106,6 +106,9 @@ public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
   case io(String, errno: Int32)
   /// The store does not support a feature this operation needs.
   case unsupported(String)
+  /// The store itself is missing (e.g. its bucket does not exist): no object can be read or
+  /// written, and none should be taken for deleted.
+  case unavailable(String)
 
   /// True for failures that may go away by themselves.
   public var isRetryable: Bool {
@@ -124,6 +127,7 @@ public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
     case .malformedResponse(let m): return "malformed store response: \(m)"
     case .io(let m, let e): return "I/O error (errno \(e)): \(m)"
     case .unsupported(let m): return "unsupported by this store: \(m)"
+    case .unavailable(let m): return "store unavailable: \(m)"
     }
   }
 }

@@ -145,7 +145,7 @@ public final class S3Store: CloudStore {
     -> HTTPResponse
   {
     let response = try sendRaw(r, key: key, range: range)
-    guard response.isSuccess else { throw Self.mapError(response, key: key, range: range) }
+    guard response.isSuccess else { throw mapError(response, key: key, range: range) }
     return response
   }
 
@@ -169,10 +169,20 @@ public final class S3Store: CloudStore {
         // Network failures may heal; TLS verification or URL problems will not by themselves.
         throw retryable ? .transient(message) : .unsupported(message)
       case .local(let message, let e): throw .io(message, errno: e)
-      case .exhausted(let resp): throw Self.mapError(resp, key: key, range: range)
+      case .exhausted(let resp): throw mapError(resp, key: key, range: range)
       }
     }
     return response
+  }
+
+  /// Maps an unsuccessful response to a `StoreError`, naming the bucket when it is missing.
+  func mapError(_ r: HTTPResponse, key: String, range: ByteRange?) -> StoreError {
+    let e = Self.mapError(r, key: key, range: range)
+    if case .unavailable(let m) = e {
+      return .unavailable(
+        "no bucket \(configuration.bucket) at \(scheme)://\(endpointHost)\(basePath) (\(m))")
+    }
+    return e
   }
 
   /// Maps an unsuccessful response to a `StoreError`.
@@ -184,6 +194,9 @@ public final class S3Store: CloudStore {
       detail += " (the bucket is in region \(region))"
     }
     switch r.status {
+    case 404 where code == "NoSuchBucket":
+      // Never `.notFound`: a missing bucket must not read as "every object was deleted".
+      return .unavailable(detail)
     case 404: return .notFound(key: key)
     case 403: return .accessDenied(detail)
     case 412: return .preconditionFailed(key: key)
@@ -388,7 +401,7 @@ public final class S3Store: CloudStore {
       if case .ifMatch = condition, r.status == 404 {
         throw StoreError.preconditionFailed(key: key)
       }
-      throw Self.mapError(r, key: key, range: nil)
+      throw mapError(r, key: key, range: nil)
     }
     guard let eTag = r.headers["etag"] else {
       throw StoreError.malformedResponse("no ETag after writing \(key)")
@@ -557,7 +570,7 @@ public final class S3Store: CloudStore {
         return info.eTag
       }
     }
-    guard r.isSuccess else { throw Self.mapError(r, key: key, range: nil) }
+    guard r.isSuccess else { throw mapError(r, key: key, range: nil) }
     let doc = try Self.parseXML(
       r.body, root: "CompleteMultipartUploadResult", alternate: "CompleteMultipartUploadResponse")
     guard let eTag = doc.value("ETag") else {
@@ -636,6 +649,15 @@ public final class S3Store: CloudStore {
         throw error
       }
     }
+  }
+
+  /// Checks that the bucket exists and that the credentials may list it, with one
+  /// ListObjectsV2 request for at most one key under the prefix.
+  ///
+  /// Throws `.unavailable` when the bucket does not exist, `.accessDenied` when the credentials
+  /// are refused, `.transient` when the endpoint cannot be reached (after retries).
+  public func checkBucket() throws {
+    _ = try list(prefix: "", startAfter: nil, continuationToken: nil, maxKeys: 1)
   }
 
   /// Checks that the server honours `If-None-Match: *` and `If-Match` on PutObject, by writing

@@ -215,7 +215,23 @@ import ZDCTestSupport
     var config = try server.configuration()
     config.bucket = "no-such-bucket-\(UUID().uuidString.lowercased().prefix(8))"
     let missing = S3Store(configuration: config)
-    #expect(throws: StoreError.notFound(key: "k")) { try missing.get(key: "k") }
+    // A missing bucket is never "no such object" (the sync engine would take every object for
+    // deleted): reads and listings say the store is unavailable, naming the bucket.
+    func isMissingBucket(_ error: any Error) -> Bool {
+      guard case StoreError.unavailable(let m) = error else { return false }
+      return m.contains(config.bucket) && m.contains("NoSuchBucket")
+    }
+    #expect { try missing.get(key: "k") } throws: { isMissingBucket($0) }
+    #expect {
+      try missing.list(prefix: "", startAfter: nil, continuationToken: nil, maxKeys: 5)
+    } throws: {
+      isMissingBucket($0)
+    }
+    #expect { try missing.checkBucket() } throws: { isMissingBucket($0) }
+    #expect { try missing.put(key: "k", body: .data(Data()), condition: .ifNoneMatch) } throws: {
+      isMissingBucket($0)
+    }
+    // A HEAD answer has no body to name the error: that one stays "not found".
     #expect(throws: StoreError.notFound(key: "k")) { try missing.head(key: "k") }
     #expect(missing.retryCounts.isEmpty)
     // Unknown upload IDs. (moto answers UploadPart to an unknown upload with a 500, not

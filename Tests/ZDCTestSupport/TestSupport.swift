@@ -1,4 +1,5 @@
 public import Foundation
+public import ZDCCore
 
 /// A temporary directory removed when the value is deinitialised.
 public final class TemporaryDirectory: @unchecked Sendable {
@@ -146,4 +147,32 @@ public final class Locked<Value>: @unchecked Sendable {
 
   /// Changes the value under the lock.
   public func mutate(_ body: (inout Value) -> Void) { withLock { body(&$0) } }
+}
+
+/// Every object of a store whose key or bytes contain any needle: lists the whole store and
+/// fetches every object (in 8 MiB ranges), as anyone holding the bucket could.
+///
+/// Used to prove that no plaintext name or content reached a store, whatever its kind.
+public func findPlaintext(_ needles: [Data], in store: any CloudStore) throws -> [String] {
+  let needles = needles.filter { !$0.isEmpty }
+  let overlap = UInt64(max(0, (needles.map(\.count).max() ?? 1) - 1))
+  let step: UInt64 = 8 << 20
+  var hits: [String] = []
+  for object in try store.listAll(prefix: "") {
+    for needle in needles where Data(object.key.utf8).range(of: needle) != nil {
+      hits.append("key: \(object.key)")
+    }
+    var offset: UInt64 = 0
+    var found = Set<Data>()
+    while offset < object.size {
+      let end = min(object.size, offset + step + overlap)
+      let bytes = try store.get(key: object.key, range: ByteRange(offset, end))
+      for needle in needles where !found.contains(needle) && bytes.range(of: needle) != nil {
+        found.insert(needle)
+        hits.append("content: \(object.key) contains \(needle.count) plaintext bytes")
+      }
+      offset += step
+    }
+  }
+  return hits
 }
