@@ -145,7 +145,7 @@ let package = Package(
     .testTarget(
       name: "ZDCSyncTests",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCSync", "ZDCDisk", "ZDCLocalStore",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCSync", "ZDCDisk", "ZDCLocalStore", "ZDCS3Store",
         "ZDCTestSupport", "zdc-testhelper",
       ],
       swiftSettings: strict),

@@ -427,18 +427,24 @@ public final class S3Store: CloudStore {
       }
     case .ifNoneMatch:
       // "Delete only if nothing is there": nothing to delete, or a conflict.
-      _ = try head(key: key)
+      do {
+        _ = try head(key: key)
+      } catch StoreError.notFound {
+        return
+      }
       throw StoreError.preconditionFailed(key: key)
-    case .ifMatch(let eTag):
-      // Checked here for servers that ignore If-Match on DELETE, and sent for those that honour it.
-      let current = try head(key: key)
-      guard current.eTag == Self.unquote(eTag) else {
+    case .ifMatch:
+      // Checked here for servers that ignore If-Match on DELETE, and sent for those that honour
+      // it. A missing object is not the version the caller expected: the condition failed.
+      try precheck(key: key, condition)
+      do {
+        _ = try send(
+          request(
+            .deleteObject, "DELETE", fullKey: full, headers: Self.conditionHeaders(condition)),
+          key: key)
+      } catch StoreError.notFound {
         throw StoreError.preconditionFailed(key: key)
       }
-      _ = try send(
-        request(
-          .deleteObject, "DELETE", fullKey: full, headers: Self.conditionHeaders(condition)),
-        key: key)
     }
   }
 
