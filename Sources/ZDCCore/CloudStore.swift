@@ -151,6 +151,11 @@ public protocol CloudStore: Sendable {
   /// What the store knows about an object.
   func head(key: String) throws -> ObjectInfo
 
+  /// Reads a whole object together with what the store knows about it (the eTag is the one
+  /// of these bytes). The default asks `head` then `get`; stores that can answer both from
+  /// one read (one request) do.
+  func getWithInfo(key: String) throws -> (data: Data, info: ObjectInfo)
+
   /// Writes an object under a condition; returns the new eTag.
   func put(key: String, body: UploadBody, condition: WriteCondition) throws -> String
 
@@ -200,6 +205,12 @@ extension CloudStore {
 
   /// Reads a whole object.
   public func get(key: String) throws -> Data { try get(key: key, range: nil) }
+
+  /// `head`, then `get`: two requests, and the object may change between them.
+  public func getWithInfo(key: String) throws -> (data: Data, info: ObjectInfo) {
+    let info = try head(key: key)
+    return (try get(key: key), info)
+  }
 }
 
 /// The object keys every `CloudStore` accepts, so that a treesystem behaves the same on every

@@ -373,6 +373,13 @@ public final class S3Store: CloudStore {
     }
   }
 
+  /// The whole object and its info from one GetObject request.
+  public func getWithInfo(key: String) throws -> (data: Data, info: ObjectInfo) {
+    let full = try fullKey(key)
+    let r = try send(request(.getObject, "GET", fullKey: full), key: key)
+    return (r.body, try info(key, r, range: nil))
+  }
+
   public func head(key: String) throws -> ObjectInfo {
     let full = try fullKey(key)
     let r = try send(request(.headObject, "HEAD", fullKey: full), key: key)

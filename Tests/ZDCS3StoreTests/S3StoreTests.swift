@@ -14,6 +14,10 @@ import ZDCTestSupport
     let info = try store.head(key: "a/b c+d.rcrd")
     #expect(info.key == "a/b c+d.rcrd" && info.size == UInt64(body.count) && info.eTag == eTag)
     #expect(abs(info.lastModified.timeIntervalSinceNow) < 300)
+    // Bytes and info in one request.
+    let (data, both) = try store.getWithInfo(key: "a/b c+d.rcrd")
+    #expect(data == body && both == info)
+    #expect(store.requestCount(.getObject) == 2 && store.requestCount(.headObject) == 1)
     try store.delete(key: "a/b c+d.rcrd", condition: .none)
     #expect(throws: StoreError.notFound(key: "a/b c+d.rcrd")) {
       try store.head(key: "a/b c+d.rcrd")
@@ -22,7 +26,7 @@ import ZDCTestSupport
     // Deleting a missing object unconditionally is not an error.
     try store.delete(key: "a/b c+d.rcrd", condition: .none)
     #expect(store.requestCount(.putObject) == 1)
-    #expect(store.requestCount(.getObject) == 2)
+    #expect(store.requestCount(.getObject) == 3)
     #expect(store.requestCount(.headObject) == 2)
     #expect(store.requestCount(.deleteObject) == 2)
     #expect(store.retryCounts.isEmpty)

@@ -21,8 +21,14 @@ struct StoreConformanceTests {
       #expect(info.eTag == eTag)
       #expect(info.lastModified > before)
       #expect(info.lastModified < Date().addingTimeInterval(5))
+      // The bytes and their info at once.
+      let (data, both) = try store.getWithInfo(key: key)
+      #expect(data == content)
+      #expect(both.key == key && both.size == info.size && both.eTag == eTag)
+      #expect(abs(both.lastModified.timeIntervalSince(info.lastModified)) < 1)
 
       try store.delete(key: key, condition: .none)
+      #expect(isNotFound(storeError { _ = try store.getWithInfo(key: key) }))
       #expect(isNotFound(storeError { _ = try store.get(key: key) }))
       #expect(isNotFound(storeError { _ = try store.head(key: key) }))
       #expect(try store.listAll(prefix: "").isEmpty)
