@@ -289,6 +289,37 @@ func text(_ marker: String, count: Int) -> Data {
     #expect(f.recorder.reads.count == 1)
   }
 
+  /// A cold sequential read (as `cat` or `cp` of a mounted file does) grows its read-ahead:
+  /// 40 MiB in about 10 requests rather than 40; a read elsewhere goes back to the default.
+  @Test(arguments: StoreKind.all)
+  func sequentialReadsGrowTheirReadAhead(_ kind: StoreKind) throws {
+    let f = try DownloadFixture(kind)
+    let size = 40 << 20
+    let content = randomData(size, seed: 5)
+    let node = try f.makeNode("movie.bin", data: content)
+    f.recorder.reset()
+    var offset = 0
+    while offset < size {
+      let range = ByteRange(UInt64(offset), UInt64(min(size, offset + (128 << 10))))
+      let h = try f.downloads.downloadRange(nodeID: node.id, range: range)
+      #expect(
+        try h.read(offset: range.lowerBound, count: Int(range.count))
+          == content[offset..<offset + Int(range.count)])
+      h.close()
+      offset += 128 << 10
+    }
+    // The header, then 1 (+ the default), 2, 4, 8, 16, 32 MiB windows, give or take.
+    #expect(f.recorder.reads.count <= 10, "\(f.recorder.reads.map(\.bytes))")
+    #expect(f.recorder.bytesRead < size + (1 << 20))
+    // A read that does not follow cached bytes takes the default read-ahead.
+    let g = try DownloadFixture(kind)
+    let other = try g.makeNode("other.bin", data: content)
+    g.recorder.reset()
+    let far = ByteRange(30 << 20, (30 << 20) + 4096)
+    try g.downloads.downloadRange(nodeID: other.id, range: far).close()
+    #expect(g.recorder.bytesRead < (1 << 20) + 300_000, "\(g.recorder.reads.map(\.bytes))")
+  }
+
   @Test(arguments: StoreKind.all)
   func metadataAndThumbnailWithoutTheData(_ kind: StoreKind) throws {
     let f = try DownloadFixture(kind)
