@@ -152,7 +152,7 @@ let package = Package(
     .testTarget(
       name: "ZDCMountTests",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCDisk", "ZDCSync", "ZDCLocalStore",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCDisk", "ZDCSync", "ZDCLocalStore", "ZDCS3Store",
         "ZDCFileSystem", "ZDCTestSupport", "zdc",
       ],
       swiftSettings: strict),
