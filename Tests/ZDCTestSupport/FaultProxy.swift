@@ -51,6 +51,9 @@ public final class FaultProxy: @unchecked Sendable {
   private var parts: [PartUpload] = []
   private var openUploadIDs: Set<String> = []
   private var stripConditions = false
+  private var randomFaults: [Fault] = []
+  private var randomRate = 0.0
+  private var rng = SplitMix64(seed: 1)
   private let listenFD: Int32
   private let lock = NSLock()
   private var plan: [(method: String?, fault: Fault)] = []
@@ -123,11 +126,23 @@ public final class FaultProxy: @unchecked Sendable {
     for _ in 0..<count { plan.append((method, fault)) }
   }
 
-  /// Drops every planned fault.
+  /// Drops every planned fault, and stops random ones.
   public func clearFaults() {
     lock.lock()
     plan.removeAll()
+    randomFaults = []
+    randomRate = 0
     lock.unlock()
+  }
+
+  /// From now on, applies one of `faults` (chosen at random, reproducibly from `seed`) to each
+  /// request with probability `rate`, after the planned faults.
+  public func injectRandomly(_ faults: [Fault], rate: Double, seed: UInt64) {
+    lock.withLock {
+      randomFaults = faults
+      randomRate = rate
+      rng = SplitMix64(seed: seed)
+    }
   }
 
   /// Faults injected so far.
@@ -178,6 +193,10 @@ public final class FaultProxy: @unchecked Sendable {
     lock.lock()
     defer { lock.unlock() }
     guard let i = plan.firstIndex(where: { $0.method == nil || $0.method == method }) else {
+      if !randomFaults.isEmpty, Double(rng.next() % 1_000_000) / 1_000_000 < randomRate {
+        served += 1
+        return randomFaults[Int(rng.next() % UInt64(randomFaults.count))]
+      }
       forwarded += 1
       return nil
     }
