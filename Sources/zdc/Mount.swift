@@ -43,7 +43,7 @@ extension ZDC {
 
     @Option(
       help:
-        "On first use only: where the encrypted objects live (default ~/.local/share/zdcfs/store)."
+        "On first use only: where the encrypted objects live, a folder or s3://BUCKET/PREFIX (default ~/.local/share/zdcfs/store)."
     )
     var store: String?
 
