@@ -69,7 +69,7 @@ let package = Package(
     .target(
       name: "ZDCAccount",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCS3Store",
         .product(name: "Logging", package: "swift-log"),
       ],
       swiftSettings: strict),
@@ -95,7 +95,8 @@ let package = Package(
     .executableTarget(
       name: "zdc",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "CFuse", "CCurl",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCS3Store", "ZDCAccount", "CFuse",
+        "CCurl",
         "ZDCDisk", "ZDCSync", "ZDCFileSystem", "ZDCFuse",
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
         .product(name: "Logging", package: "swift-log"),
@@ -103,7 +104,9 @@ let package = Package(
       swiftSettings: strict),
     .executableTarget(
       name: "zdc-testhelper",
-      dependencies: ["ZDCCore", "ZDCLocalStore", "ZDCSync", "ZDCCatalog", "ZDCCrypto"],
+      dependencies: [
+        "ZDCCore", "ZDCLocalStore", "ZDCS3Store", "ZDCSync", "ZDCCatalog", "ZDCCrypto",
+      ],
       swiftSettings: strict),
     .executableTarget(
       name: "zdc-bench",
@@ -134,7 +137,8 @@ let package = Package(
     .testTarget(
       name: "ZDCAccountTests",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "ZDCTestSupport", "zdc",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCAccount", "ZDCS3Store",
+        "ZDCTestSupport", "zdc",
       ],
       swiftSettings: strict),
     .testTarget(
@@ -144,14 +148,14 @@ let package = Package(
     .testTarget(
       name: "ZDCSyncTests",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCSync", "ZDCDisk", "ZDCLocalStore",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCSync", "ZDCDisk", "ZDCLocalStore", "ZDCS3Store",
         "ZDCTestSupport", "zdc-testhelper",
       ],
       swiftSettings: strict),
     .testTarget(
       name: "ZDCMountTests",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCDisk", "ZDCSync", "ZDCLocalStore",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCDisk", "ZDCSync", "ZDCLocalStore", "ZDCS3Store",
         "ZDCFileSystem", "ZDCTestSupport", "zdc",
       ],
       swiftSettings: strict),

@@ -3,6 +3,7 @@ public import ZDCCatalog
 public import ZDCCore
 public import ZDCCrypto
 import ZDCLocalStore
+import ZDCS3Store
 
 /// How a new device proves it is the user when joining an existing account.
 public enum JoinCredential: Sendable {
@@ -42,11 +43,14 @@ public final class Account: Sendable {
   /// The default tree ID of the files treesystem.
   public static let defaultTreeID = "zdcfs"
 
-  /// Opens the store at a location.
+  /// Opens the store at a location (an S3 store with credentials from the environment or
+  /// profile).
   public static func makeStore(_ location: StoreLocation) throws -> any CloudStore {
     switch location {
     case .localFolder(let path):
       return try LocalFolderStore(root: URL(fileURLWithPath: path))
+    case .s3(let l):
+      return S3Store(configuration: try l.configuration())
     }
   }
 

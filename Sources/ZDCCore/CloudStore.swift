@@ -106,6 +106,9 @@ public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
   case io(String, errno: Int32)
   /// The store does not support a feature this operation needs.
   case unsupported(String)
+  /// The store itself is missing (e.g. its bucket does not exist): no object can be read or
+  /// written, and none should be taken for deleted.
+  case unavailable(String)
 
   /// True for failures that may go away by themselves.
   public var isRetryable: Bool {
@@ -124,6 +127,7 @@ public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
     case .malformedResponse(let m): return "malformed store response: \(m)"
     case .io(let m, let e): return "I/O error (errno \(e)): \(m)"
     case .unsupported(let m): return "unsupported by this store: \(m)"
+    case .unavailable(let m): return "store unavailable: \(m)"
     }
   }
 }
@@ -146,6 +150,11 @@ public protocol CloudStore: Sendable {
 
   /// What the store knows about an object.
   func head(key: String) throws -> ObjectInfo
+
+  /// Reads a whole object together with what the store knows about it (the eTag is the one
+  /// of these bytes). The default asks `head` then `get`; stores that can answer both from
+  /// one read (one request) do.
+  func getWithInfo(key: String) throws -> (data: Data, info: ObjectInfo)
 
   /// Writes an object under a condition; returns the new eTag.
   func put(key: String, body: UploadBody, condition: WriteCondition) throws -> String
@@ -196,6 +205,12 @@ extension CloudStore {
 
   /// Reads a whole object.
   public func get(key: String) throws -> Data { try get(key: key, range: nil) }
+
+  /// `head`, then `get`: two requests, and the object may change between them.
+  public func getWithInfo(key: String) throws -> (data: Data, info: ObjectInfo) {
+    let info = try head(key: key)
+    return (try get(key: key), info)
+  }
 }
 
 /// The object keys every `CloudStore` accepts, so that a treesystem behaves the same on every

@@ -169,6 +169,16 @@ public final class LocalFolderStore: CloudStore {
     return data
   }
 
+  /// The whole object and its info, from one open file.
+  public func getWithInfo(key: String) throws -> (data: Data, info: ObjectInfo) {
+    try Self.validate(key: key)
+    let object = try openObject(key: key)
+    defer { object.close() }
+    var data = Data(capacity: Int(object.info.size))
+    try object.stream(ByteRange(0, object.info.size)) { data.append(contentsOf: $0) }
+    return (data, object.info)
+  }
+
   /// Streams the object (or a range of it) into `file`; returns the whole object's info.
   public func get(key: String, range: ByteRange?, to file: URL) throws -> ObjectInfo {
     try Self.validate(key: key)

@@ -145,7 +145,7 @@ public final class S3Store: CloudStore {
     -> HTTPResponse
   {
     let response = try sendRaw(r, key: key, range: range)
-    guard response.isSuccess else { throw Self.mapError(response, key: key, range: range) }
+    guard response.isSuccess else { throw mapError(response, key: key, range: range) }
     return response
   }
 
@@ -169,10 +169,20 @@ public final class S3Store: CloudStore {
         // Network failures may heal; TLS verification or URL problems will not by themselves.
         throw retryable ? .transient(message) : .unsupported(message)
       case .local(let message, let e): throw .io(message, errno: e)
-      case .exhausted(let resp): throw Self.mapError(resp, key: key, range: range)
+      case .exhausted(let resp): throw mapError(resp, key: key, range: range)
       }
     }
     return response
+  }
+
+  /// Maps an unsuccessful response to a `StoreError`, naming the bucket when it is missing.
+  func mapError(_ r: HTTPResponse, key: String, range: ByteRange?) -> StoreError {
+    let e = Self.mapError(r, key: key, range: range)
+    if case .unavailable(let m) = e {
+      return .unavailable(
+        "no bucket \(configuration.bucket) at \(scheme)://\(endpointHost)\(basePath) (\(m))")
+    }
+    return e
   }
 
   /// Maps an unsuccessful response to a `StoreError`.
@@ -184,6 +194,9 @@ public final class S3Store: CloudStore {
       detail += " (the bucket is in region \(region))"
     }
     switch r.status {
+    case 404 where code == "NoSuchBucket":
+      // Never `.notFound`: a missing bucket must not read as "every object was deleted".
+      return .unavailable(detail)
     case 404: return .notFound(key: key)
     case 403: return .accessDenied(detail)
     case 412: return .preconditionFailed(key: key)
@@ -360,6 +373,13 @@ public final class S3Store: CloudStore {
     }
   }
 
+  /// The whole object and its info from one GetObject request.
+  public func getWithInfo(key: String) throws -> (data: Data, info: ObjectInfo) {
+    let full = try fullKey(key)
+    let r = try send(request(.getObject, "GET", fullKey: full), key: key)
+    return (r.body, try info(key, r, range: nil))
+  }
+
   public func head(key: String) throws -> ObjectInfo {
     let full = try fullKey(key)
     let r = try send(request(.headObject, "HEAD", fullKey: full), key: key)
@@ -388,7 +408,7 @@ public final class S3Store: CloudStore {
       if case .ifMatch = condition, r.status == 404 {
         throw StoreError.preconditionFailed(key: key)
       }
-      throw Self.mapError(r, key: key, range: nil)
+      throw mapError(r, key: key, range: nil)
     }
     guard let eTag = r.headers["etag"] else {
       throw StoreError.malformedResponse("no ETag after writing \(key)")
@@ -414,18 +434,24 @@ public final class S3Store: CloudStore {
       }
     case .ifNoneMatch:
       // "Delete only if nothing is there": nothing to delete, or a conflict.
-      _ = try head(key: key)
+      do {
+        _ = try head(key: key)
+      } catch StoreError.notFound {
+        return
+      }
       throw StoreError.preconditionFailed(key: key)
-    case .ifMatch(let eTag):
-      // Checked here for servers that ignore If-Match on DELETE, and sent for those that honour it.
-      let current = try head(key: key)
-      guard current.eTag == Self.unquote(eTag) else {
+    case .ifMatch:
+      // Checked here for servers that ignore If-Match on DELETE, and sent for those that honour
+      // it. A missing object is not the version the caller expected: the condition failed.
+      try precheck(key: key, condition)
+      do {
+        _ = try send(
+          request(
+            .deleteObject, "DELETE", fullKey: full, headers: Self.conditionHeaders(condition)),
+          key: key)
+      } catch StoreError.notFound {
         throw StoreError.preconditionFailed(key: key)
       }
-      _ = try send(
-        request(
-          .deleteObject, "DELETE", fullKey: full, headers: Self.conditionHeaders(condition)),
-        key: key)
     }
   }
 
@@ -557,7 +583,7 @@ public final class S3Store: CloudStore {
         return info.eTag
       }
     }
-    guard r.isSuccess else { throw Self.mapError(r, key: key, range: nil) }
+    guard r.isSuccess else { throw mapError(r, key: key, range: nil) }
     let doc = try Self.parseXML(
       r.body, root: "CompleteMultipartUploadResult", alternate: "CompleteMultipartUploadResponse")
     guard let eTag = doc.value("ETag") else {
@@ -636,6 +662,15 @@ public final class S3Store: CloudStore {
         throw error
       }
     }
+  }
+
+  /// Checks that the bucket exists and that the credentials may list it, with one
+  /// ListObjectsV2 request for at most one key under the prefix.
+  ///
+  /// Throws `.unavailable` when the bucket does not exist, `.accessDenied` when the credentials
+  /// are refused, `.transient` when the endpoint cannot be reached (after retries).
+  public func checkBucket() throws {
+    _ = try list(prefix: "", startAfter: nil, continuationToken: nil, maxKeys: 1)
   }
 
   /// Checks that the server honours `If-None-Match: *` and `If-Match` on PutObject, by writing

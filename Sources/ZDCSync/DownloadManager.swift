@@ -34,6 +34,10 @@ public struct DownloadOptions: Sendable {
   public var maxBackoff: TimeInterval = 10
   /// Bytes fetched beyond the end of a ranged read, so sequential reads stay local.
   public var readAheadBytes: UInt64 = 1 << 20
+  /// The most read-ahead grows to for a sequential read: twice what is cached just before
+  /// the read, so a cold sequential read takes few, growing requests (a 1 GiB file: about 40
+  /// instead of 1,000 at 1 MiB each, which matters on a store with 20 ms per request).
+  public var maxReadAheadBytes: UInt64 = 32 << 20
   /// Decoded object headers kept in memory, so ranged reads of an object fetch only data.
   public var headerCacheSize = 128
 
@@ -136,8 +140,9 @@ public final class DownloadManager: @unchecked Sendable {
   }
 
   /// A pinned cache entry of the node's data section holding at least `range` (clamped to
-  /// the data size): only the chunks covering `range` plus `readAhead` bytes (default
-  /// ``DownloadOptions/readAheadBytes``) that are not cached yet are fetched.
+  /// the data size): only the chunks covering `range` plus `readAhead` bytes that are not
+  /// cached yet are fetched. By default the read-ahead is ``DownloadOptions/readAheadBytes``,
+  /// growing for sequential reads up to ``DownloadOptions/maxReadAheadBytes``.
   public func downloadRange(nodeID: NodeID, range: ByteRange, readAhead: UInt64? = nil) throws
     -> CachedFileHandle
   {
@@ -148,16 +153,16 @@ public final class DownloadManager: @unchecked Sendable {
     }
     let (reader, eTag) = try reader(for: t)
     let dataSize = reader.sizes.dataSize
-    let ahead = readAhead ?? options.readAheadBytes
-    let (sum, overflow) = range.upperBound.addingReportingOverflow(ahead)
-    let end = min(dataSize, overflow ? .max : sum)
     let needed = CacheChunks.chunks(covering: range, fileSize: dataSize)
-    let window = CacheChunks.chunks(
-      covering: ByteRange(min(range.lowerBound, end), end), fileSize: dataSize)
     for _ in 0..<8 {
       // The entry may be replaced meanwhile (a whole download): take it afresh each round.
       let handle = try disk.partialCachedFile(
         cloudID: t.node.cloudID, eTag: eTag, nodeID: nodeID, size: dataSize)
+      let ahead = readAhead ?? sequentialReadAhead(handle, before: range, dataSize: dataSize)
+      let (sum, overflow) = range.upperBound.addingReportingOverflow(ahead)
+      let end = min(dataSize, overflow ? .max : sum)
+      let window = CacheChunks.chunks(
+        covering: ByteRange(min(range.lowerBound, end), end), fileSize: dataSize)
       guard handle.missingChunks(in: needed) != nil,
         let missing = handle.missingChunks(in: window)
       else { return handle }
@@ -174,6 +179,24 @@ public final class DownloadManager: @unchecked Sendable {
       done.close()
     }
     throw DiskError.notPresent(range)
+  }
+
+  /// The read-ahead for a read at `range`: twice the bytes cached just before it (a sequential
+  /// read has them all), between the default and the maximum.
+  func sequentialReadAhead(_ handle: CachedFileHandle, before range: ByteRange, dataSize: UInt64)
+    -> UInt64
+  {
+    let base = options.readAheadBytes
+    var run: UInt64 = 0
+    var probe = max(base, CacheChunks.size)
+    while probe <= options.maxReadAheadBytes / 2, probe <= range.lowerBound {
+      let before = CacheChunks.chunks(
+        covering: ByteRange(range.lowerBound - probe, range.lowerBound), fileSize: dataSize)
+      guard handle.missingChunks(in: before) == nil else { break }
+      run = probe
+      probe *= 2
+    }
+    return min(options.maxReadAheadBytes, max(base, 2 * run))
   }
 
   /// The node's metadata section, fetched alone (not cached on disk).

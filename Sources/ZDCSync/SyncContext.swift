@@ -65,8 +65,7 @@ final class SyncContext: Sendable {
     let data: Data
     let info: ObjectInfo
     do {
-      info = try store.head(key: key)
-      data = try store.get(key: key)
+      (data, info) = try store.getWithInfo(key: key)
     } catch StoreError.notFound {
       return nil
     }

@@ -2,7 +2,6 @@ import Foundation
 import ZDCCatalog
 import ZDCCore
 import ZDCCrypto
-import ZDCLocalStore
 import ZDCSync
 
 /// The user every helper device and the sync tests share (keys from a fixed seed).
@@ -48,7 +47,9 @@ struct Mix64 {
 /// Runs one device from a state directory: applies scripted changes (seeded, resumable after
 /// a crash), pushing as it goes, and prints `ACK <step> <change>` once each change is
 /// committed; `DONE` once everything is pushed.
-func runDevice(stateDir: URL, storeRoot: URL, seed: UInt64, steps: Int, bigStep: Int) throws {
+func runDevice(
+  stateDir: URL, store: any CloudStore, seed: UInt64, steps: Int, bigStep: Int
+) throws {
   let fm = FileManager.default
   try fm.createDirectory(at: stateDir, withIntermediateDirectories: true)
   let contentDir = stateDir.appendingPathComponent("content")
@@ -61,7 +62,6 @@ func runDevice(stateDir: URL, storeRoot: URL, seed: UInt64, steps: Int, bigStep:
         id: userID, treeID: HelperUser.treeID, boxPublicKey: HelperUser.keys.boxPublicKey,
         signPublicKey: HelperUser.keys.signPublicKey))
   }
-  let store = try LocalFolderStore(root: storeRoot)
   let delegate = FileDelegate(contentDir: contentDir)
   let engine = try SyncEngine(
     catalog: catalog, store: store,

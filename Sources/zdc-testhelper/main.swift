@@ -5,13 +5,25 @@
 //   zdc-testhelper race-update ROOT KEY ROUNDS ID
 //     ROUNDS attempts at read-then-`.ifMatch` increments of a decimal counter at KEY (content
 //     "COUNTER ID"); prints "WIN <new eTag>" for each update that succeeded.
-//   zdc-testhelper device STATE-DIR STORE-ROOT SEED STEPS BIG-STEP
+//   zdc-testhelper device STATE-DIR STORE SEED STEPS BIG-STEP
 //     Runs a sync device from STATE-DIR: applies seeded changes (12 MiB files at BIG-STEP and 5 × BIG-STEP),
 //     resuming after a crash, pushing as it goes; prints "ACK <step> <change>" once each change
 //     is committed and "DONE" when everything reached the store.
+//
+// STORE (and ROOT) is a local-folder store's path, or s3://BUCKET/PREFIX for an S3 store
+// configured the AWS way (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, …).
 import Foundation
 import ZDCCore
 import ZDCLocalStore
+import ZDCS3Store
+
+/// The store a STORE argument names.
+func openStore(_ argument: String) throws -> any CloudStore {
+  if argument.lowercased().hasPrefix("s3://") {
+    return S3Store(configuration: try S3Configuration.resolve(storeURL: argument))
+  }
+  return try LocalFolderStore(root: URL(fileURLWithPath: argument))
+}
 
 func fail(_ message: String) -> Never {
   FileHandle.standardError.write(Data((message + "\n").utf8))
@@ -24,7 +36,7 @@ if args.count == 7, args[1] == "device", let seed = UInt64(args[4]), let steps =
 {
   do {
     try runDevice(
-      stateDir: URL(fileURLWithPath: args[2]), storeRoot: URL(fileURLWithPath: args[3]),
+      stateDir: URL(fileURLWithPath: args[2]), store: try openStore(args[3]),
       seed: seed, steps: steps, bigStep: big)
     exit(0)
   } catch {
@@ -37,7 +49,7 @@ guard args.count == 6, let rounds = Int(args[4]) else {
 let id = args[5]
 
 do {
-  let store = try LocalFolderStore(root: URL(fileURLWithPath: args[2]))
+  let store = try openStore(args[2])
   var output = ""
   switch args[1] {
   case "race-create":

@@ -17,6 +17,8 @@ final class ControlServer: @unchecked Sendable {
   let mountpoint: String
   let fs: FileSystem
   let sync: (any MountSyncHooks)?
+  /// The store's HTTP requests so far, by kind (S3 stores only).
+  let storeRequests: (@Sendable () -> [String: Int])?
   let fd: Int32
   let lock = NSLock()
   var stopped = false
@@ -27,12 +29,13 @@ final class ControlServer: @unchecked Sendable {
 
   init(
     socketPath: String, mountpoint: String, fileSystem: FileSystem,
-    sync: (any MountSyncHooks)?
+    sync: (any MountSyncHooks)?, storeRequests: (@Sendable () -> [String: Int])? = nil
   ) throws {
     path = socketPath
     self.mountpoint = mountpoint
     fs = fileSystem
     self.sync = sync
+    self.storeRequests = storeRequests
     unlink(path)
     fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
     guard fd >= 0 else { throw CLIError.usage("cannot create the control socket") }
@@ -156,6 +159,7 @@ final class ControlServer: @unchecked Sendable {
     } else {
       out["sync"] = "not running"
     }
+    if let storeRequests { out["storeRequests"] = storeRequests() }
     return out
   }
 

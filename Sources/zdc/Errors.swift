@@ -3,14 +3,22 @@ import Foundation
 import ZDCAccount
 import ZDCCore
 import ZDCCrypto
+import ZDCS3Store
 
-/// Errors of the CLI itself (bad arguments, missing input).
+/// Errors of the CLI itself (bad arguments, missing input) and its checks of a new store.
 enum CLIError: Error, CustomStringConvertible {
   case usage(String)
+  /// The store cannot be reached or does not exist.
+  case storeUnavailable(String)
+  /// The store refused the credentials, or there are none.
+  case accessDenied(String)
+  /// The store lacks a feature zdcfs relies on (conditional writes).
+  case storeLacksFeature(String)
 
   var description: String {
     switch self {
-    case .usage(let m): return m
+    case .usage(let m), .storeUnavailable(let m), .accessDenied(let m), .storeLacksFeature(let m):
+      return m
     }
   }
 }
@@ -23,6 +31,7 @@ enum ExitStatus: Int32 {
   case dataError = 65
   case notInitialized = 66
   case storeUnavailable = 69
+  case storeLacksFeature = 76
   case alreadyExists = 73
   case ioError = 74
   case temporaryFailure = 75
@@ -32,7 +41,18 @@ enum ExitStatus: Int32 {
 /// Maps any error to a one-line message and an exit code.
 func classify(_ error: any Error) -> (String, ExitStatus) {
   switch error {
-  case let e as CLIError: return (e.description, .usage)
+  case let e as CLIError:
+    switch e {
+    case .usage: return (e.description, .usage)
+    case .storeUnavailable: return (e.description, .storeUnavailable)
+    case .accessDenied: return (e.description, .permissionDenied)
+    case .storeLacksFeature: return (e.description, .storeLacksFeature)
+    }
+  case let e as S3ConfigurationError:
+    switch e {
+    case .missingCredentials: return (e.description, .permissionDenied)
+    case .invalidStoreURL, .invalidEndpoint, .missingBucket: return (e.description, .usage)
+    }
   case let e as AccountError:
     switch e {
     case .alreadyInitialized, .userExistsInStore: return (e.description, .alreadyExists)
@@ -64,7 +84,10 @@ func runReportingErrors(_ body: () throws -> Void) throws {
     try body()
   } catch let e as ExitCode {
     throw e
-  } catch let e where e is CLIError || e is AccountError || e is CryptoError || e is StoreError {
+  } catch let e
+    where e is CLIError || e is AccountError || e is CryptoError || e is StoreError
+    || e is S3ConfigurationError
+  {
     let (message, status) = classify(e)
     FileHandle.standardError.write(Data("zdc: \(message)\n".utf8))
     throw ExitCode(status.rawValue)

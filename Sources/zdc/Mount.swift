@@ -8,6 +8,7 @@ import ZDCCrypto
 import ZDCDisk
 import ZDCFileSystem
 import ZDCFuse
+import ZDCS3Store
 import ZDCSync
 
 #if canImport(Glibc)
@@ -42,7 +43,7 @@ extension ZDC {
 
     @Option(
       help:
-        "On first use only: where the encrypted objects live (default ~/.local/share/zdcfs/store)."
+        "On first use only: where the encrypted objects live, a folder or s3://BUCKET/PREFIX (default ~/.local/share/zdcfs/store)."
     )
     var store: String?
 
@@ -91,9 +92,9 @@ extension ZDC {
             prompt: stateDirectory.isInitialized ? "Passphrase: " : "New passphrase: ",
             confirm: !stateDirectory.isInitialized)
           if !stateDirectory.isInitialized {
-            let location =
+            let location = try S3StoreOptions.parse([]).prepare(
               try store.map { try StoreLocation(argument: $0) }
-              ?? .localFolder(path: StateDirectory.defaultStoreFolder().path)
+                ?? .localFolder(path: StateDirectory.defaultStoreFolder().path))
             let minimum = kdf == "minimum"
             let (account, recovery) = try Account.create(
               stateDirectory: stateDirectory, store: location, passphrase: passphrase,
@@ -103,6 +104,10 @@ extension ZDC {
             print("Recovery key (write it down; with it and the store, any device can join):")
             print("  \(recovery)")
           }
+        }
+        if !daemonChild, case .s3(let l) = try Account.readConfig(stateDirectory).store {
+          // Credentials are looked up at every open: say now if there are none, not in a log.
+          _ = try l.configuration()
         }
         if foreground {
           try serve(stateDirectory, passphrase: passphrase, mountpoint: mp)
@@ -167,6 +172,11 @@ extension ZDC {
       }
       let logger = Logger(label: "zdc.mount")
       let account = try Account.open(stateDirectory: stateDirectory, passphrase: passphrase)
+      if case .s3(let l) = account.config.store, l.unconditionalWritesAccepted == true {
+        logger.warning(
+          "the store does not honour conditional writes: changes made on two devices at once may overwrite each other"
+        )
+      }
       let cacheKey = try KeyDerivation.key(
         for: .localCache, secret: account.keys.keyPair.boxSecretKey)
       let disk = try DiskManager(directory: stateDirectory.url, key: cacheKey)
@@ -180,7 +190,8 @@ extension ZDC {
       try sync.start(delegate: FileSystemSyncDelegate(fileSystem: fs))
       let control = try ControlServer(
         socketPath: stateDirectory.url.appendingPathComponent("control.sock").path,
-        mountpoint: mp, fileSystem: fs, sync: sync)
+        mountpoint: mp, fileSystem: fs, sync: sync,
+        storeRequests: Self.requestCounter(account.store))
       control.start()
       logger.info("mounted")
       if daemonChild {
@@ -205,6 +216,16 @@ extension ZDC {
       sync.stop()
       disk.flush()
       logger.info("unmounted")
+    }
+
+    /// The store's request counts by kind, for `zdc status` (S3 stores count their requests).
+    static func requestCounter(_ store: any CloudStore) -> (@Sendable () -> [String: Int])? {
+      guard let s3 = store as? S3Store else { return nil }
+      return {
+        var out: [String: Int] = [:]
+        for (kind, n) in s3.requestCounts { out[kind.rawValue] = n }
+        return out
+      }
     }
 
     /// The sync engine for this mount: pushes to and pulls from the account's store, with
@@ -372,6 +393,12 @@ extension ZDC {
           )
           print("Last pull: \((obj["lastPull"] as? String) ?? "never").")
           if let e = obj["lastError"] as? String { print("Last error: \(e)") }
+        }
+        if let requests = obj["storeRequests"] as? [String: Int] {
+          let total = requests.values.reduce(0, +)
+          let detail = requests.filter { $0.value > 0 }.sorted { $0.key < $1.key }
+            .map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+          print("Store requests since mount: \(total)\(detail.isEmpty ? "" : " (\(detail))").")
         }
       }
     }

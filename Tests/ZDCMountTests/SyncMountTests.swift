@@ -13,7 +13,7 @@ final class SyncDevice: @unchecked Sendable {
   let name: String
   let state: URL
   let mnt: URL
-  let storePath: URL
+  let store: MountStore
   let mountArguments: [String]
   let zdc = BuiltProducts.executable("zdc")
   var pid: pid_t?
@@ -21,21 +21,35 @@ final class SyncDevice: @unchecked Sendable {
   static let passphrase = "sync mount test passphrase"
 
   var env: [String: String] {
-    ["ZDC_STATE_DIR": state.path, "ZDC_PASSPHRASE": Self.passphrase, "LC_ALL": "C"]
+    ["ZDC_STATE_DIR": state.path, "ZDC_PASSPHRASE": Self.passphrase, "LC_ALL": "C"].merging(
+      store.environment
+    ) { $1 }
   }
 
-  /// Creates the account (`join == false`) or joins it, then mounts.
-  init(
+  /// Creates the account (`join == false`) or joins it on a local-folder store, then mounts.
+  convenience init(
     _ name: String, in dir: TemporaryDirectory, store: URL, join: Bool,
     mountArguments: [String] = ["--pull-interval", "3600"]
+  ) throws {
+    try self.init(
+      name, in: dir, store: MountStore.local(store), join: join, mountArguments: mountArguments)
+  }
+
+  /// Creates the account (`join == false`) or joins it, then mounts; an S3 store is reached
+  /// through `endpoint` (moto's own by default).
+  init(
+    _ name: String, in dir: TemporaryDirectory, store: MountStore, join: Bool,
+    mountArguments: [String] = ["--pull-interval", "3600"], endpoint: String? = nil
   ) throws {
     self.name = name
     state = dir.path("state-\(name)")
     mnt = dir.path("mnt-\(name)")
-    storePath = store
+    self.store = store
     self.mountArguments = mountArguments
     try FileManager.default.createDirectory(at: mnt, withIntermediateDirectories: true)
-    var args = ["init", "--kdf", "minimum", "--store", store.path, "--device-name", name]
+    var args =
+      ["init", "--kdf", "minimum", "--device-name", name]
+      + store.initArguments(endpoint: endpoint)
     if join { args.append("--join") }
     let r = try runProcess(zdc, args, environment: env)
     try #require(r.status == 0, "init of \(name) failed: \(r.stderr)")
@@ -96,8 +110,8 @@ final class SyncDevice: @unchecked Sendable {
   }
 
   /// `zdc sync`, expected to succeed.
-  func sync(sourceLocation: SourceLocation = #_sourceLocation) throws {
-    let r = try run(["sync", "--timeout", "60"])
+  func sync(timeout: Int = 60, sourceLocation: SourceLocation = #_sourceLocation) throws {
+    let r = try run(["sync", "--timeout", String(timeout)])
     #expect(
       r.status == 0, "zdc sync on \(name): \(r.stdout) \(r.stderr)",
       sourceLocation: sourceLocation)
@@ -145,7 +159,7 @@ final class SyncDevice: @unchecked Sendable {
 }
 
 /// Two mounts of one store in two processes, driven with ordinary tools and `zdc sync`.
-@Suite(.serialized) struct SyncMountTests {
+@Suite(.serialized, .motoServer) struct SyncMountTests {
   static func random(_ count: Int) throws -> Data {
     let h = try #require(FileHandle(forReadingAtPath: "/dev/urandom"))
     defer { try? h.close() }
@@ -161,7 +175,15 @@ final class SyncDevice: @unchecked Sendable {
     _ needles: [Data], store: URL, devices: [SyncDevice],
     sourceLocation: SourceLocation = #_sourceLocation
   ) throws {
-    var hits = try findPlaintext(needles, under: store)
+    try expectNoPlaintext(
+      needles, store: .local(store), devices: devices, sourceLocation: sourceLocation)
+  }
+
+  static func expectNoPlaintext(
+    _ needles: [Data], store: MountStore, devices: [SyncDevice],
+    sourceLocation: SourceLocation = #_sourceLocation
+  ) throws {
+    var hits = try store.plaintext(needles)
     for d in devices {
       for dir in d.cacheDirectories { hits += try findPlaintext(needles, under: dir) }
       // The daemon logs at info level: never a name or content there either.
@@ -188,10 +210,12 @@ final class SyncDevice: @unchecked Sendable {
     return out
   }
 
-  @Test func twoMountsSyncFilesRenamesDeletesAndConflicts() throws {
+  /// On a local folder and on S3 (moto).
+  @Test(arguments: [false, true])
+  func twoMountsSyncFilesRenamesDeletesAndConflicts(onS3: Bool) throws {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
-    let store = dir.path("store")
+    let store = onS3 ? try MountStore.s3() : .local(dir.path("store"))
     let a = try SyncDevice("devA", in: dir, store: store, join: false)
     defer { a.unmount(wait: false) }
     let b = try SyncDevice("devB", in: dir, store: store, join: true)

@@ -91,6 +91,7 @@ import ZDCTestSupport
     }
     #expect(map(404, "NoSuchKey") == .notFound(key: "k"))
     #expect(map(404, "NoSuchUpload") == .notFound(key: "k"))
+    if case .unavailable = map(404, "NoSuchBucket") {} else { Issue.record("NoSuchBucket") }
     #expect(map(412, "PreconditionFailed") == .preconditionFailed(key: "k"))
     #expect(map(409, "ConditionalRequestConflict") == .preconditionFailed(key: "k"))
     #expect(map(416, "InvalidRange") == .invalidRange(key: "k", range: ByteRange(1, 2)))

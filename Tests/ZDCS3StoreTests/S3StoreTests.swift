@@ -14,6 +14,10 @@ import ZDCTestSupport
     let info = try store.head(key: "a/b c+d.rcrd")
     #expect(info.key == "a/b c+d.rcrd" && info.size == UInt64(body.count) && info.eTag == eTag)
     #expect(abs(info.lastModified.timeIntervalSinceNow) < 300)
+    // Bytes and info in one request.
+    let (data, both) = try store.getWithInfo(key: "a/b c+d.rcrd")
+    #expect(data == body && both == info)
+    #expect(store.requestCount(.getObject) == 2 && store.requestCount(.headObject) == 1)
     try store.delete(key: "a/b c+d.rcrd", condition: .none)
     #expect(throws: StoreError.notFound(key: "a/b c+d.rcrd")) {
       try store.head(key: "a/b c+d.rcrd")
@@ -22,7 +26,7 @@ import ZDCTestSupport
     // Deleting a missing object unconditionally is not an error.
     try store.delete(key: "a/b c+d.rcrd", condition: .none)
     #expect(store.requestCount(.putObject) == 1)
-    #expect(store.requestCount(.getObject) == 2)
+    #expect(store.requestCount(.getObject) == 3)
     #expect(store.requestCount(.headObject) == 2)
     #expect(store.requestCount(.deleteObject) == 2)
     #expect(store.retryCounts.isEmpty)
@@ -119,9 +123,11 @@ import ZDCTestSupport
       try store.delete(key: "d", condition: .ifNoneMatch)
     }
     try store.delete(key: "d", condition: .ifMatch(e))
-    #expect(throws: StoreError.notFound(key: "d")) {
+    // Gone: If-Match fails (as on the local-folder store), If-None-Match has nothing to do.
+    #expect(throws: StoreError.preconditionFailed(key: "d")) {
       try store.delete(key: "d", condition: .ifMatch(e))
     }
+    try store.delete(key: "d", condition: .ifNoneMatch)
     #expect(throws: StoreError.notFound(key: "d")) { try store.head(key: "d") }
   }
 
@@ -215,7 +221,23 @@ import ZDCTestSupport
     var config = try server.configuration()
     config.bucket = "no-such-bucket-\(UUID().uuidString.lowercased().prefix(8))"
     let missing = S3Store(configuration: config)
-    #expect(throws: StoreError.notFound(key: "k")) { try missing.get(key: "k") }
+    // A missing bucket is never "no such object" (the sync engine would take every object for
+    // deleted): reads and listings say the store is unavailable, naming the bucket.
+    func isMissingBucket(_ error: any Error) -> Bool {
+      guard case StoreError.unavailable(let m) = error else { return false }
+      return m.contains(config.bucket) && m.contains("NoSuchBucket")
+    }
+    #expect { try missing.get(key: "k") } throws: { isMissingBucket($0) }
+    #expect {
+      try missing.list(prefix: "", startAfter: nil, continuationToken: nil, maxKeys: 5)
+    } throws: {
+      isMissingBucket($0)
+    }
+    #expect { try missing.checkBucket() } throws: { isMissingBucket($0) }
+    #expect { try missing.put(key: "k", body: .data(Data()), condition: .ifNoneMatch) } throws: {
+      isMissingBucket($0)
+    }
+    // A HEAD answer has no body to name the error: that one stays "not found".
     #expect(throws: StoreError.notFound(key: "k")) { try missing.head(key: "k") }
     #expect(missing.retryCounts.isEmpty)
     // Unknown upload IDs. (moto answers UploadPart to an unknown upload with a 500, not

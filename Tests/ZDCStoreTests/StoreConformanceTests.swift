@@ -21,8 +21,14 @@ struct StoreConformanceTests {
       #expect(info.eTag == eTag)
       #expect(info.lastModified > before)
       #expect(info.lastModified < Date().addingTimeInterval(5))
+      // The bytes and their info at once.
+      let (data, both) = try store.getWithInfo(key: key)
+      #expect(data == content)
+      #expect(both.key == key && both.size == info.size && both.eTag == eTag)
+      #expect(abs(both.lastModified.timeIntervalSince(info.lastModified)) < 1)
 
       try store.delete(key: key, condition: .none)
+      #expect(isNotFound(storeError { _ = try store.getWithInfo(key: key) }))
       #expect(isNotFound(storeError { _ = try store.get(key: key) }))
       #expect(isNotFound(storeError { _ = try store.head(key: key) }))
       #expect(try store.listAll(prefix: "").isEmpty)
@@ -148,6 +154,15 @@ struct StoreConformanceTests {
       #expect(try store.get(key: "d/k") == Data("2".utf8))
       try store.delete(key: "d/k", condition: .ifMatch(e2))
       #expect(isNotFound(storeError { _ = try store.head(key: "d/k") }))
+      // A missing object is not the expected version (If-Match fails) and is what
+      // If-None-Match asks for (nothing to delete); found by the sync tests on S3.
+      #expect(
+        isPreconditionFailed(storeError { try store.delete(key: "d/k", condition: .ifMatch(e2)) }))
+      try store.delete(key: "d/k", condition: .ifNoneMatch)
+      _ = try store.put(key: "d/k", body: .data(Data("3".utf8)), condition: .none)
+      #expect(
+        isPreconditionFailed(storeError { try store.delete(key: "d/k", condition: .ifNoneMatch) }))
+      #expect(try store.get(key: "d/k") == Data("3".utf8))
     }
   }
 

@@ -7,27 +7,26 @@ import ZDCLocalStore
 import ZDCSync
 import ZDCTestSupport
 
-@Suite(.serialized) struct ConflictTests {
+@Suite(.serialized, .motoServer) struct ConflictTests {
   struct Pair {
-    let dir: TemporaryDirectory
-    let store: LocalFolderStore
+    let backing: TestStore
     let a: Device
     let b: Device
   }
 
-  func pair(_ label: String) throws -> Pair {
-    let dir = try makeStoreDirectory("zdc-sync-\(label)")
-    let store = try LocalFolderStore(root: dir.url)
+  func pair(_ label: String, _ kind: StoreKind) throws -> Pair {
+    let backing = try kind.make("zdc-sync-\(label)")
     let user = try TestUser()
-    let a = try Device("alpha", user: user, store: store)
-    let b = try Device("beta", user: user, store: store)
+    let a = try Device("alpha", user: user, store: backing.store)
+    let b = try Device("beta", user: user, store: backing.store)
     try a.start()
     try b.start()
-    return Pair(dir: dir, store: store, a: a, b: b)
+    return Pair(backing: backing, a: a, b: b)
   }
 
-  @Test func dataConflictKeepsBothVersions() throws {
-    let p = try pair("data")
+  @Test(arguments: StoreKind.all)
+  func dataConflictKeepsBothVersions(_ kind: StoreKind) throws {
+    let p = try pair("data", kind)
     try p.a.create("doc.txt", "original")
     try p.a.sync()
     try p.b.sync()
@@ -57,8 +56,9 @@ import ZDCTestSupport
     #expect(p.a.delegate.conflicts.isEmpty)
   }
 
-  @Test func pathConflictRenamesTheLaterNode() throws {
-    let p = try pair("path")
+  @Test(arguments: StoreKind.all)
+  func pathConflictRenamesTheLaterNode(_ kind: StoreKind) throws {
+    let p = try pair("path", kind)
     p.b.engine.push.stop()
     try p.a.create("same.txt", "from alpha")
     try p.b.create("same.txt", "from beta")
@@ -80,8 +80,9 @@ import ZDCTestSupport
     #expect(p.b.delegate.conflicts.contains { $0.0 == .path && $0.1 == "same 2.txt" })
   }
 
-  @Test func deletedRemotelyWhileDirtyIsKept() throws {
-    let p = try pair("deldirty")
+  @Test(arguments: StoreKind.all)
+  func deletedRemotelyWhileDirtyIsKept(_ kind: StoreKind) throws {
+    let p = try pair("deldirty", kind)
     try p.a.create("d", kind: .directory)
     try p.a.create("d/f.txt", "v1")
     try p.a.create("d/clean.txt", "clean")
@@ -105,9 +106,9 @@ import ZDCTestSupport
     #expect(p.b.delegate.events.contains("deletedDirty d"))
   }
 
-  @Test(arguments: [false, true])
-  func childPushedIntoRemotelyDeletedDirectoryIsKept(fullScan: Bool) throws {
-    let p = try pair("delpushed")
+  @Test(arguments: StoreKind.all, [false, true])
+  func childPushedIntoRemotelyDeletedDirectoryIsKept(_ kind: StoreKind, fullScan: Bool) throws {
+    let p = try pair("delpushed", kind)
     try p.a.create("d", kind: .directory)
     try p.a.create("d/old.txt", "old")
     try p.a.sync()
@@ -126,8 +127,9 @@ import ZDCTestSupport
     #expect(p.b.delegate.conflicts.contains { $0.0 == .deletedWhileDirty })
   }
 
-  @Test func movedRemotelyWhileEditedLocally() throws {
-    let p = try pair("movededit")
+  @Test(arguments: StoreKind.all)
+  func movedRemotelyWhileEditedLocally(_ kind: StoreKind) throws {
+    let p = try pair("movededit", kind)
     try p.a.create("m.txt", "v1")
     try p.a.create("sub", kind: .directory)
     try p.a.sync()
@@ -148,8 +150,9 @@ import ZDCTestSupport
     #expect(!p.b.delegate.conflicts.contains { $0.0 == .data })
   }
 
-  @Test func noPlaintextAfterConflicts() throws {
-    let p = try pair("plain")
+  @Test(arguments: StoreKind.all)
+  func noPlaintextAfterConflicts(_ kind: StoreKind) throws {
+    let p = try pair("plain", kind)
     try p.a.create("confidential-name.txt", "confidential content 12345")
     try p.a.sync()
     try p.b.sync()
@@ -159,9 +162,7 @@ import ZDCTestSupport
     try p.b.write("confidential-name.txt", "confidential content beta")
     try p.b.engine.push.start()
     try p.b.sync()
-    let hits = try findPlaintext(
-      [Data("confidential".utf8), Data("conflicted copy".utf8)],
-      under: p.dir.url)
+    let hits = try p.backing.plaintext([Data("confidential".utf8), Data("conflicted copy".utf8)])
     #expect(hits.isEmpty)
   }
 }

@@ -43,16 +43,17 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
 }
 
 /// Scripted interleavings that made two devices diverge.
-@Suite(.serialized) struct ConvergenceTests {
+@Suite(.serialized, .motoServer) struct ConvergenceTests {
   /// A data conflict found by a DATA upload while the same node's RCRD upload (the local edit's
   /// attributes) was still running beside it. The conflict used to drop that in-flight RCRD
   /// upload; its write then landed in the store but was neither recorded nor logged, so the other
   /// device kept an old RCRD eTag, took the RCRD for a remote edit when it deleted the node,
   /// skipped the delete, and no pull ever brought the node back: it had lost the node that the
   /// store and the first device still held (randomized seed 1).
-  @Test func dataConflictBesideAnRcrdUploadInFlightConverges() throws {
-    let dir = try makeStoreDirectory("zdc-sync-conv-rcrd")
-    let store = try LocalFolderStore(root: dir.url)
+  @Test(arguments: StoreKind.all)
+  func dataConflictBesideAnRcrdUploadInFlightConverges(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-conv-rcrd")
+    let store = backing.store
     let gated = GatedStore(store)
     let user = try TestUser()
     let alpha = try Device("alpha", user: user, store: gated)
@@ -117,9 +118,10 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
   /// from the change log (it has no move outstanding any more): the node's RCRD stays at both
   /// targets, each device shows it at the other's target, and the target whose DATA copy came
   /// after the other device deleted the origin's DATA has none.
-  @Test func concurrentMovesOfOneNodeConverge() throws {
-    let dir = try makeStoreDirectory("zdc-sync-conv-move")
-    let store = try LocalFolderStore(root: dir.url)
+  @Test(arguments: StoreKind.all)
+  func concurrentMovesOfOneNodeConverge(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-conv-move")
+    let store = backing.store
     let gated = GatedStore(store)
     let user = try TestUser()
     let alpha = try Device("alpha", user: user, store: gated)

@@ -13,9 +13,10 @@ final class HelperRun: @unchecked Sendable {
   let process = Process()
   private let reader: Thread
 
-  init(_ args: [String]) throws {
+  init(_ args: [String], environment: [String: String] = [:]) throws {
     process.executableURL = BuiltProducts.executable("zdc-testhelper")
     process.arguments = args
+    process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
     let out = Pipe()
     process.standardOutput = out
     process.standardError = FileHandle.nullDevice
@@ -71,19 +72,39 @@ final class LineBox: @unchecked Sendable {
   var lines: [String] { lock.withLock { _lines } }
 }
 
-@Suite(.serialized) struct CrashSafetyTests {
-  @Test func killedDeviceStillPushesEveryAcknowledgedChangeExactlyOnce() throws {
-    let storeDir = try makeStoreDirectory("zdc-crash-store")
+@Suite(.serialized, .motoServer) struct CrashSafetyTests {
+  @Test(arguments: StoreKind.all)
+  func killedDeviceStillPushesEveryAcknowledgedChangeExactlyOnce(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-crash-store")
     let stateDir = try makeStoreDirectory("zdc-crash-state")
+    // On S3 the helper talks to moto through a counting proxy, which shows when a multipart
+    // upload is under way; on the local folder, its `.zdc-multipart` directory does.
+    let proxy = try backing.server.map { try FaultProxy(upstreamPort: $0.port) }
+    defer { proxy?.stop() }
+    var storeArgument = backing.dir?.url.path ?? ""
+    var environment: [String: String] = [:]
+    if let proxy, let server = backing.server, let bucket = backing.bucket {
+      storeArgument = "s3://\(bucket)"
+      environment = [
+        "AWS_ENDPOINT_URL": proxy.endpoint, "AWS_ENDPOINT_URL_S3": "", "AWS_REGION": "us-east-1",
+        "AWS_PROFILE": "", "AWS_ACCESS_KEY_ID": server.credentials.accessKeyID,
+        "AWS_SECRET_ACCESS_KEY": server.credentials.secretAccessKey, "AWS_SESSION_TOKEN": "",
+      ]
+    }
+    func multipartUnderWay() -> Bool {
+      if let proxy { return !proxy.openUploads.isEmpty }
+      let uploads = backing.dir?.url.appendingPathComponent(".zdc-multipart").path ?? ""
+      return !((try? FileManager.default.contentsOfDirectory(atPath: uploads)) ?? []).isEmpty
+    }
     let args = [
-      "device", stateDir.url.path, storeDir.url.path, "11", "70", "4",
+      "device", stateDir.url.path, storeArgument, "11", "70", "4",
     ]
     var acked: [Int] = []
     var rng = SplitMix64(seed: 99)
     var killedDuringMultipart = 0
     let rounds = 24
     for _ in 0..<rounds {
-      let run = try HelperRun(args)
+      let run = try HelperRun(args, environment: environment)
       // Random time after the device got going (its first acknowledged change), so every
       // round makes progress however slow the machine is.
       let started = Date().addingTimeInterval(20)
@@ -96,11 +117,9 @@ final class LineBox: @unchecked Sendable {
       let deadline = Date().addingTimeInterval(delay)
       // Kill at the random time, or as soon as a multipart upload is seen under way.
       var sawMultipart = false
-      let uploads = storeDir.url.appendingPathComponent(".zdc-multipart").path
       while Date() < deadline && run.process.isRunning {
         Thread.sleep(forTimeInterval: 0.002)
-        let open = (try? FileManager.default.contentsOfDirectory(atPath: uploads)) ?? []
-        if !open.isEmpty && killedDuringMultipart < 4 {
+        if killedDuringMultipart < 4 && multipartUnderWay() {
           sawMultipart = true
           Thread.sleep(forTimeInterval: Double(rng.next() % 20) / 1000)
           break
@@ -115,7 +134,7 @@ final class LineBox: @unchecked Sendable {
       #expect(!run.lines.contains { $0.hasPrefix("CONFLICT") })
     }
     // The last run goes to the end.
-    let final = try HelperRun(args)
+    let final = try HelperRun(args, environment: environment)
     #expect(final.wait(timeout: 150))
     for l in final.lines where l.hasPrefix("ACK ") {
       acked.append(Int(l.split(separator: " ")[1])!)
@@ -123,7 +142,9 @@ final class LineBox: @unchecked Sendable {
     #expect(final.lines.last == "DONE")
     #expect(!final.lines.contains { $0.hasPrefix("CONFLICT") })
     #expect(killedDuringMultipart >= 1)
-    print("crash test: \(rounds) kills, \(killedDuringMultipart) during a multipart upload")
+    print(
+      "crash test on \(kind.name): \(rounds) kills, \(killedDuringMultipart) during a multipart upload"
+    )
 
     // No step was acknowledged twice (a kill between commit and print may leave one silent),
     // and every step was committed.
@@ -155,7 +176,7 @@ final class LineBox: @unchecked Sendable {
     #expect(logs == 0)
 
     // The store: one RCRD per node, no conflicted copies, no leftovers.
-    let store = try LocalFolderStore(root: storeDir.url)
+    let store = backing.store
     let layout = CloudLayout(userID: HelperUser.userID, treeID: HelperUser.treeID)
     let objects = try store.listAll(prefix: layout.treePrefix).filter {
       !$0.key.hasPrefix(layout.changesPrefix)
@@ -185,7 +206,7 @@ final class LineBox: @unchecked Sendable {
     for (_, content) in expected.prefix(20) where content.count >= 16 {
       needles.append(content.prefix(16))
     }
-    let hits = try findPlaintext(needles, under: storeDir.url)
+    let hits = try backing.plaintext(needles)
     #expect(hits.isEmpty)
   }
 }

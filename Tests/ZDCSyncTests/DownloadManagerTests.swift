@@ -42,11 +42,12 @@ final class RecordingStore: ForwardingStore, @unchecked Sendable {
   }
 }
 
-/// Real pieces: a local-folder store, an on-disk catalog with one user, a disk manager, and
-/// a download manager reading through fault-injecting and recording wrappers.
+/// Real pieces: a store (a local folder or an S3 bucket), an on-disk catalog with one user, a
+/// disk manager, and a download manager reading through fault-injecting and recording wrappers.
 final class DownloadFixture: @unchecked Sendable {
   let tmp: TemporaryDirectory
-  let local: LocalFolderStore
+  let backing: TestStore
+  let local: any CloudStore
   let recorder: RecordingStore
   let faults: FaultInjectingStore
   let catalog: Catalog
@@ -55,11 +56,10 @@ final class DownloadFixture: @unchecked Sendable {
   let downloads: DownloadManager
   let userID = "alice"
 
-  init(options: DownloadOptions = DownloadOptions(), seed: UInt64? = 1) throws {
+  init(_ kind: StoreKind, options: DownloadOptions = DownloadOptions(), seed: UInt64? = 1) throws {
     tmp = try TemporaryDirectory("download")
-    try FileManager.default.createDirectory(
-      at: tmp.path("store"), withIntermediateDirectories: true)
-    local = try LocalFolderStore(root: tmp.path("store"))
+    backing = try kind.make("download-store")
+    local = backing.store
     recorder = RecordingStore(local)
     faults = FaultInjectingStore(recorder, seed: seed)
     catalog = try Catalog.temporary()
@@ -147,9 +147,10 @@ func text(_ marker: String, count: Int) -> Data {
   return d.prefix(count)
 }
 
-@Suite struct DownloadManagerTests {
-  @Test func downloadsOnceThenServesFromTheCache() throws {
-    let f = try DownloadFixture()
+@Suite(.motoServer) struct DownloadManagerTests {
+  @Test(arguments: StoreKind.all)
+  func downloadsOnceThenServesFromTheCache(_ kind: StoreKind) throws {
+    let f = try DownloadFixture(kind)
     let content = text("whole-file-content", count: 300_000)
     let node = try f.makeNode("report.txt", data: content, metadata: Data("m".utf8))
     let seen = Results()
@@ -182,8 +183,9 @@ func text(_ marker: String, count: Int) -> Data {
     #expect(p.isIdle)
   }
 
-  @Test func twentyThreadsShareOneDownload() throws {
-    let f = try DownloadFixture()
+  @Test(arguments: StoreKind.all)
+  func twentyThreadsShareOneDownload(_ kind: StoreKind) throws {
+    let f = try DownloadFixture(kind)
     let content = randomData(2_000_000)
     let node = try f.makeNode("shared.bin", data: content)
     f.faults.inject([.delay(0.3)], into: [.get], rate: 1)
@@ -211,8 +213,9 @@ func text(_ marker: String, count: Int) -> Data {
     #expect(f.disk.usage.pinnedEntries == 0)
   }
 
-  @Test func rangedReadOfALargeFileFetchesOnlyItsChunks() throws {
-    let f = try DownloadFixture()
+  @Test(arguments: StoreKind.all)
+  func rangedReadOfALargeFileFetchesOnlyItsChunks(_ kind: StoreKind) throws {
+    let f = try DownloadFixture(kind)
     let size = 20 << 20
     let content = randomData(size, seed: 99)
     let meta = Data("meta".utf8)
@@ -286,8 +289,40 @@ func text(_ marker: String, count: Int) -> Data {
     #expect(f.recorder.reads.count == 1)
   }
 
-  @Test func metadataAndThumbnailWithoutTheData() throws {
-    let f = try DownloadFixture()
+  /// A cold sequential read (as `cat` or `cp` of a mounted file does) grows its read-ahead:
+  /// 40 MiB in about 10 requests rather than 40; a read elsewhere goes back to the default.
+  @Test(arguments: StoreKind.all)
+  func sequentialReadsGrowTheirReadAhead(_ kind: StoreKind) throws {
+    let f = try DownloadFixture(kind)
+    let size = 40 << 20
+    let content = randomData(size, seed: 5)
+    let node = try f.makeNode("movie.bin", data: content)
+    f.recorder.reset()
+    var offset = 0
+    while offset < size {
+      let range = ByteRange(UInt64(offset), UInt64(min(size, offset + (128 << 10))))
+      let h = try f.downloads.downloadRange(nodeID: node.id, range: range)
+      #expect(
+        try h.read(offset: range.lowerBound, count: Int(range.count))
+          == content[offset..<offset + Int(range.count)])
+      h.close()
+      offset += 128 << 10
+    }
+    // The header, then 1 (+ the default), 2, 4, 8, 16, 32 MiB windows, give or take.
+    #expect(f.recorder.reads.count <= 10, "\(f.recorder.reads.map(\.bytes))")
+    #expect(f.recorder.bytesRead < size + (1 << 20))
+    // A read that does not follow cached bytes takes the default read-ahead.
+    let g = try DownloadFixture(kind)
+    let other = try g.makeNode("other.bin", data: content)
+    g.recorder.reset()
+    let far = ByteRange(30 << 20, (30 << 20) + 4096)
+    try g.downloads.downloadRange(nodeID: other.id, range: far).close()
+    #expect(g.recorder.bytesRead < (1 << 20) + 300_000, "\(g.recorder.reads.map(\.bytes))")
+  }
+
+  @Test(arguments: StoreKind.all)
+  func metadataAndThumbnailWithoutTheData(_ kind: StoreKind) throws {
+    let f = try DownloadFixture(kind)
     let meta = text("META-SECTION", count: 3000)
     let thumb = text("THUMB-SECTION", count: 90_000)
     let node = try f.makeNode(
@@ -306,10 +341,11 @@ func text(_ marker: String, count: Int) -> Data {
     #expect(f.recorder.reads.isEmpty)
   }
 
-  @Test func retriesTransientFaults() throws {
+  @Test(arguments: StoreKind.all)
+  func retriesTransientFaults(_ kind: StoreKind) throws {
     var options = DownloadOptions()
     options.maxAttempts = 30
-    let f = try DownloadFixture(options: options, seed: 42)
+    let f = try DownloadFixture(kind, options: options, seed: 42)
     let content = text("retry", count: 500_000)
     let node = try f.makeNode("retry.txt", data: content)
     f.faults.inject([.transientBefore, .transientAfter], into: [.get, .head], rate: 0.5)
@@ -325,7 +361,7 @@ func text(_ marker: String, count: Int) -> Data {
     // Bounded: a store that always fails is given up on after maxAttempts.
     var few = DownloadOptions()
     few.maxAttempts = 3
-    let g = try DownloadFixture(options: few)
+    let g = try DownloadFixture(kind, options: few)
     let n = try g.makeNode("down.txt", data: content)
     g.faults.inject([.transientBefore], into: [.get], rate: 1)
     #expect(throws: StoreError.self) { try g.downloads.downloadData(nodeID: n.id) }
@@ -335,8 +371,9 @@ func text(_ marker: String, count: Int) -> Data {
     #expect(g.progress.snapshot.download.inFlightItems == 0)
   }
 
-  @Test func tamperedObjectsAreRejectedAndNeverCached() throws {
-    let f = try DownloadFixture()
+  @Test(arguments: StoreKind.all)
+  func tamperedObjectsAreRejectedAndNeverCached(_ kind: StoreKind) throws {
+    let f = try DownloadFixture(kind)
     let content = text("tamper", count: 400_000)
     let node = try f.makeNode("t.txt", data: content)
     var object = try f.local.get(key: try f.location(node).dataKey)
@@ -367,8 +404,9 @@ func text(_ marker: String, count: Int) -> Data {
     #expect(throws: SyncError.self) { try f.downloads.metadata(nodeID: other.id) }
   }
 
-  @Test func reportsADataObjectChangedUnderneath() throws {
-    let f = try DownloadFixture()
+  @Test(arguments: StoreKind.all)
+  func reportsADataObjectChangedUnderneath(_ kind: StoreKind) throws {
+    let f = try DownloadFixture(kind)
     let node = try f.makeNode("c.txt", data: text("v1", count: 100_000))
     let old = try f.node(node.id).eTagData!
     // Another device uploaded a new version; this catalog has not pulled it yet.
@@ -398,8 +436,9 @@ func text(_ marker: String, count: Int) -> Data {
     }
   }
 
-  @Test func corruptCacheEntryIsDroppedAndDownloadedAgain() throws {
-    let f = try DownloadFixture()
+  @Test(arguments: StoreKind.all)
+  func corruptCacheEntryIsDroppedAndDownloadedAgain(_ kind: StoreKind) throws {
+    let f = try DownloadFixture(kind)
     let content = text("corrupt-cache", count: 300_000)
     let node = try f.makeNode("cc.txt", data: content)
     let h = try f.downloads.downloadData(nodeID: node.id)
@@ -424,8 +463,9 @@ func text(_ marker: String, count: Int) -> Data {
     #expect(f.gets == 2)
   }
 
-  @Test func anUploadedStagingFileIsServedWithoutAStoreRequest() throws {
-    let f = try DownloadFixture()
+  @Test(arguments: StoreKind.all)
+  func anUploadedStagingFileIsServedWithoutAStoreRequest(_ kind: StoreKind) throws {
+    let f = try DownloadFixture(kind)
     let node = try f.catalog.write(f.userID) { tx in
       try tx.createNode(path: try TreesystemPath(["written-here.txt"]))
     }
@@ -451,8 +491,9 @@ func text(_ marker: String, count: Int) -> Data {
     #expect(f.faults.counts.values.reduce(0, +) == 0)
   }
 
-  @Test func nothingPlaintextInTheCacheStagingOrIndex() throws {
-    let f = try DownloadFixture()
+  @Test(arguments: StoreKind.all)
+  func nothingPlaintextInTheCacheStagingOrIndex(_ kind: StoreKind) throws {
+    let f = try DownloadFixture(kind)
     let names = ["Quarterly Secret Report.txt", "Geheimnis-Ünïcødé.md"]
     let content = text("PLAINTEXT-CONTENT-never-on-disk", count: 400_000)
     let meta = Data("PLAINTEXT-METADATA-SECTION".utf8)

@@ -7,16 +7,18 @@ import ZDCLocalStore
 import ZDCSync
 import ZDCTestSupport
 
-@Suite(.serialized) struct ScaleAndStoreTests {
-  @Test func tenThousandNodesSync() throws {
-    let dir = try makeStoreDirectory("zdc-sync-scale")
-    let store = try LocalFolderStore(root: dir.url)
+@Suite(.serialized, .motoServer) struct ScaleAndStoreTests {
+  /// 10,000 nodes on the local folder; 1,000 on moto (a Python server, 10× slower per request).
+  @Test(arguments: StoreKind.all)
+  func tenThousandNodesSync(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-scale")
+    let store = backing.store
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: store) { push, _ in
       push.maxConcurrentOperations = 8
     }
     let b = try Device("beta", user: user, store: store)
-    let dirs = 100
+    let dirs = kind.isS3 ? 10 : 100
     let filesPerDir = 99
     try a.catalog.write(user.userID) { tx in
       for d in 0..<dirs {
@@ -43,10 +45,10 @@ import ZDCTestSupport
     let pullTime = Date().timeIntervalSince(t1)
     #expect(result.fullScan)
     #expect(result.newNodes == dirs * (filesPerDir + 1))
-    print("10k nodes: push \(pushTime) s, first pull \(pullTime) s")
+    print("\(dirs * 100) nodes on \(kind.name): push \(pushTime) s, first pull \(pullTime) s")
     let ta = try a.tree(withContent: false)
     let tb = try b.tree(withContent: false)
-    #expect(ta.count == 10_000)
+    #expect(ta.count == dirs * 100)
     #expect(ta == tb)
     // Bytes: every file's cloud content, read through B's catalog (B's keys), matches A's.
     var mismatches = 0
@@ -67,18 +69,22 @@ import ZDCTestSupport
     a.engine.stop()
   }
 
-  @Test func multipartUploadResumesWithoutResendingParts() throws {
-    let dir = try makeStoreDirectory("zdc-sync-mp")
-    let inner = try LocalFolderStore(root: dir.url)
+  @Test(arguments: StoreKind.all)
+  func multipartUploadResumesWithoutResendingParts(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-mp")
+    let inner = backing.store
+    // S3 takes parts of 5 MiB at least (but for the last).
+    let partSize = max(UInt64(256 << 10), kind.minimumPartSize)
+    let size = kind.isS3 ? 12_000_000 : 1_500_000
     let store = FaultInjectingStore(inner, seed: 1)
     // The complete fails once after the store acted... no: before it acts, so parts stay.
     store.inject([.transientBefore], into: [.completeMultipart], rate: 1)
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: store) { push, _ in
       push.multipartThreshold = 1 << 20
-      push.partSize = 256 << 10
+      push.partSize = partSize
     }
-    var content = Data(count: 1_500_000)
+    var content = Data(count: size)
     var rng = SplitMix64(seed: 3)
     content.withUnsafeMutableBytes { b in
       for i in 0..<b.count { b[i] = UInt8(truncatingIfNeeded: rng.next()) }
@@ -96,7 +102,7 @@ import ZDCTestSupport
     }
     store.heal()
     try a.sync()
-    let parts = (1_500_000 + 64 + (1 << 16)) / (256 << 10) + 1
+    let parts = (size + 64 + (1 << 16)) / Int(partSize) + 1
     #expect(store.counts[.uploadPart, default: 0] <= parts)
     #expect(store.counts[.createMultipart, default: 0] == 1)
     #expect(try a.cloudContent("big.bin") == content)
@@ -106,9 +112,10 @@ import ZDCTestSupport
     a.engine.stop()
   }
 
-  @Test func realTenMiBFileUsesMultipart() throws {
-    let dir = try makeStoreDirectory("zdc-sync-mp10")
-    let inner = try LocalFolderStore(root: dir.url)
+  @Test(arguments: StoreKind.all)
+  func realTenMiBFileUsesMultipart(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-mp10")
+    let inner = backing.store
     let store = FaultInjectingStore(inner, seed: 2)
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: store)
@@ -127,10 +134,12 @@ import ZDCTestSupport
     a.engine.stop()
   }
 
-  @Test(arguments: [42, 7, 1234] as [UInt64])
-  func faultyStoreDrainsWithoutLossOrDuplicates(seed: UInt64) throws {
-    let dir = try makeStoreDirectory("zdc-sync-faults")
-    let inner = try LocalFolderStore(root: dir.url)
+  @Test(
+    arguments: [(.local, 42), (.local, 7), (.local, 1234), (.s3, 42), (.s3, 7)]
+      as [(StoreKind, UInt64)])
+  func faultyStoreDrainsWithoutLossOrDuplicates(_ kind: StoreKind, seed: UInt64) throws {
+    let backing = try kind.make("zdc-sync-faults")
+    let inner = backing.store
     let faulty = FaultInjectingStore(inner, seed: seed)
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: faulty)
@@ -179,9 +188,10 @@ import ZDCTestSupport
     b.engine.stop()
   }
 
-  @Test func malformedObjectsAreSkipped() throws {
-    let dir = try makeStoreDirectory("zdc-sync-malformed")
-    let store = try LocalFolderStore(root: dir.url)
+  @Test(arguments: StoreKind.all)
+  func malformedObjectsAreSkipped(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-malformed")
+    let store = backing.store
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: store)
     try a.start()
@@ -217,9 +227,10 @@ import ZDCTestSupport
     a.engine.stop()
   }
 
-  @Test func compactionForcesFullScanForStaleCursors() throws {
-    let dir = try makeStoreDirectory("zdc-sync-compact")
-    let store = try LocalFolderStore(root: dir.url)
+  @Test(arguments: StoreKind.all)
+  func compactionForcesFullScanForStaleCursors(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-compact")
+    let store = backing.store
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: store) { _, pull in pull.compactionAge = 0.3 }
     let b = try Device("beta", user: user, store: store)
@@ -277,10 +288,11 @@ final class SourcesDelegate: SyncDelegate, @unchecked Sendable {
   { .data(Data("meta of \(node.name)".utf8)) }
 }
 
-@Suite(.serialized) struct DataSourceTests {
-  @Test func cryptoFilePromiseAndCleartextFileSources() throws {
-    let dir = try makeStoreDirectory("zdc-sync-sources")
-    let store = try LocalFolderStore(root: dir.url)
+@Suite(.serialized, .motoServer) struct DataSourceTests {
+  @Test(arguments: StoreKind.all)
+  func cryptoFilePromiseAndCleartextFileSources(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-sources")
+    let store = backing.store
     let user = try TestUser()
     let work = try TemporaryDirectory("zdc-sources-work")
     let catalog = try Catalog.temporary(options: .init(durability: .normal))
@@ -323,22 +335,25 @@ final class SourcesDelegate: SyncDelegate, @unchecked Sendable {
     #expect(try b.cloudContent("a.txt") == Data("staged secret bytes".utf8))
     #expect(try b.cloudContent("b.txt") == Data("promised bytes".utf8))
     #expect(try b.cloudContent("c.txt") == Data("cleartext file bytes".utf8))
-    #expect(
-      try findPlaintext([Data("secret bytes".utf8), Data("a.txt".utf8)], under: dir.url).isEmpty)
+    #expect(try backing.plaintext([Data("secret bytes".utf8), Data("a.txt".utf8)]).isEmpty)
   }
 
-  @Test func newerDataDuringMultipartUploadWins() throws {
-    let dir = try makeStoreDirectory("zdc-sync-newer")
-    let inner = try LocalFolderStore(root: dir.url)
+  @Test(arguments: StoreKind.all)
+  func newerDataDuringMultipartUploadWins(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-newer")
+    let inner = backing.store
+    // S3 takes parts of 5 MiB at least (but for the last).
+    let partSize: UInt64 = kind.isS3 ? 5 << 20 : 64 << 10
+    let (firstSize, secondSize) = kind.isS3 ? (16 << 20, 12 << 20) : (1 << 20, 900 << 10)
     let store = FaultInjectingStore(inner, seed: 5)
     store.inject([.delay(0.03)], into: [.uploadPart], rate: 1)
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: store) { push, _ in
-      push.multipartThreshold = 256 << 10
-      push.partSize = 64 << 10
+      push.multipartThreshold = 4 * partSize
+      push.partSize = partSize
     }
-    let first = Data(repeating: 1, count: 1 << 20)
-    let second = Data(repeating: 2, count: 900 << 10)
+    let first = Data(repeating: 1, count: firstSize)
+    let second = Data(repeating: 2, count: secondSize)
     try a.catalog.write(user.userID) { tx in
       let n = try tx.createNode(path: TreesystemPath(["v.bin"]))
       a.delegate.setContent(first, for: n)
@@ -360,9 +375,10 @@ final class SourcesDelegate: SyncDelegate, @unchecked Sendable {
     a.engine.stop()
   }
 
-  @Test func completionsShareChangeLogObjects() throws {
-    let dir = try makeStoreDirectory("zdc-sync-batch")
-    let store = try LocalFolderStore(root: dir.url)
+  @Test(arguments: StoreKind.all)
+  func completionsShareChangeLogObjects(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-batch")
+    let store = backing.store
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: store) { push, _ in
       push.logBatchWindow = 0.3

@@ -1,8 +1,10 @@
 import Foundation
+import Testing
 import ZDCCatalog
 import ZDCCore
 import ZDCCrypto
 import ZDCLocalStore
+import ZDCS3Store
 import ZDCSync
 import ZDCTestSupport
 
@@ -79,6 +81,62 @@ func makeStoreDirectory(_ label: String) throws -> TemporaryDirectory {
     return try TemporaryDirectory(label)
   }
   return try TemporaryDirectory(label)
+}
+
+/// A kind of store the device tests run against: the same test, once per kind.
+struct StoreKind: Sendable, CustomTestStringConvertible {
+  let name: String
+  let isS3: Bool
+  var testDescription: String { name }
+
+  /// A folder of this machine (in /dev/shm when available).
+  static let local = StoreKind(name: "local folder", isS3: false)
+  /// A new bucket on the suite's moto_server (`.motoServer` trait).
+  static let s3 = StoreKind(name: "S3 (moto)", isS3: true)
+  static let all = [local, s3]
+
+  /// The smallest multipart part size the store accepts (S3: 5 MiB but for the last part).
+  var minimumPartSize: UInt64 { isS3 ? 5 << 20 : 1 }
+
+  /// A fresh, empty store.
+  func make(_ label: String) throws -> TestStore {
+    if isS3 {
+      let server = try MotoServer.require()
+      let s3 = try server.makeStore(transport: fastRetries())
+      return TestStore(store: s3, dir: nil, s3: s3, server: server)
+    }
+    let dir = try makeStoreDirectory(label)
+    return TestStore(store: try LocalFolderStore(root: dir.url), dir: dir, s3: nil, server: nil)
+  }
+}
+
+/// A fresh store for one test, and what it takes to look inside it.
+final class TestStore: @unchecked Sendable {
+  // @unchecked: immutable after init; the stores are thread-safe.
+  let store: any CloudStore
+  /// The local folder (local stores).
+  let dir: TemporaryDirectory?
+  /// The S3 store on its own bucket (S3 stores).
+  let s3: S3Store?
+  let server: MotoServer?
+
+  init(store: any CloudStore, dir: TemporaryDirectory?, s3: S3Store?, server: MotoServer?) {
+    self.store = store
+    self.dir = dir
+    self.s3 = s3
+    self.server = server
+  }
+
+  /// The bucket (S3 stores).
+  var bucket: String? { s3?.configuration.bucket }
+
+  /// Where the needles occur in the store: every object listed and fetched, as anyone holding
+  /// the store could; for a local folder, every file under it too (unfinished uploads).
+  func plaintext(_ needles: [Data]) throws -> [String] {
+    var hits = try findPlaintext(needles, in: store)
+    if let dir { hits += try findPlaintext(needles, under: dir.url) }
+    return hits
+  }
 }
 
 /// One user's identity shared by the test devices.

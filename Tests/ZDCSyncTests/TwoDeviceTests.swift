@@ -7,10 +7,11 @@ import ZDCLocalStore
 import ZDCSync
 import ZDCTestSupport
 
-@Suite(.serialized) struct TwoDeviceTests {
-  @Test func createModifyMoveRenameDelete() throws {
-    let dir = try makeStoreDirectory("zdc-sync-basic")
-    let store = try LocalFolderStore(root: dir.url)
+@Suite(.serialized, .motoServer) struct TwoDeviceTests {
+  @Test(arguments: StoreKind.all)
+  func createModifyMoveRenameDelete(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-basic")
+    let store = backing.store
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: store)
     let b = try Device("beta", user: user, store: store)
@@ -58,19 +59,19 @@ import ZDCTestSupport
     // Nothing left in the store but the change log (and no plaintext anywhere).
     let objects = try store.listAll(prefix: "\(user.userID)/")
     #expect(objects.allSatisfy { $0.key.contains("/changes/") })
-    let hits = try findPlaintext(
-      [
-        Data("secret report".utf8), Data("report.txt".utf8), Data("hello notes".utf8),
-        Data("notes-renamed".utf8),
-      ], under: dir.url)
+    let hits = try backing.plaintext([
+      Data("secret report".utf8), Data("report.txt".utf8), Data("hello notes".utf8),
+      Data("notes-renamed".utf8),
+    ])
     #expect(hits.isEmpty)
     a.engine.stop()
     b.engine.stop()
   }
 
-  @Test func fileGainingChildrenBecomesDirectory() throws {
-    let dir = try makeStoreDirectory("zdc-sync-kind")
-    let store = try LocalFolderStore(root: dir.url)
+  @Test(arguments: StoreKind.all)
+  func fileGainingChildrenBecomesDirectory(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-kind")
+    let store = backing.store
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: store)
     let b = try Device("beta", user: user, store: store)
@@ -91,10 +92,11 @@ import ZDCTestSupport
   }
 }
 
-@Suite(.serialized) struct ThreeDeviceTests {
-  @Test func threeDevicesConverge() throws {
-    let dir = try makeStoreDirectory("zdc-sync-three")
-    let store = try LocalFolderStore(root: dir.url)
+@Suite(.serialized, .motoServer) struct ThreeDeviceTests {
+  @Test(arguments: StoreKind.all)
+  func threeDevicesConverge(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-three")
+    let store = backing.store
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: store)
     let b = try Device("beta", user: user, store: store)

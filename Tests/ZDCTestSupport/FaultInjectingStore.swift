@@ -91,16 +91,27 @@ public final class FaultInjectingStore: CloudStore, @unchecked Sendable {
       Thread.sleep(forTimeInterval: s)
     default: break
     }
+    // A token this wrapper made continues after a key; others belong to the inner store
+    // (opaque on S3).
+    var after = startAfter
+    var token = continuationToken
+    if let t = continuationToken, t.hasPrefix(Self.tokenPrefix) {
+      after = String(t.dropFirst(Self.tokenPrefix.count))
+      token = nil
+    }
     let page = try inner.list(
-      prefix: prefix, startAfter: startAfter, continuationToken: continuationToken,
-      maxKeys: maxKeys)
+      prefix: prefix, startAfter: after, continuationToken: token, maxKeys: maxKeys)
     if case .partialList? = fault, page.objects.count > 1 {
       let half = Array(page.objects.prefix(page.objects.count / 2))
-      // Continue after the last key returned: the inner store's tokens are the last key.
-      return ListPage(objects: half, continuationToken: half.last?.key)
+      return ListPage(
+        objects: half, continuationToken: half.last.map { Self.tokenPrefix + $0.key })
     }
     return page
   }
+
+  /// Marks the continuation tokens of shortened pages: the rest is listed after the key that
+  /// follows.
+  static let tokenPrefix = "zdc-fault-after:"
 
   public func get(key: String, range: ByteRange?) throws -> Data {
     try run(.get, write: false, key: key) { try inner.get(key: key, range: range) }

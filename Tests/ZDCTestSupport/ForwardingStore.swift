@@ -23,6 +23,9 @@ extension ForwardingStore {
     try inner.get(key: key, range: range, to: file)
   }
   public func head(key: String) throws -> ObjectInfo { try inner.head(key: key) }
+  public func getWithInfo(key: String) throws -> (data: Data, info: ObjectInfo) {
+    try inner.getWithInfo(key: key)
+  }
   public func put(key: String, body: UploadBody, condition: WriteCondition) throws -> String {
     try inner.put(key: key, body: body, condition: condition)
   }

@@ -1,4 +1,9 @@
 public import Foundation
+public import ZDCCore
+
+#if canImport(Glibc)
+  import Glibc
+#endif
 
 /// A temporary directory removed when the value is deinitialised.
 public final class TemporaryDirectory: @unchecked Sendable {
@@ -107,7 +112,7 @@ public func findPlaintext(_ needles: [Data], under root: URL) throws -> [String]
   for case let url as URL in walker {
     for needle in needles where !needle.isEmpty {
       if url.lastPathComponent.utf8.count >= needle.count,
-        Data(url.lastPathComponent.utf8).range(of: needle) != nil
+        contains(Data(url.lastPathComponent.utf8), needle)
       {
         hits.append("name: \(url.path)")
       }
@@ -115,8 +120,7 @@ public func findPlaintext(_ needles: [Data], under root: URL) throws -> [String]
     var isDir: ObjCBool = false
     guard FileManager.default.fileExists(atPath: url.path, isDirectory: &isDir), !isDir.boolValue
     else { continue }
-    let bytes = try Data(contentsOf: url)
-    for needle in needles where !needle.isEmpty && bytes.range(of: needle) != nil {
+    for needle in try needlesFound(needles, inFile: url) {
       hits.append("content: \(url.path) contains \(needle.count) plaintext bytes")
     }
   }
@@ -146,4 +150,74 @@ public final class Locked<Value>: @unchecked Sendable {
 
   /// Changes the value under the lock.
   public func mutate(_ body: (inout Value) -> Void) { withLock { body(&$0) } }
+}
+
+/// The needles that occur in a file, read in 8 MiB pieces that overlap by the longest needle
+/// (big files cost no memory).
+public func needlesFound(_ needles: [Data], inFile url: URL) throws -> Set<Data> {
+  let handle = try FileHandle(forReadingFrom: url)
+  defer { try? handle.close() }
+  let overlap = max(0, (needles.map(\.count).max() ?? 1) - 1)
+  var carry = Data()
+  var found = Set<Data>()
+  while true {
+    let piece = try handle.read(upToCount: 8 << 20) ?? Data()
+    if piece.isEmpty { break }
+    let window = carry + piece
+    for needle in needles where !needle.isEmpty && !found.contains(needle) {
+      if contains(window, needle) { found.insert(needle) }
+    }
+    carry = window.suffix(overlap)
+  }
+  return found
+}
+
+/// Every object of a store whose key or bytes contain any needle: lists the whole store and
+/// fetches every object (whole, in one request each), as anyone holding the bucket could.
+///
+/// Used to prove that no plaintext name or content reached a store, whatever its kind.
+public func findPlaintext(_ needles: [Data], in store: any CloudStore) throws -> [String] {
+  let needles = needles.filter { !$0.isEmpty }
+  let scratch = FileManager.default.temporaryDirectory.appendingPathComponent(
+    "zdc-scan-\(UUID().uuidString)")
+  defer { try? FileManager.default.removeItem(at: scratch) }
+  var hits: [String] = []
+  for object in try store.listAll(prefix: "") {
+    for needle in needles where contains(Data(object.key.utf8), needle) {
+      hits.append("key: \(object.key)")
+    }
+    let found: Set<Data>
+    if object.size <= 8 << 20 {
+      let bytes = try store.get(key: object.key)
+      found = Set(needles.filter { contains(bytes, $0) })
+    } else {
+      _ = try store.get(key: object.key, range: nil, to: scratch)
+      found = try needlesFound(needles, inFile: scratch)
+    }
+    for needle in needles where found.contains(needle) {
+      hits.append("content: \(object.key) contains \(needle.count) plaintext bytes")
+    }
+  }
+  return hits
+}
+
+/// Whether `needle` occurs in `haystack` (memchr and memcmp: fast enough for gigabytes).
+public func contains(_ haystack: Data, _ needle: Data) -> Bool {
+  guard !needle.isEmpty else { return true }
+  guard haystack.count >= needle.count else { return false }
+  let first: Int32 = Int32(needle[needle.startIndex])
+  let length: Int = needle.count
+  let last: Int = haystack.count - length
+  return haystack.withUnsafeBytes { (h: UnsafeRawBufferPointer) -> Bool in
+    needle.withUnsafeBytes { (n: UnsafeRawBufferPointer) -> Bool in
+      guard let base = h.baseAddress, let probe = n.baseAddress else { return false }
+      var i = 0
+      while i <= last {
+        guard let p = memchr(base + i, first, last - i + 1) else { return false }
+        if memcmp(p, probe, length) == 0 { return true }
+        i = UnsafeRawPointer(p) - base + 1
+      }
+      return false
+    }
+  }
 }

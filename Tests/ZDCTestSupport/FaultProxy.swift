@@ -1,17 +1,22 @@
 import Foundation
-import ZDCTestSupport
+public import ZDCS3Store
 
 #if canImport(Glibc)
   import Glibc
 #endif
 
-/// A loopback HTTP/1.1 proxy between the client and moto that injects faults into chosen
-/// requests: connection resets, error statuses, delays, truncated bodies, garbage bodies.
+/// A loopback HTTP/1.1 proxy between S3 clients and moto that counts the S3 requests it sees
+/// and injects faults into chosen ones: connection resets, error statuses, delays, truncated
+/// bodies, garbage bodies; it can also drop the conditional-write headers, like a server that
+/// ignores them.
 ///
 /// Each request is read whole, then either answered with a fault or forwarded to the upstream
 /// server on a fresh connection (`Connection: close`) and the whole answer relayed back.
-final class FaultProxy: @unchecked Sendable {
-  enum Fault: Sendable {
+public final class FaultProxy: @unchecked Sendable {
+  // @unchecked: every mutable property is only touched under `lock`.
+
+  /// What to do to one request.
+  public enum Fault: Sendable {
     /// Read the request, then reset the connection (RST).
     case reset
     /// Answer this status with an S3 XML error body.
@@ -31,8 +36,24 @@ final class FaultProxy: @unchecked Sendable {
     case ignoreRange
   }
 
-  let port: UInt16
+  /// One UploadPart request the proxy forwarded, with the status of its answer.
+  public struct PartUpload: Sendable, Hashable {
+    public var uploadID: String
+    public var partNumber: Int
+    /// The upstream's status code (0 when no answer came back).
+    public var status: Int
+  }
+
+  /// The port it listens on (127.0.0.1).
+  public let port: UInt16
   private let upstreamPort: UInt16
+  private var counts: [S3RequestKind: Int] = [:]
+  private var parts: [PartUpload] = []
+  private var openUploadIDs: Set<String> = []
+  private var stripConditions = false
+  private var randomFaults: [Fault] = []
+  private var randomRate = 0.0
+  private var rng = SplitMix64(seed: 1)
   private let listenFD: Int32
   private let lock = NSLock()
   private var plan: [(method: String?, fault: Fault)] = []
@@ -43,8 +64,8 @@ final class FaultProxy: @unchecked Sendable {
   private var active = 0
   private var maxActive = 0
 
-  /// Starts listening on a free port of 127.0.0.1.
-  init(upstreamPort: UInt16) throws {
+  /// Starts listening on a free port of 127.0.0.1, forwarding to `upstreamPort` there.
+  public init(upstreamPort: UInt16) throws {
     self.upstreamPort = upstreamPort
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     guard fd >= 0 else { throw HelperError("socket: errno \(errno)") }
@@ -71,38 +92,75 @@ final class FaultProxy: @unchecked Sendable {
     thread.start()
   }
 
-  var endpoint: String { "http://127.0.0.1:\(port)" }
+  /// `http://127.0.0.1:PORT`.
+  public var endpoint: String { "http://127.0.0.1:\(port)" }
+
+  /// Requests received so far, by S3 operation (faulted ones included).
+  public var requestCounts: [S3RequestKind: Int] { lock.withLock { counts } }
+
+  /// Requests of one S3 operation received so far.
+  public func requestCount(_ kind: S3RequestKind) -> Int { lock.withLock { counts[kind] ?? 0 } }
+
+  /// Every UploadPart forwarded so far, in the order the answers came back.
+  public var partUploads: [PartUpload] { lock.withLock { parts } }
+
+  /// Multipart uploads that received parts and were neither completed nor aborted since.
+  public var openUploads: Set<String> { lock.withLock { openUploadIDs } }
+
+  /// Sets every counter back to zero and forgets the part log.
+  public func resetCounts() {
+    lock.withLock {
+      counts.removeAll()
+      parts.removeAll()
+    }
+  }
+
+  /// Drops (or keeps again) `If-Match` and `If-None-Match` from every request, like a server
+  /// that ignores conditional writes.
+  public func stripConditionalHeaders(_ on: Bool) { lock.withLock { stripConditions = on } }
 
   /// Applies `fault` to the next `count` requests (with this method, if given).
-  func inject(_ fault: Fault, count: Int = 1, method: String? = nil) {
+  public func inject(_ fault: Fault, count: Int = 1, method: String? = nil) {
     lock.lock()
     defer { lock.unlock() }
     for _ in 0..<count { plan.append((method, fault)) }
   }
 
-  /// Drops every planned fault.
-  func clearFaults() {
+  /// Drops every planned fault, and stops random ones.
+  public func clearFaults() {
     lock.lock()
     plan.removeAll()
+    randomFaults = []
+    randomRate = 0
     lock.unlock()
   }
 
+  /// From now on, applies one of `faults` (chosen at random, reproducibly from `seed`) to each
+  /// request with probability `rate`, after the planned faults.
+  public func injectRandomly(_ faults: [Fault], rate: Double, seed: UInt64) {
+    lock.withLock {
+      randomFaults = faults
+      randomRate = rate
+      rng = SplitMix64(seed: seed)
+    }
+  }
+
   /// Faults injected so far.
-  var faultsServed: Int {
+  public var faultsServed: Int {
     lock.lock()
     defer { lock.unlock() }
     return served
   }
 
   /// Client connections accepted so far.
-  var connectionsAccepted: Int {
+  public var connectionsAccepted: Int {
     lock.lock()
     defer { lock.unlock() }
     return connections
   }
 
   /// The most requests seen in progress at once.
-  var maxConcurrentRequests: Int {
+  public var maxConcurrentRequests: Int {
     lock.lock()
     defer { lock.unlock() }
     return maxActive
@@ -116,14 +174,14 @@ final class FaultProxy: @unchecked Sendable {
   }
 
   /// Faults still planned.
-  var faultsPending: Int {
+  public var faultsPending: Int {
     lock.lock()
     defer { lock.unlock() }
     return plan.count
   }
 
   /// Stops accepting connections.
-  func stop() {
+  public func stop() {
     lock.lock()
     stopped = true
     lock.unlock()
@@ -135,6 +193,10 @@ final class FaultProxy: @unchecked Sendable {
     lock.lock()
     defer { lock.unlock() }
     guard let i = plan.firstIndex(where: { $0.method == nil || $0.method == method }) else {
+      if !randomFaults.isEmpty, Double(rng.next() % 1_000_000) / 1_000_000 < randomRate {
+        served += 1
+        return randomFaults[Int(rng.next() % UInt64(randomFaults.count))]
+      }
       forwarded += 1
       return nil
     }
@@ -168,6 +230,16 @@ final class FaultProxy: @unchecked Sendable {
       var lines = headText.components(separatedBy: "\r\n").filter { !$0.isEmpty }
       guard !lines.isEmpty else { return }
       let method = String(lines[0].split(separator: " ").first ?? "")
+      let target = lines[0].split(separator: " ").dropFirst().first.map(String.init) ?? "/"
+      let kind = Self.classify(method: method, target: target, headers: lines.dropFirst())
+      let query = Self.query(target)
+      lock.withLock { counts[kind, default: 0] += 1 }
+      if lock.withLock({ stripConditions }) {
+        lines = lines.filter {
+          let l = $0.lowercased()
+          return !l.hasPrefix("if-match:") && !l.hasPrefix("if-none-match:")
+        }
+      }
       var length = 0
       for line in lines.dropFirst() {
         let lower = line.lowercased()
@@ -216,7 +288,9 @@ final class FaultProxy: @unchecked Sendable {
       }
       lines.append("Connection: close")
       let request = Data((lines.joined(separator: "\r\n") + "\r\n\r\n").utf8) + body
-      guard var response = forward(request) else { return }
+      let answer = forward(request)
+      record(kind, query: query, response: answer)
+      guard var response = answer else { return }
       // Relay the answer as if the upstream kept the connection open.
       if let end = response.range(of: Data("\r\n\r\n".utf8)) {
         let head = String(decoding: response[..<end.lowerBound], as: UTF8.self)
@@ -241,6 +315,67 @@ final class FaultProxy: @unchecked Sendable {
       // unless the answer has no length (then only closing can end it).
       let respHead = String(decoding: response.prefix(4096), as: UTF8.self).lowercased()
       if !respHead.contains("content-length:") && method != "HEAD" { return }
+    }
+  }
+
+  /// Notes what a forwarded request did to multipart uploads.
+  private func record(_ kind: S3RequestKind, query: [String: String], response: Data?) {
+    let status =
+      response.flatMap { r -> Int? in
+        let line = String(decoding: r.prefix(32), as: UTF8.self)
+        return line.split(separator: " ").dropFirst().first.flatMap { Int($0) }
+      } ?? 0
+    guard let id = query["uploadId"] else { return }
+    lock.withLock {
+      switch kind {
+      case .uploadPart:
+        parts.append(
+          PartUpload(
+            uploadID: id, partNumber: Int(query["partNumber"] ?? "") ?? 0, status: status))
+        openUploadIDs.insert(id)
+      case .completeMultipartUpload, .abortMultipartUpload:
+        if (200..<300).contains(status) { openUploadIDs.remove(id) }
+      default: break
+      }
+    }
+  }
+
+  /// The query parameters of a request target (percent-decoded).
+  static func query(_ target: String) -> [String: String] {
+    guard let q = target.split(separator: "?", maxSplits: 1).dropFirst().first else { return [:] }
+    var out: [String: String] = [:]
+    for pair in q.split(separator: "&") {
+      let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+      let k = String(kv[0]).removingPercentEncoding ?? String(kv[0])
+      let v = kv.count > 1 ? (String(kv[1]).removingPercentEncoding ?? String(kv[1])) : ""
+      out[k] = v
+    }
+    return out
+  }
+
+  /// The S3 operation of a path-style request.
+  static func classify(method: String, target: String, headers: ArraySlice<String>)
+    -> S3RequestKind
+  {
+    let q = query(target)
+    let path = String(target.split(separator: "?", maxSplits: 1).first ?? "/")
+    let isBucket = path.split(separator: "/", omittingEmptySubsequences: true).count <= 1
+    let copy = headers.contains { $0.lowercased().hasPrefix("x-amz-copy-source:") }
+    switch method {
+    case "GET":
+      if isBucket { return .listObjects }
+      return q["uploadId"] != nil ? .listParts : .getObject
+    case "HEAD": return .headObject
+    case "PUT":
+      if isBucket { return .createBucket }
+      if q["uploadId"] != nil { return .uploadPart }
+      return copy ? .copyObject : .putObject
+    case "POST":
+      if q["delete"] != nil { return .deleteObjects }
+      if q["uploads"] != nil { return .createMultipartUpload }
+      return .completeMultipartUpload
+    case "DELETE": return q["uploadId"] != nil ? .abortMultipartUpload : .deleteObject
+    default: return .getObject
     }
   }
 
