@@ -47,6 +47,9 @@ extension ZDC {
     )
     var store: String?
 
+    @OptionGroup(title: "On first use, with --store s3://BUCKET/PREFIX")
+    var s3: S3StoreOptions
+
     @Option(help: .hidden)
     var kdf: String?
 
@@ -92,8 +95,8 @@ extension ZDC {
             prompt: stateDirectory.isInitialized ? "Passphrase: " : "New passphrase: ",
             confirm: !stateDirectory.isInitialized)
           if !stateDirectory.isInitialized {
-            let location = try S3StoreOptions.parse([]).prepare(
-              try store.map { try StoreLocation(argument: $0) }
+            let location = try s3.prepare(
+              try s3.location(store)
                 ?? .localFolder(path: StateDirectory.defaultStoreFolder().path))
             let minimum = kdf == "minimum"
             let (account, recovery) = try Account.create(
