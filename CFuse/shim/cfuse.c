@@ -46,6 +46,7 @@ struct fuse_entry_param zdc_fuse_entry_param_zero(void) {
 
 void zdc_fi_set_direct_io(struct fuse_file_info *fi, int on) { fi->direct_io = on ? 1 : 0; }
 void zdc_fi_set_keep_cache(struct fuse_file_info *fi, int on) { fi->keep_cache = on ? 1 : 0; }
+void zdc_fi_set_noflush(struct fuse_file_info *fi, int on) { fi->noflush = on ? 1 : 0; }
 void zdc_fi_set_nonseekable(struct fuse_file_info *fi, int on) { fi->nonseekable = on ? 1 : 0; }
 int zdc_fi_get_writepage(const struct fuse_file_info *fi) { return fi->writepage; }
 

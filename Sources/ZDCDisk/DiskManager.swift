@@ -25,6 +25,8 @@ public final class DiskManager: @unchecked Sendable {
   public let cacheDirectory: URL
   /// Where staged content lives.
   public let stagingDirectory: URL
+  private let cachePath: String
+  private let stagingPath: String
   /// The local cache key every file is encrypted under.
   public let key: Data
 
@@ -65,6 +67,8 @@ public final class DiskManager: @unchecked Sendable {
     self.automaticEviction = automaticEviction
     cacheDirectory = directory.appendingPathComponent("cache", isDirectory: true)
     stagingDirectory = directory.appendingPathComponent("staging", isDirectory: true)
+    cachePath = Self.withoutTrailingSlash(cacheDirectory.path)
+    stagingPath = Self.withoutTrailingSlash(stagingDirectory.path)
     for d in [directory, cacheDirectory, stagingDirectory] {
       try FileManager.default.createDirectory(
         at: d, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
@@ -212,7 +216,20 @@ public final class DiskManager: @unchecked Sendable {
   }
 
   private func url(pool: DiskPool, fileName: String) -> URL {
-    (pool == .cache ? cacheDirectory : stagingDirectory).appendingPathComponent(fileName)
+    // With the hint: without it, Foundation asks the filesystem whether it is a directory.
+    (pool == .cache ? cacheDirectory : stagingDirectory)
+      .appendingPathComponent(fileName, isDirectory: false)
+  }
+
+  private static func withoutTrailingSlash(_ path: String) -> String {
+    path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
+  }
+
+  /// The file of an entry as a path (cheaper than a URL on the open path).
+  private func path(of e: Entry) -> String {
+    stateLock.withLock {
+      (e.row.pool == .cache ? cachePath : stagingPath) + "/" + e.row.fileName
+    }
   }
 
   private static func randomName() -> String {
@@ -293,7 +310,7 @@ public final class DiskManager: @unchecked Sendable {
   private func openFile(_ e: Entry) throws -> CryptoFile {
     try e.openLock.withLock {
       if let f = e.file { return f }
-      let f = try CryptoFile.open(at: url(of: e), key: key)
+      let f = try CryptoFile.open(path: path(of: e), key: key)
       e.file = f
       return f
     }

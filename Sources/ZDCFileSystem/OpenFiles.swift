@@ -44,6 +44,25 @@ enum ReadSource {
     }
   }
 
+  /// Which version of the content this is: the same value means the same bytes.
+  var version: ContentVersion {
+    switch self {
+    case .empty: return .empty
+    case .staged(let f): return .staged(f.version)
+    case .cached(let h): return .cloud(h.eTag)
+    case .ranged(_, _, let h): return h.map { .cloud($0.eTag) } ?? .unknown
+    }
+  }
+
+  /// True when reads need not be serialised: the source never changes while open (a sealed
+  /// staged version or complete cached content, each safe for concurrent reads).
+  var readsConcurrently: Bool {
+    switch self {
+    case .empty, .staged, .cached: return true
+    case .ranged: return false
+    }
+  }
+
   mutating func read(into buf: UnsafeMutableRawBufferPointer, at offset: UInt64, fs: FileSystem)
     throws -> Int
   {
@@ -78,13 +97,35 @@ enum ReadSource {
   }
 }
 
+/// What a read does once it has looked at the content under its lock.
+enum ReadStep {
+  /// Finished: this many bytes.
+  case done(Int)
+  /// To read from this source without the lock (the read gate is held).
+  case concurrent(ReadSource)
+}
+
+/// Identity of the bytes a read source serves (for the kernel's page cache across opens).
+enum ContentVersion: Hashable, Sendable {
+  case empty
+  /// A committed staged version of the node.
+  case staged(Int64)
+  /// A DATA version in the store (its eTag), cached.
+  case cloud(String)
+  /// Not known yet (a ranged source before its first download).
+  case unknown
+}
+
 /// The shared state of one node's content (data section, or a small section) while open.
 final class NodeContent: @unchecked Sendable {
   // @unchecked: `openCount` and `writableCount` are guarded by the engine's table lock, every
   // other mutable field by `lock`. Lock order: the table lock may be taken while holding
-  // `lock`, never the reverse.
+  // `lock`, never the reverse; `readGate` is taken while holding `lock`.
   let key: ContentKey
   let lock = NSLock()
+  /// Held shared by reads that run without `lock` (see `FileSystem.read`), exclusively (under
+  /// `lock`) to close the reader they use.
+  private let readGate: UnsafeMutablePointer<pthread_rwlock_t>
   var openCount = 0
   var writableCount = 0
   /// The uncommitted staging version writes go to (data section).
@@ -96,12 +137,30 @@ final class NodeContent: @unchecked Sendable {
   /// The bytes of a metadata or thumbnail section being edited.
   var buffer: Data?
 
-  init(key: ContentKey) { self.key = key }
-
-  func resetReader() {
-    reader?.close()
-    reader = nil
+  init(key: ContentKey) {
+    self.key = key
+    readGate = .allocate(capacity: 1)
+    pthread_rwlock_init(readGate, nil)
   }
+
+  deinit {
+    pthread_rwlock_destroy(readGate)
+    readGate.deallocate()
+  }
+
+  /// Closes the reader once no read uses it. Caller holds `lock`.
+  func resetReader() {
+    guard let r = reader else { return }
+    pthread_rwlock_wrlock(readGate)
+    reader = nil
+    pthread_rwlock_unlock(readGate)
+    r.close()
+  }
+
+  /// Holds the read gate shared: the reader stays open until `endRead`. Caller holds `lock`.
+  func beginRead() { pthread_rwlock_rdlock(readGate) }
+
+  func endRead() { pthread_rwlock_unlock(readGate) }
 }
 
 extension FileSystem {
@@ -256,6 +315,7 @@ extension FileSystem {
         id: h, key: key, content: c, writable: writable, append: flags & O_APPEND != 0)
       return (h, c)
     }
+    var served: ContentVersion?
     do {
       try content.lock.withLock {
         if key.section == .data {
@@ -267,6 +327,7 @@ extension FileSystem {
             // Lazy download happens here, so reads afterwards are local.
             content.reader = try openReadSource(node)
           }
+          if !writable, content.writer == nil, !content.dirty { served = content.reader?.version }
         } else if writable, flags & O_TRUNC != 0 {
           content.buffer = Data()
           content.dirty = true
@@ -278,8 +339,30 @@ extension FileSystem {
       try? release(handle)
       throw error
     }
-    return OpenedFile(handle: handle, keepCache: false)
+    let keepCache = key.section == .data && keepPageCache(id, served)
+    return OpenedFile(handle: handle, keepCache: keepCache)
   }
+
+  /// Whether the kernel may keep the pages it cached for a node's data from earlier opens:
+  /// only when they hold `served`, the version this read-only open reads. Records `served`
+  /// as what the kernel may now cache; a writable open (`served` nil) forgets the record, so
+  /// that the next open starts afresh (writes go through the kernel's cache, but a commit, a
+  /// conflict or a pull may give the node other bytes).
+  func keepPageCache(_ id: NodeID, _ served: ContentVersion?) -> Bool {
+    lock.withLock {
+      guard let served, served != .unknown else {
+        pageCacheVersions[id] = nil
+        return false
+      }
+      if pageCacheVersions[id] == served { return true }
+      if pageCacheVersions.count >= Self.pageCacheRecords { pageCacheVersions.removeAll() }
+      pageCacheVersions[id] = served
+      return false
+    }
+  }
+
+  /// How many nodes' page-cache versions are remembered (all are forgotten beyond).
+  static let pageCacheRecords = 1 << 16
 
   func handle(_ h: FileHandleID) throws -> OpenHandle {
     guard let oh = lock.withLock({ handles[h] }) else { throw FileSystemError.badHandle }
@@ -292,25 +375,40 @@ extension FileSystem {
   {
     let oh = try handle(h)
     let c = oh.content
-    return try c.lock.withLock {
+    let step = try c.lock.withLock { () -> ReadStep in
       if c.key.section != .data {
         let b = c.buffer ?? Data()
-        guard offset < UInt64(b.count) else { return 0 }
+        guard offset < UInt64(b.count) else { return .done(0) }
         let n = min(buffer.count, b.count - Int(offset))
         b.withUnsafeBytes { src in
           buffer.copyMemory(
             from: UnsafeRawBufferPointer(rebasing: src[Int(offset)..<(Int(offset) + n)]))
         }
-        return n
+        return .done(n)
       }
       do {
-        if let w = c.writer { return try w.read(into: buffer, at: offset) }
+        if let w = c.writer { return .done(try w.read(into: buffer, at: offset)) }
         if c.reader == nil {
           let node = try read { tx in try existingNode(c.key.nodeID, tx) }
           c.reader = try openReadSource(node)
         }
-        return try c.reader!.read(into: buffer, at: offset, fs: self)
+        if c.reader!.readsConcurrently {
+          // Decrypt without the lock, so that the kernel's parallel reads (read-ahead) of one
+          // file use every core; the gate keeps the reader open meanwhile.
+          c.beginRead()
+          return .concurrent(c.reader!)
+        }
+        return .done(try c.reader!.read(into: buffer, at: offset, fs: self))
       } catch { throw Self.map(error) }
+    }
+    switch step {
+    case .done(let n): return n
+    case .concurrent(var source):
+      defer { c.endRead() }
+      // A concurrent source never changes itself (only ranged sources do).
+      do { return try source.read(into: buffer, at: offset, fs: self) } catch {
+        throw Self.map(error)
+      }
     }
   }
 

@@ -200,6 +200,8 @@ enum FuseOperations {
         let opened = try FuseOperations.context(req).fs.open(Inode(ino), flags: fi.pointee.flags)
         fi.pointee.fh = UInt64(opened.handle)
         zdc_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
+        // `flush` commits writes only: a read-only descriptor's close needs no round trip.
+        zdc_fi_set_noflush(fi, fi.pointee.flags & O_ACCMODE == O_RDONLY ? 1 : 0)
         fuse_reply_open(req, fi)
       } catch { FuseOperations.fail(req, error) }
     }

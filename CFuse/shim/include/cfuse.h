@@ -39,6 +39,8 @@ struct fuse_entry_param zdc_fuse_entry_param_zero(void);
 /// The `struct fuse_file_info` flags that are C bit-fields, readable and writable from Swift.
 void zdc_fi_set_direct_io(struct fuse_file_info *fi, int on);
 void zdc_fi_set_keep_cache(struct fuse_file_info *fi, int on);
+/// No FLUSH request when a descriptor of this open file is closed (kernel 5.17+; ignored before).
+void zdc_fi_set_noflush(struct fuse_file_info *fi, int on);
 void zdc_fi_set_nonseekable(struct fuse_file_info *fi, int on);
 int zdc_fi_get_writepage(const struct fuse_file_info *fi);
 

@@ -1,0 +1,83 @@
+import Foundation
+import Testing
+import ZDCTestSupport
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// The kernel's page cache across opens (`keep_cache`): kept while a file's bytes are
+/// unchanged, dropped when a write through another descriptor, or a pull, gave it new bytes.
+@Suite(.serialized) struct ReadCacheTests {
+  /// Pages of `path` in the kernel's page cache, as `fincore` (mincore(2)) counts them.
+  /// `fincore` opens the file read-only, so this also shows what such an open keeps.
+  static func residentPages(_ sh: (String) throws -> ProcessResult, _ path: String) throws -> Int {
+    let out = try sh("fincore --noheadings --raw --output PAGES '\(path)'").stdout
+    return Int(out.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
+  }
+
+  @Test func keptPagesFollowWritesThroughOtherDescriptors() throws {
+    let m = try MountFixture()
+    defer { m.unmount() }
+    let size = 256 << 10
+    let a = Data(repeating: UInt8(ascii: "a"), count: size)
+    let b = Data(repeating: UInt8(ascii: "b"), count: size)
+    try a.write(to: m.mnt.appendingPathComponent("f"))
+    #expect(try Data(contentsOf: m.mnt.appendingPathComponent("f")) == a)
+    // The second read-only open of unchanged content keeps what the first one cached.
+    #expect(try Self.residentPages({ try m.sh($0) }, "f") == size / 4096)
+    #expect(try Data(contentsOf: m.mnt.appendingPathComponent("f")) == a)
+
+    // A descriptor open for reading across a write through another one sees the new bytes,
+    // and so does every later open (same size: only the bytes tell).
+    try m.python(
+      """
+      import os
+      r = os.open("f", os.O_RDONLY)
+      assert os.pread(r, \(size), 0) == b"a" * \(size)
+      w = os.open("f", os.O_WRONLY)
+      os.pwrite(w, b"b" * \(size), 0)
+      os.close(w)
+      assert os.pread(r, \(size), 0) == b"b" * \(size), "stale read through the open descriptor"
+      os.close(r)
+      """)
+    #expect(try Data(contentsOf: m.mnt.appendingPathComponent("f")) == b)
+
+    // In-place writes through a new descriptor, then truncation and a rewrite to the same
+    // size: each later open reads the new bytes.
+    try m.sh("printf cccc | dd of=f bs=4 seek=1 conv=notrunc 2>/dev/null")
+    var expected = b
+    expected.replaceSubrange(4..<8, with: Data("cccc".utf8))
+    #expect(try Data(contentsOf: m.mnt.appendingPathComponent("f")) == expected)
+    try m.sh("truncate -s 0 f && python3 -c 'import sys; sys.stdout.write(\"d\" * \(size))' > f")
+    #expect(
+      try Data(contentsOf: m.mnt.appendingPathComponent("f"))
+        == Data(repeating: UInt8(ascii: "d"), count: size))
+  }
+
+  @Test func keptPagesAreDroppedWhenAPullChangesTheFile() throws {
+    let dir = try TemporaryDirectory("zdc-read-cache")
+    defer { SyncMountTests.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    let b = try SyncDevice("devB", in: dir, store: store, join: true)
+    defer { b.unmount(wait: false) }
+    let size = 200_000
+    let first = Data(repeating: UInt8(ascii: "1"), count: size)
+    let second = Data(repeating: UInt8(ascii: "2"), count: size)
+    try first.write(to: a.file("shared.bin"))
+    try a.sync()
+    try b.sync()
+    // B reads it twice: its kernel now holds the pages, and keeps them across opens.
+    #expect(try Data(contentsOf: b.file("shared.bin")) == first)
+    #expect(try Data(contentsOf: b.file("shared.bin")) == first)
+    #expect(try Self.residentPages({ try b.sh($0) }, "shared.bin") > 0)
+    // A changes every byte, keeping the size; B pulls: the next open must not show the old
+    // pages.
+    try second.write(to: a.file("shared.bin"))
+    try a.sync()
+    try b.sync()
+    #expect(try Data(contentsOf: b.file("shared.bin")) == second)
+  }
+}
