@@ -57,7 +57,8 @@ public final class DiskManager: @unchecked Sendable {
 
   /// Opens (creating if needed) the cache and staging of `directory` under `key` (32 bytes),
   /// reconciling the index with the files found. `capBytes` defaults to
-  /// ``defaultCap(for:)``; with `automaticEviction` off, only ``evictIfNeeded()`` evicts.
+  /// ``defaultCap(for:holding:)`` of what the directory holds; with `automaticEviction` off,
+  /// only ``evictIfNeeded()`` evicts.
   public init(
     directory: URL, key: Data, capBytes: UInt64? = nil, automaticEviction: Bool = true
   ) throws {
@@ -78,18 +79,29 @@ public final class DiskManager: @unchecked Sendable {
     } catch {
       throw DiskError.from(error, "cannot open the disk index")
     }
-    totals.capBytes = capBytes ?? Self.defaultCap(for: directory)
+    totals.capBytes = capBytes ?? .max
     try reconcile()
+    if capBytes == nil {
+      let held = stateLock.withLock { totals.bytes }
+      self.capBytes = Self.defaultCap(for: directory, holding: held)
+    }
   }
 
   deinit { flush() }
 
-  /// 10% of the free space of the filesystem holding `directory`, at least 256 MiB.
-  public static func defaultCap(for directory: URL) -> UInt64 {
+  /// Half the space available to the cache on the filesystem holding `directory` — its free
+  /// space plus the `holding` bytes the cache and staging already take there — and at least
+  /// 256 MiB.
+  ///
+  /// Counting what the cache holds keeps the cap from shrinking at each mount as the cache
+  /// fills the disk; half (not less) keeps a file just written, or just read, cached when the
+  /// disk has room for it: evicting it would only make the next read download it again.
+  public static func defaultCap(for directory: URL, holding: UInt64 = 0) -> UInt64 {
     let minimum: UInt64 = 256 << 20
     var s = statvfs()
     guard statvfs(directory.path, &s) == 0 else { return minimum }
-    return max(UInt64(s.f_bavail) * UInt64(s.f_frsize) / 10, minimum)
+    let available = UInt64(s.f_bavail) * UInt64(s.f_frsize)
+    return max((available + holding) / 2, minimum)
   }
 
   // MARK: Accounting
