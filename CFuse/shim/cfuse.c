@@ -56,3 +56,10 @@ void zdc_conn_want(struct fuse_conn_info *conn, unsigned int flag) {
 unsigned int zdc_conn_capable(const struct fuse_conn_info *conn) { return conn->capable; }
 void zdc_conn_unwant(struct fuse_conn_info *conn, unsigned int flag) { conn->want &= ~flag; }
 unsigned int zdc_conn_wanted(const struct fuse_conn_info *conn) { return conn->want; }
+
+int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, const void *buf,
+                     size_t size) {
+  struct fuse_bufvec bufv = FUSE_BUFVEC_INIT(size);
+  bufv.buf[0].mem = (void *)buf;
+  return fuse_lowlevel_notify_store(se, ino, offset, &bufv, 0);
+}

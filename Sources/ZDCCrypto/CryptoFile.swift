@@ -423,6 +423,21 @@ public final class CryptoFile: @unchecked Sendable {
     return Int(end - offset)
   }
 
+  /// Copies the buffered chunk into `out` (at least ``chunkSize`` bytes) when it is the chunk
+  /// holding `offset` and holds no unwritten change; returns where it starts and its length.
+  /// Lets a caller hand a chunk that a small read just decrypted to another cache.
+  public func bufferedChunk(containing offset: UInt64, into out: UnsafeMutableRawBufferPointer)
+    -> (start: UInt64, count: Int)?
+  {
+    lock.withLock {
+      guard fd >= 0, !bufferDirty, let index = bufferIndex,
+        index == offset >> UInt64(Self.chunkShift), out.count >= bufferLength
+      else { return nil }
+      out.copyMemory(from: UnsafeRawBufferPointer(rebasing: buffer[0..<bufferLength]))
+      return (index << UInt64(Self.chunkShift), bufferLength)
+    }
+  }
+
   /// Decrypts whole chunks (the caller holds `gate` shared) into `out`, reading several
   /// slots per call; returns the plaintext bytes written.
   private func readWhole(

@@ -95,6 +95,27 @@ enum ReadSource {
     case .ranged(_, _, let h): h?.close()
     }
   }
+
+  /// The decrypted chunk holding `offset` that the last read left at hand, copied into `out`.
+  func bufferedChunk(containing offset: UInt64, into out: UnsafeMutableRawBufferPointer)
+    -> (start: UInt64, count: Int)?
+  {
+    switch self {
+    case .staged(let f): return f.bufferedChunk(containing: offset, into: out)
+    case .cached(let h): return h.bufferedChunk(containing: offset, into: out)
+    case .empty, .ranged: return nil
+    }
+  }
+}
+
+/// Decrypted bytes around a small read that the kernel's page cache may take, so that reads
+/// of the chunk's other pages need no request (see ``FileSystem/chunkForPageCache(_:at:count:into:)``).
+public struct PageCacheChunk: Sendable, Hashable {
+  /// Where the bytes start in the file.
+  public var offset: UInt64
+  /// How many bytes (the chunk's length).
+  public var count: Int
+  let version: ContentVersion
 }
 
 /// What a read does once it has looked at the content under its lock.
@@ -409,6 +430,47 @@ extension FileSystem {
       do { return try source.read(into: buffer, at: offset, fs: self) } catch {
         throw Self.map(error)
       }
+    }
+  }
+
+  /// Bytes of plaintext a chunk of local content holds: reads smaller than this decrypt a
+  /// whole chunk for a part of it.
+  public static let contentChunkSize = CryptoFile.chunkSize
+
+  /// After a read of `count` bytes at `offset` smaller than a chunk: the whole decrypted chunk
+  /// around it, copied into `buffer` (``contentChunkSize`` bytes), for the kernel's page cache;
+  /// `nil` unless the content cannot change while the kernel holds it (no writable handle, no
+  /// pending write, a sealed or cached source).
+  ///
+  /// The caller must serialise storing the chunk with writable opens and size changes, and
+  /// check ``pageCacheChunkIsCurrent(_:_:)`` just before: a store that landed after a write
+  /// would put old bytes over the kernel's newer ones.
+  public func chunkForPageCache(
+    _ h: FileHandleID, at offset: UInt64, count: Int, into buffer: UnsafeMutableRawBufferPointer
+  ) -> PageCacheChunk? {
+    guard count > 0, count < Self.contentChunkSize, let oh = try? handle(h),
+      oh.key.section == .data
+    else { return nil }
+    let c = oh.content
+    return c.lock.withLock { () -> PageCacheChunk? in
+      guard c.writer == nil, !c.dirty, lock.withLock({ c.writableCount == 0 }),
+        let r = c.reader, r.readsConcurrently,
+        let (start, n) = r.bufferedChunk(containing: offset, into: buffer)
+      else { return nil }
+      // Nothing to add when the read covered the whole chunk.
+      guard start < offset || offset + UInt64(count) < start + UInt64(n) else { return nil }
+      return PageCacheChunk(offset: start, count: n, version: r.version)
+    }
+  }
+
+  /// True while `chunk` still holds the bytes the handle's file reads, and no writable handle
+  /// is open on it.
+  public func pageCacheChunkIsCurrent(_ h: FileHandleID, _ chunk: PageCacheChunk) -> Bool {
+    guard let oh = try? handle(h) else { return false }
+    let c = oh.content
+    return c.lock.withLock {
+      c.writer == nil && !c.dirty && lock.withLock({ c.writableCount == 0 })
+        && c.reader?.version == chunk.version
     }
   }
 

@@ -33,6 +33,9 @@ final class FuseContext: @unchecked Sendable {
   let log = Logger(label: "zdc.fuse")
   /// Entry and attribute cache lifetime: short, because another device may change the tree.
   let timeout: Double = 1.0
+  /// Serialises chunks stored into the kernel's page cache with writable opens and size
+  /// changes (see `FuseOperations.storeChunk`).
+  let storeLock = NSLock()
 
   init(fs: FileSystem) { self.fs = fs }
 }

@@ -150,7 +150,12 @@ enum FuseOperations {
         }
       }
       let handle = fi.map { FileHandleID($0.pointee.fh) }
-      FuseOperations.replyAttr(req) { try $0.setattr(Inode(ino), changes, handle: handle) }
+      let lock = changes.size == nil ? nil : FuseOperations.context(req).storeLock
+      FuseOperations.replyAttr(req) { fs in
+        lock?.lock()
+        defer { lock?.unlock() }
+        return try fs.setattr(Inode(ino), changes, handle: handle)
+      }
     }
     ops.readlink = { req, ino in
       do {
@@ -197,7 +202,12 @@ enum FuseOperations {
     ops.open = { req, ino, fi in
       do {
         guard let fi else { throw FileSystemError.badHandle }
-        let opened = try FuseOperations.context(req).fs.open(Inode(ino), flags: fi.pointee.flags)
+        let ctx = FuseOperations.context(req)
+        let flags = fi.pointee.flags
+        let opened =
+          flags & O_ACCMODE == O_RDONLY
+          ? try ctx.fs.open(Inode(ino), flags: flags)
+          : try ctx.storeLock.withLock { try ctx.fs.open(Inode(ino), flags: flags) }
         fi.pointee.fh = UInt64(opened.handle)
         zdc_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
         // `flush` commits writes only: a read-only descriptor's close needs no round trip.
@@ -210,23 +220,34 @@ enum FuseOperations {
       let ctx = FuseOperations.context(req)
       do {
         guard let fi else { throw FileSystemError.badHandle }
-        let (attrs, opened) = try ctx.fs.create(
-          parent: Inode(parent), name: n, mode: UInt32(mode), flags: fi.pointee.flags)
+        let (attrs, opened) = try ctx.storeLock.withLock {
+          try ctx.fs.create(
+            parent: Inode(parent), name: n, mode: UInt32(mode), flags: fi.pointee.flags)
+        }
         fi.pointee.fh = UInt64(opened.handle)
         var e = FuseOperations.entry(attrs, ctx)
         fuse_reply_create(req, &e, fi)
       } catch { FuseOperations.fail(req, error) }
     }
-    ops.read = { req, _, size, off, fi in
+    ops.read = { req, ino, size, off, fi in
+      let ctx = FuseOperations.context(req)
+      let n: Int
       do {
         guard let fi else { throw FileSystemError.badHandle }
         let buf = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, size), alignment: 16)
         defer { buf.deallocate() }
-        let n = try FuseOperations.context(req).fs.read(
+        n = try ctx.fs.read(
           FileHandleID(fi.pointee.fh), offset: UInt64(max(0, off)),
           into: UnsafeMutableRawBufferPointer(rebasing: buf[0..<size]))
         fuse_reply_buf(req, buf.baseAddress?.assumingMemoryBound(to: CChar.self), n)
-      } catch { FuseOperations.fail(req, error) }
+      } catch {
+        FuseOperations.fail(req, error)
+        return
+      }
+      // After the reply (its pages are unlocked then): the rest of the chunk it decrypted.
+      if let fi {
+        FuseOperations.storeChunk(ctx, ino, FileHandleID(fi.pointee.fh), UInt64(max(0, off)), n)
+      }
     }
     ops.write = { req, _, bytes, size, off, fi in
       do {
@@ -311,6 +332,43 @@ enum FuseOperations {
     }
     ops.access = { req, ino, mask in
       FuseOperations.replyOK(req) { try $0.access(Inode(ino), mask: mask) }
+    }
+  }
+
+  /// Puts the rest of the chunk a small read decrypted into the kernel's page cache, so that
+  /// reads of its other pages (random reads) need no request.
+  ///
+  /// Only after the read's reply, so that none of the pages it stores is locked by that read.
+  /// Under `storeLock`, which writable opens and size changes also take: the check that no
+  /// writable handle is open and the store are then atomic with respect to them, so a store
+  /// never lands after a write or truncation put newer bytes in those pages (a writable open
+  /// that comes later drops the stored pages, as `keep_cache` is off for it).
+  static func storeChunk(
+    _ ctx: FuseContext, _ ino: fuse_ino_t, _ h: FileHandleID, _ offset: UInt64, _ count: Int
+  ) {
+    guard count > 0, count < FileSystem.contentChunkSize, let se = ctx.session else { return }
+    let buf = UnsafeMutableRawBufferPointer.allocate(
+      byteCount: FileSystem.contentChunkSize, alignment: 16)
+    defer { buf.deallocate() }
+    guard let chunk = ctx.fs.chunkForPageCache(h, at: offset, count: count, into: buf) else {
+      return
+    }
+    let page: UInt64 = 4096
+    let start = chunk.offset
+    let end = chunk.offset + UInt64(chunk.count)
+    // The pages before and after the read (the read's own pages are in place already).
+    let readStart = max(start, offset & ~(page - 1))
+    let readEnd = min(end, (offset + UInt64(count) + page - 1) & ~(page - 1))
+    ctx.storeLock.withLock {
+      guard ctx.fs.pageCacheChunkIsCurrent(h, chunk) else { return }
+      for (a, b) in [(start, readStart), (readEnd, end)] where b > a {
+        let rc = zdc_notify_store(
+          se, ino, off_t(a), buf.baseAddress! + Int(a - start), Int(b - a))
+        if rc != 0 {
+          ctx.log.debug("page cache store failed: \(rc)")
+          return
+        }
+      }
     }
   }
 

@@ -55,6 +55,60 @@ import ZDCTestSupport
         == Data(repeating: UInt8(ascii: "d"), count: size))
   }
 
+  /// A small read decrypts a whole 64 KiB chunk; the rest of it goes to the kernel's page
+  /// cache, so random reads of its other pages need no request. Writes and truncations through
+  /// other descriptors are still seen by the descriptor that keeps reading.
+  @Test func randomReadsFillThePageCacheAndFollowWrites() throws {
+    let m = try MountFixture()
+    defer { m.unmount() }
+    try m.python(
+      """
+      import os, random, subprocess, time
+      size = 1 << 20
+      data = bytes((i * 7 + (i >> 16)) & 0xff for i in range(size))
+      with open("r.bin", "wb") as f:
+          f.write(data)
+      def resident():
+          out = subprocess.run(["fincore", "--noheadings", "--raw", "--output", "PAGES", "r.bin"],
+                               capture_output=True, text=True, check=True).stdout
+          return int(out.strip())
+      rng = random.Random(1)
+      fd = os.open("r.bin", os.O_RDONLY)
+      os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead by the kernel
+      chunks = [3, 9, 14]
+      # The writer's release reaches the daemon after close(2) returned; until then nothing is
+      # stored (a writable handle is open): try again a few times.
+      for attempt in range(100):
+          os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+          before = resident()
+          for c in chunks:
+              off = c * 65536 + 8192
+              assert os.pread(fd, 4096, off) == data[off:off + 4096], off
+          after = resident()
+          # Every page of each chunk a read decrypted, not only the pages read.
+          if after - before >= 16 * len(chunks):
+              break
+          time.sleep(0.05)
+      assert after - before >= 16 * len(chunks), (before, after)
+      w = os.open("r.bin", os.O_WRONLY)
+      os.pwrite(w, b"Z" * 100000, 300000)
+      os.close(w)
+      new = data[:300000] + b"Z" * 100000 + data[400000:]
+      for _ in range(300):
+          off = rng.randrange(0, size // 4096) * 4096
+          assert os.pread(fd, 4096, off) == new[off:off + 4096], off
+      os.truncate("r.bin", 70000)
+      assert os.fstat(fd).st_size == 70000
+      for _ in range(50):
+          off = rng.randrange(0, size // 4096) * 4096
+          assert os.pread(fd, 4096, off) == new[off:min(off + 4096, 70000)], off
+      os.close(fd)
+      assert os.stat("r.bin").st_size == 70000
+      with open("r.bin", "rb") as f:
+          assert f.read() == new[:70000]
+      """)
+  }
+
   @Test func keptPagesAreDroppedWhenAPullChangesTheFile() throws {
     let dir = try TemporaryDirectory("zdc-read-cache")
     defer { SyncMountTests.expectNoFuseMounts(under: dir) }

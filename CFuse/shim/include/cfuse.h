@@ -52,4 +52,9 @@ void zdc_conn_unwant(struct fuse_conn_info *conn, unsigned int flag);
 /// The capabilities requested so far (`conn->want`).
 unsigned int zdc_conn_wanted(const struct fuse_conn_info *conn);
 
+/// fuse_lowlevel_notify_store of one memory buffer: puts `size` bytes at `offset` into the
+/// kernel's page cache of `ino`. Returns 0 or -errno.
+int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, const void *buf,
+                     size_t size);
+
 #endif
