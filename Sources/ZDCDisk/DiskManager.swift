@@ -44,6 +44,9 @@ public final class DiskManager: @unchecked Sendable {
   private var lastTick: Int64 = 0
   private var accessed: Set<Int64> = []
   private var flushScheduled = false
+  /// Partial entries with chunks filled since the index last recorded them.
+  private var unpersisted: [Int64: Entry] = [:]
+  private var persistScheduled = false
   private var evictionScheduled = false
   private var lost: [NodeID] = []
 
@@ -205,8 +208,9 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
-  /// Writes pending access times to the index now.
+  /// Writes pending access times and filled chunks to the index now.
   public func flush() {
+    persistFills()
     mutationLock.withLock {
       let ticks = stateLock.withLock { () -> [(Int64, Int64)] in
         flushScheduled = false
@@ -634,6 +638,11 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
+  /// Stores downloaded chunks of a partial entry and marks them present at once for readers in
+  /// this process. The index records them later (``persistFills()``, batched, after the file's
+  /// bytes are on stable storage): a fsync per fill made each ranged download wait for the
+  /// disk, and the index must never list a chunk whose bytes a crash could lose (a hole reads
+  /// as zeros). After a crash, unrecorded chunks are downloaded again.
   func fill(_ e: Entry, file: CryptoFile, chunks: Range<UInt64>, bytes: UnsafeRawBufferPointer)
     throws
   {
@@ -644,33 +653,58 @@ public final class DiskManager: @unchecked Sendable {
     }
     guard stateLock.withLock({ e.bitmap != nil }) else { return }
     try file.write(bytes, at: range.lowerBound)
-    // On stable storage before the index says present: a hole must never read as content.
-    try file.sync()
-    try mutationLock.withLock {
-      let row = try stateLock.withLock { () -> IndexRow? in
-        guard !e.removed else { throw DiskError.gone }
-        guard var b = e.bitmap else { return nil }
-        b.insert(chunks)
-        var r = e.row
-        let full = b.isFull
-        r.complete = full
-        r.chunks = full ? nil : b.data
-        r.diskBytes = Self.diskBytes(size: r.size, bitmap: full ? nil : b)
-        return r
-      }
-      guard let row else { return }
-      do { try index.update(row) } catch { throw DiskError.from(error, "") }
-      stateLock.withLock {
-        let full = row.complete
-        if full {
-          e.bitmap = nil
-        } else {
-          e.bitmap = ChunkBitmap(data: row.chunks!, count: e.bitmap!.count)
+    try stateLock.withLock {
+      guard !e.removed else { throw DiskError.gone }
+      guard var b = e.bitmap else { return }
+      b.insert(chunks)
+      var r = e.row
+      let full = b.isFull
+      r.complete = full
+      r.chunks = full ? nil : b.data
+      r.diskBytes = Self.diskBytes(size: r.size, bitmap: full ? nil : b)
+      e.bitmap = full ? nil : b
+      replaceRow(e, r)
+      unpersisted[e.id] = e
+      if !persistScheduled {
+        persistScheduled = true
+        background.asyncAfter(deadline: .now() + Self.fillPersistInterval) { [weak self] in
+          self?.persistFills()
         }
-        replaceRow(e, row)
       }
     }
     scheduleEviction()
+  }
+
+  /// Seconds at most between a fill and the index recording it (see ``persistFills()``).
+  public static let fillPersistInterval: TimeInterval = 1
+
+  /// Records in the index the chunks filled since the last call, each entry's file flushed to
+  /// stable storage first. Runs on its own after fills, and on ``flush()``.
+  public func persistFills() {
+    mutationLock.withLock {
+      // Rows taken before the flush: every chunk they list was written before it was listed.
+      let pending = stateLock.withLock { () -> [(Entry, IndexRow)] in
+        persistScheduled = false
+        defer { unpersisted.removeAll() }
+        return unpersisted.values.compactMap { e in e.removed ? nil : (e, e.row) }
+      }
+      for (e, row) in pending {
+        do {
+          try e.openLock.withLock {
+            if let f = e.file {
+              try f.sync()
+            } else {
+              try LocalDurability.sync(path: path(of: e))
+            }
+          }
+          guard stateLock.withLock({ !e.removed }) else { continue }
+          try index.update(row)
+        } catch {
+          // Not recorded: after a restart these chunks are downloaded again.
+          logger.warning("could not record downloaded chunks in the disk index: \(error)")
+        }
+      }
+    }
   }
 
   // MARK: Staging pool

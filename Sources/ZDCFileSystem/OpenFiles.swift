@@ -32,15 +32,15 @@ enum ReadSource {
   case empty
   case staged(StagingFile)
   case cached(CachedFileHandle)
-  /// A big file read through ranged downloads; the handle is the latest partial entry.
-  case ranged(nodeID: NodeID, size: UInt64, handle: CachedFileHandle?)
+  /// A big file read through ranged downloads into a partial cache entry.
+  case ranged(RangedSource)
 
   var size: UInt64 {
     switch self {
     case .empty: return 0
     case .staged(let f): return f.size
     case .cached(let h): return h.size
-    case .ranged(_, let s, _): return s
+    case .ranged(let r): return r.size
     }
   }
 
@@ -50,19 +50,11 @@ enum ReadSource {
     case .empty: return .empty
     case .staged(let f): return .staged(f.version)
     case .cached(let h): return .cloud(h.eTag)
-    case .ranged(_, _, let h): return h.map { .cloud($0.eTag) } ?? .unknown
+    case .ranged(let r): return r.version
     }
   }
 
-  /// True when reads need not be serialised: the source never changes while open (a sealed
-  /// staged version or complete cached content, each safe for concurrent reads).
-  var readsConcurrently: Bool {
-    switch self {
-    case .empty, .staged, .cached: return true
-    case .ranged: return false
-    }
-  }
-
+  // `mutating` for callers that hold the source in a variable (no source changes itself).
   mutating func read(into buf: UnsafeMutableRawBufferPointer, at offset: UInt64, fs: FileSystem)
     throws -> Int
   {
@@ -70,20 +62,7 @@ enum ReadSource {
     case .empty: return 0
     case .staged(let f): return try f.read(into: buf, at: offset)
     case .cached(let h): return try h.read(into: buf, at: offset)
-    case .ranged(let id, let size, let h):
-      guard offset < size else { return 0 }
-      let range = ByteRange(offset, min(size, offset + UInt64(buf.count)))
-      if let h, h.contains(range) { return try h.read(into: buf, at: offset) }
-      guard let downloads = fs.downloads else { throw FileSystemError.unavailable }
-      let fresh: CachedFileHandle
-      do {
-        fresh = try fs.downloadingNode(id) { try downloads.downloadRange(nodeID: id, range: range) }
-      } catch {
-        throw FileSystemError.io("download failed")
-      }
-      h?.close()
-      self = .ranged(nodeID: id, size: size, handle: fresh)
-      return try fresh.read(into: buf, at: offset)
+    case .ranged(let r): return try r.read(into: buf, at: offset, fs: fs)
     }
   }
 
@@ -92,7 +71,7 @@ enum ReadSource {
     case .empty: break
     case .staged(let f): f.close()
     case .cached(let h): h.close()
-    case .ranged(_, _, let h): h?.close()
+    case .ranged(let r): r.close()
     }
   }
 
@@ -103,7 +82,8 @@ enum ReadSource {
     switch self {
     case .staged(let f): return f.bufferedChunk(containing: offset, into: out)
     case .cached(let h): return h.bufferedChunk(containing: offset, into: out)
-    case .empty, .ranged: return nil
+    case .ranged(let r): return r.bufferedChunk(containing: offset, into: out)
+    case .empty: return nil
     }
   }
 }
@@ -209,7 +189,7 @@ extension FileSystem {
     if let h = cachedSource(node, eTag) { return h }
     guard let downloads else { throw FileSystemError.unavailable }
     if node.dataSize >= options.rangedReadThreshold {
-      return .ranged(nodeID: node.id, size: node.dataSize, handle: nil)
+      return .ranged(RangedSource(nodeID: node.id, size: node.dataSize, handle: nil))
     }
     do {
       return .cached(try downloadingNode(node.id) { try downloads.downloadData(nodeID: node.id) })
@@ -223,7 +203,7 @@ extension FileSystem {
     guard let h = disk.cachedFile(cloudID: node.cloudID, eTag: eTag) else { return nil }
     if h.isComplete { return .cached(h) }
     if node.dataSize >= options.rangedReadThreshold {
-      return .ranged(nodeID: node.id, size: node.dataSize, handle: h)
+      return .ranged(RangedSource(nodeID: node.id, size: node.dataSize, handle: h))
     }
     h.close()
     return nil
@@ -413,20 +393,18 @@ extension FileSystem {
           let node = try read { tx in try existingNode(c.key.nodeID, tx) }
           c.reader = try openReadSource(node)
         }
-        if c.reader!.readsConcurrently {
-          // Decrypt without the lock, so that the kernel's parallel reads (read-ahead) of one
-          // file use every core; the gate keeps the reader open meanwhile.
-          c.beginRead()
-          return .concurrent(c.reader!)
-        }
-        return .done(try c.reader!.read(into: buffer, at: offset, fs: self))
+        // Every source is one version that never changes while open (a sealed staged version,
+        // cached content, ranged downloads of one DATA version): decrypt without the lock, so
+        // that the kernel's parallel reads (read-ahead) of one file use every core. The gate
+        // keeps the reader open meanwhile.
+        c.beginRead()
+        return .concurrent(c.reader!)
       } catch { throw Self.map(error) }
     }
     switch step {
     case .done(let n): return n
     case .concurrent(var source):
       defer { c.endRead() }
-      // A concurrent source never changes itself (only ranged sources do).
       do { return try source.read(into: buffer, at: offset, fs: self) } catch {
         throw Self.map(error)
       }
@@ -454,7 +432,7 @@ extension FileSystem {
     let c = oh.content
     return c.lock.withLock { () -> PageCacheChunk? in
       guard c.writer == nil, !c.dirty, lock.withLock({ c.writableCount == 0 }),
-        let r = c.reader, r.readsConcurrently,
+        let r = c.reader,
         let (start, n) = r.bufferedChunk(containing: offset, into: buffer)
       else { return nil }
       // Nothing to add when the read covered the whole chunk.

@@ -126,4 +126,41 @@ import ZDCTestSupport
     #expect(try Self.read(fs, h, count: size) == Data(repeating: 30, count: size))
     try fs.release(h)
   }
+
+  /// A file not in the cache: random reads download only the chunks they need; a sequential
+  /// reader gets every byte right while read-ahead downloads run in the background.
+  @Test func rangedReadsFetchWhatTheReaderNeeds() throws {
+    let w = try World()
+    let size = 12 << 20
+    var content = Data(count: size)
+    content.withUnsafeMutableBytes { b in
+      for i in stride(from: 0, to: size, by: 8) {
+        b.storeBytes(of: UInt64(i), toByteOffset: i, as: UInt64.self)
+      }
+    }
+    let node = try w.remoteFile("big.bin", data: content)
+    let fs = try w.fileSystem(online: true)
+    let ino = try fs.lookup(parent: 1, name: "big.bin").inode
+    let h = try fs.open(ino, flags: O_RDONLY).handle
+    let offsets = [9 << 20 + 5000, 3 << 20 + 104, 11 << 20 + 70000, 6 << 20]
+    for o in offsets {
+      #expect(
+        try LazyDownloadTests.read(fs, h, at: UInt64(o), count: 4096) == content[o..<(o + 4096)])
+    }
+    let partial = try #require(w.disk.cachedFile(cloudID: node.cloudID, eTag: node.eTagData!))
+    // One 64 KiB chunk per read, nothing ahead of readers that jump around.
+    let present = (0..<UInt64(size >> 16)).filter {
+      partial.contains(ByteRange($0 << 16, ($0 + 1) << 16))
+    }
+    #expect(present.count == offsets.count)
+    partial.close()
+    // Sequential 1 MiB reads, as the kernel's read-ahead sends them.
+    var offset = 0
+    while offset < size {
+      let got = try LazyDownloadTests.read(fs, h, at: UInt64(offset), count: 1 << 20)
+      #expect(got == content[offset..<min(size, offset + (1 << 20))], "at \(offset)")
+      offset += 1 << 20
+    }
+    try fs.release(h)
+  }
 }
