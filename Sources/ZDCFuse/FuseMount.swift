@@ -33,9 +33,16 @@ final class FuseContext: @unchecked Sendable {
   let log = Logger(label: "zdc.fuse")
   /// Entry and attribute cache lifetime: short, because another device may change the tree.
   let timeout: Double = 1.0
-  /// Serialises chunks stored into the kernel's page cache with writable opens and size
-  /// changes (see `FuseOperations.storeChunk`).
+  /// Held while a chunk is checked and stored into the kernel's page cache (see
+  /// `FuseOperations.storeChunk`).
   let storeLock = NSLock()
+
+  /// Waits for the page-cache stores in progress: called after the engine took a writable
+  /// open or a size change into account, before the kernel is told.
+  func waitForStores() {
+    storeLock.lock()
+    storeLock.unlock()
+  }
 
   init(fs: FileSystem) { self.fs = fs }
 }

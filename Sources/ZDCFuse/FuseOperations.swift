@@ -150,11 +150,11 @@ enum FuseOperations {
         }
       }
       let handle = fi.map { FileHandleID($0.pointee.fh) }
-      let lock = changes.size == nil ? nil : FuseOperations.context(req).storeLock
+      let ctx = FuseOperations.context(req)
       FuseOperations.replyAttr(req) { fs in
-        lock?.lock()
-        defer { lock?.unlock() }
-        return try fs.setattr(Inode(ino), changes, handle: handle)
+        let a = try fs.setattr(Inode(ino), changes, handle: handle)
+        if changes.size != nil { ctx.waitForStores() }
+        return a
       }
     }
     ops.readlink = { req, ino in
@@ -204,10 +204,8 @@ enum FuseOperations {
         guard let fi else { throw FileSystemError.badHandle }
         let ctx = FuseOperations.context(req)
         let flags = fi.pointee.flags
-        let opened =
-          flags & O_ACCMODE == O_RDONLY
-          ? try ctx.fs.open(Inode(ino), flags: flags)
-          : try ctx.storeLock.withLock { try ctx.fs.open(Inode(ino), flags: flags) }
+        let opened = try ctx.fs.open(Inode(ino), flags: flags)
+        if flags & O_ACCMODE != O_RDONLY { ctx.waitForStores() }
         fi.pointee.fh = UInt64(opened.handle)
         zdc_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
         // `flush` commits writes only: a read-only descriptor's close needs no round trip.
@@ -220,10 +218,10 @@ enum FuseOperations {
       let ctx = FuseOperations.context(req)
       do {
         guard let fi else { throw FileSystemError.badHandle }
-        let (attrs, opened) = try ctx.storeLock.withLock {
-          try ctx.fs.create(
-            parent: Inode(parent), name: n, mode: UInt32(mode), flags: fi.pointee.flags)
-        }
+        let (attrs, opened) = try ctx.fs.create(
+          parent: Inode(parent), name: n, mode: UInt32(mode), flags: fi.pointee.flags)
+        // It may have opened an existing file (a name another device just created).
+        ctx.waitForStores()
         fi.pointee.fh = UInt64(opened.handle)
         var e = FuseOperations.entry(attrs, ctx)
         fuse_reply_create(req, &e, fi)
@@ -339,10 +337,12 @@ enum FuseOperations {
   /// reads of its other pages (random reads) need no request.
   ///
   /// Only after the read's reply, so that none of the pages it stores is locked by that read.
-  /// Under `storeLock`, which writable opens and size changes also take: the check that no
-  /// writable handle is open and the store are then atomic with respect to them, so a store
-  /// never lands after a write or truncation put newer bytes in those pages (a writable open
-  /// that comes later drops the stored pages, as `keep_cache` is off for it).
+  /// The check that the chunk is current (no writable handle, same version) and the store run
+  /// under `storeLock`; a writable open, or a size change, waits on that lock after the engine
+  /// counted it and before the kernel hears of it (`waitForStores`). So a store either ends
+  /// before the kernel can write or truncate those pages (a writable open then drops the
+  /// stored pages, as `keep_cache` is off for it), or sees the change and stores nothing: a
+  /// store never lands after a write or truncation put newer bytes there.
   static func storeChunk(
     _ ctx: FuseContext, _ ino: fuse_ino_t, _ h: FileHandleID, _ offset: UInt64, _ count: Int
   ) {
