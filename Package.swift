@@ -111,7 +111,8 @@ let package = Package(
     .executableTarget(
       name: "zdc-bench",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "CSodium", "ZDCCatalog", "ZDCLocalStore", "ZDCSync",
+        "ZDCCore", "ZDCCrypto", "CSodium", "ZDCCatalog", "ZDCLocalStore", "ZDCSync", "ZDCDisk",
+        "ZDCFileSystem",
       ],
       swiftSettings: strict),
 

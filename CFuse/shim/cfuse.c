@@ -46,6 +46,7 @@ struct fuse_entry_param zdc_fuse_entry_param_zero(void) {
 
 void zdc_fi_set_direct_io(struct fuse_file_info *fi, int on) { fi->direct_io = on ? 1 : 0; }
 void zdc_fi_set_keep_cache(struct fuse_file_info *fi, int on) { fi->keep_cache = on ? 1 : 0; }
+void zdc_fi_set_noflush(struct fuse_file_info *fi, int on) { fi->noflush = on ? 1 : 0; }
 void zdc_fi_set_nonseekable(struct fuse_file_info *fi, int on) { fi->nonseekable = on ? 1 : 0; }
 int zdc_fi_get_writepage(const struct fuse_file_info *fi) { return fi->writepage; }
 
@@ -55,3 +56,10 @@ void zdc_conn_want(struct fuse_conn_info *conn, unsigned int flag) {
 unsigned int zdc_conn_capable(const struct fuse_conn_info *conn) { return conn->capable; }
 void zdc_conn_unwant(struct fuse_conn_info *conn, unsigned int flag) { conn->want &= ~flag; }
 unsigned int zdc_conn_wanted(const struct fuse_conn_info *conn) { return conn->want; }
+
+int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, const void *buf,
+                     size_t size) {
+  struct fuse_bufvec bufv = FUSE_BUFVEC_INIT(size);
+  bufv.buf[0].mem = (void *)buf;
+  return fuse_lowlevel_notify_store(se, ino, offset, &bufv, 0);
+}

@@ -19,9 +19,14 @@ import ZDCCore
 /// Changes reach the disk on `sync()` or `close()` (or when the buffer moves to another chunk);
 /// a file left mid-update by a crash fails authentication rather than returning wrong bytes.
 ///
-/// Thread-safe: every operation holds an internal lock.
+/// Thread-safe. Reads run concurrently with one another (each decrypts whole chunks straight
+/// into the caller's buffer, the one-chunk buffer serving only partial chunks); writes, size
+/// changes and closing wait for them and exclude everything else.
 public final class CryptoFile: @unchecked Sendable {
-  // @unchecked: all mutable state is guarded by `lock`.
+  // @unchecked: mutable state is guarded by `lock`. `gate` is held shared by reads and
+  // exclusively by every operation that writes the file or closes it, so that while a read
+  // holds it the file on disk is current (reads flush a dirty buffer first) and `fd` stays
+  // open: reads then decrypt whole chunks without `lock`.
 
   /// The format version.
   public static let version: UInt8 = 1
@@ -38,46 +43,42 @@ public final class CryptoFile: @unchecked Sendable {
   static let fileIDSize = 16
 
   private let lock = NSLock()
+  private let gate: UnsafeMutablePointer<pthread_rwlock_t>
   private var fd: Int32
   private let key: Data
-  /// fileID (16) ‖ u64 LE chunk index ‖ u8 last flag.
-  private var ad = [UInt8](repeating: 0, count: 16 + 8 + 1)
+  private let fileID: [UInt8]
   private var plaintextSize: UInt64
   private var physicalSize: UInt64
   /// Plaintext of the buffered chunk; bytes from `bufferLength` on are zero.
   private let buffer: UnsafeMutableRawBufferPointer
   private var bufferIndex: UInt64?
   private var bufferLength = 0
-  /// Bytes of `buffer` that may be non-zero (from here on it is zero): making the buffer zero
-  /// costs only what was used, not 64 KiB (most files are small).
-  private var bufferExtent = 0
   private var bufferDirty = false
-  /// Scratch space for one slot.
+  /// Scratch space for one slot (with room for the header before it, see `open`).
   private let slot: UnsafeMutableRawBufferPointer
   /// Number of chunk encryptions so far (for tests of the write-back buffer).
   private(set) var chunkEncryptions = 0
 
-  private init(fd: Int32, key: Data, fileID: Data, plaintextSize: UInt64, physicalSize: UInt64) {
+  /// `slot` must hold `headerSize + slotSize` bytes; the file takes ownership of it.
+  private init(
+    fd: Int32, key: Data, fileID: [UInt8], plaintextSize: UInt64, physicalSize: UInt64,
+    slot: UnsafeMutableRawBufferPointer
+  ) {
     self.fd = fd
     self.key = key
+    self.fileID = fileID
     self.plaintextSize = plaintextSize
     self.physicalSize = physicalSize
-    // Both from one anonymous mapping: zero pages that cost nothing until touched, and that
-    // leave the process (plaintext included) when unmapped — no 64 KiB memset at either end.
-    let space = Self.mapSize
-    let base = mmap(nil, space, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-    if let base, base != MAP_FAILED {
-      mapped = UnsafeMutableRawBufferPointer(start: base, count: space)
-    } else {
-      let fallback = UnsafeMutableRawBufferPointer.allocate(byteCount: space, alignment: 16)
-      fallback.initializeMemory(as: UInt8.self, repeating: 0)
-      mapped = fallback
-      isMapped = false
-    }
-    buffer = UnsafeMutableRawBufferPointer(rebasing: mapped[0..<Self.chunkSize])
-    slot = UnsafeMutableRawBufferPointer(
-      rebasing: mapped[Self.slotStart..<(Self.slotStart + Self.slotSize)])
-    ad.replaceSubrange(0..<16, with: fileID)
+    // Uninitialised: every path fills the bytes it uses first (`load`, `create`).
+    buffer = .allocate(byteCount: Self.chunkSize, alignment: 16)
+    self.slot = slot
+    gate = .allocate(capacity: 1)
+    var attr = pthread_rwlockattr_t()
+    pthread_rwlockattr_init(&attr)
+    // A steady stream of reads must not starve a writer.
+    pthread_rwlockattr_setkind_np(&attr, Int32(PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP))
+    pthread_rwlock_init(gate, &attr)
+    pthread_rwlockattr_destroy(&attr)
   }
 
   deinit {
@@ -85,27 +86,24 @@ public final class CryptoFile: @unchecked Sendable {
       try? flush()
       Glibc.close(fd)
     }
-    if isMapped {
-      munmap(mapped.baseAddress, mapped.count)
-    } else {
-      sodium_memzero(mapped.baseAddress, mapped.count)
-      mapped.deallocate()
-    }
+    sodium_memzero(buffer.baseAddress, buffer.count)
+    buffer.deallocate()
+    slot.deallocate()
+    pthread_rwlock_destroy(gate)
+    gate.deallocate()
   }
 
-  /// The buffer and the slot scratch space, page-aligned.
-  private let mapped: UnsafeMutableRawBufferPointer
-  private var isMapped = true
-  private static let slotStart = chunkSize
-  private static let mapSize = (chunkSize + slotSize + 4095) & ~4095
+  static func allocateSlotScratch() -> UnsafeMutableRawBufferPointer {
+    .allocate(byteCount: headerSize + slotSize, alignment: 16)
+  }
 
-  /// Makes the whole buffer zero again.
-  private func zeroBuffer() {
-    if bufferExtent > 0 {
-      UnsafeMutableRawBufferPointer(rebasing: buffer[0..<bufferExtent])
-        .initializeMemory(as: UInt8.self, repeating: 0)
-    }
-    bufferExtent = 0
+  /// Runs `body` holding `gate` exclusively, then `lock`.
+  private func exclusive<T>(_ body: () throws -> T) rethrows -> T {
+    pthread_rwlock_wrlock(gate)
+    defer { pthread_rwlock_unlock(gate) }
+    lock.lock()
+    defer { lock.unlock() }
+    return try body()
   }
 
   // MARK: Layout arithmetic
@@ -178,7 +176,9 @@ public final class CryptoFile: @unchecked Sendable {
       throw error
     }
     let file = CryptoFile(
-      fd: fd, key: key, fileID: fileID, plaintextSize: 0, physicalSize: UInt64(headerSize))
+      fd: fd, key: key, fileID: [UInt8](fileID), plaintextSize: 0,
+      physicalSize: UInt64(headerSize), slot: allocateSlotScratch())
+    file.buffer.initializeMemory(as: UInt8.self, repeating: 0)
     file.bufferIndex = 0
     file.bufferLength = 0
     file.bufferDirty = true
@@ -188,29 +188,44 @@ public final class CryptoFile: @unchecked Sendable {
 
   /// Opens an existing CryptoFile; checks its header and authenticates its last chunk.
   public static func open(at url: URL, key: Data) throws -> CryptoFile {
+    try open(path: url.path, key: key)
+  }
+
+  /// Opens an existing CryptoFile at a path; checks its header and authenticates its last
+  /// chunk. A file of one chunk is read with one call.
+  public static func open(path: String, key: Data) throws -> CryptoFile {
     guard key.count == AEAD.keySize else {
       throw CryptoError.invalidKey("file key must be 32 bytes")
     }
-    let fd = try POSIXIO.open(url.path, O_RDWR)
+    let fd = try POSIXIO.open(path, O_RDWR)
+    var scratch: UnsafeMutableRawBufferPointer? = allocateSlotScratch()
+    defer { scratch?.deallocate() }
     do {
-      var header = Data(count: headerSize)
-      let got = try header.withUnsafeMutableBytes { try POSIXIO.pread(fd, $0, 0) }
-      guard got == headerSize else { throw CryptoError.truncated("CryptoFile header") }
-      try header.withUnsafeBytes { h in
-        guard h[0..<8].elementsEqual(magic) else { throw CryptoError.malformed("CryptoFile magic") }
-        guard h[8] == version else { throw CryptoError.unsupportedVersion(Int(h[8])) }
-        guard h[9] == chunkShift, h[10..<16].allSatisfy({ $0 == 0 }) else {
-          throw CryptoError.malformed("CryptoFile header")
-        }
-      }
+      let buf = scratch!
       let physical = try POSIXIO.size(fd)
+      // The header, and the whole slot too when it is the only one.
+      let whole = physical <= UInt64(buf.count)
+      let want = whole ? Int(physical) : headerSize
+      let got = try POSIXIO.pread(fd, UnsafeMutableRawBufferPointer(rebasing: buf[0..<want]), 0)
+      guard got >= headerSize else { throw CryptoError.truncated("CryptoFile header") }
+      let h = UnsafeRawBufferPointer(rebasing: buf[0..<headerSize])
+      guard h[0..<8].elementsEqual(magic) else { throw CryptoError.malformed("CryptoFile magic") }
+      guard h[8] == version else { throw CryptoError.unsupportedVersion(Int(h[8])) }
+      guard h[9] == chunkShift, h[10..<16].allSatisfy({ $0 == 0 }) else {
+        throw CryptoError.malformed("CryptoFile header")
+      }
       guard let size = plaintextSize(physicalSize: physical) else {
         throw CryptoError.truncated("CryptoFile of \(physical) bytes cannot be valid")
       }
       let file = CryptoFile(
-        fd: fd, key: key, fileID: header.subdata(in: 16..<32), plaintextSize: size,
-        physicalSize: physical)
-      try file.load(lastIndex(size), fresh: false)
+        fd: fd, key: key, fileID: [UInt8](h[16..<32]), plaintextSize: size,
+        physicalSize: physical, slot: buf)
+      scratch = nil  // owned by the file now
+      if whole && got == want && lastIndex(size) == 0 {
+        try file.takeChunk(0, slotAt: UnsafeRawBufferPointer(rebasing: buf[headerSize..<want]))
+      } else {
+        try file.load(lastIndex(size), fresh: false)
+      }
       return file
     } catch {
       Glibc.close(fd)
@@ -224,9 +239,16 @@ public final class CryptoFile: @unchecked Sendable {
     guard fd >= 0 else { throw StoreError.io("CryptoFile is closed", errno: EBADF) }
   }
 
-  private func setAD(index: UInt64, last: Bool) {
-    ad.withUnsafeMutableBytes { LE.store(index, $0, at: 16) }
-    ad[24] = last ? 1 : 0
+  /// fileID (16) ‖ u64 LE chunk index ‖ u8 last flag.
+  private func withAD<T>(index: UInt64, last: Bool, _ body: (UnsafeRawBufferPointer) throws -> T)
+    rethrows -> T
+  {
+    try withUnsafeTemporaryAllocation(byteCount: Self.fileIDSize + 9, alignment: 8) { ad in
+      fileID.withUnsafeBytes { ad.copyMemory(from: $0) }
+      LE.store(index, ad, at: Self.fileIDSize)
+      ad[Self.fileIDSize + 8] = last ? 1 : 0
+      return try body(UnsafeRawBufferPointer(ad))
+    }
   }
 
   /// Encrypts the buffered chunk into its slot if it changed.
@@ -234,11 +256,10 @@ public final class CryptoFile: @unchecked Sendable {
     guard bufferDirty, let index = bufferIndex else { return }
     let length = bufferLength
     let last = index == Self.lastIndex(plaintextSize)
-    setAD(index: index, last: last)
     randombytes_buf(slot.baseAddress!, AEAD.nonceSize)
     let nonce = UnsafeRawBufferPointer(rebasing: slot[0..<AEAD.nonceSize])
-    let body = UnsafeMutableRawBufferPointer(rebasing: slot[AEAD.nonceSize...])
-    _ = try ad.withUnsafeBytes { a in
+    let body = UnsafeMutableRawBufferPointer(rebasing: slot[AEAD.nonceSize..<Self.slotSize])
+    _ = try withAD(index: index, last: last) { a in
       try key.withUnsafeBytes { k in
         try AEAD.seal(
           UnsafeRawBufferPointer(rebasing: buffer[0..<length]), into: body, nonce: nonce,
@@ -259,6 +280,36 @@ public final class CryptoFile: @unchecked Sendable {
     bufferDirty = false
   }
 
+  /// Authenticates and decrypts the slot of chunk `index` (`slot` holds nonce ‖ ciphertext ‖
+  /// tag of `length` plaintext bytes) into `out`; a hole (a non-final all-zero slot) gives
+  /// zeros. Touches no mutable state.
+  private func openSlot(
+    _ slot: UnsafeRawBufferPointer, index: UInt64, length: Int, last: Bool,
+    into out: UnsafeMutableRawBufferPointer
+  ) throws {
+    let count = Self.slotOverhead + length
+    if !last, slot[0..<AEAD.nonceSize].allSatisfy({ $0 == 0 }),
+      sodium_is_zero(slot.baseAddress!.assumingMemoryBound(to: UInt8.self), count) == 1
+    {
+      UnsafeMutableRawBufferPointer(rebasing: out[0..<length])
+        .initializeMemory(as: UInt8.self, repeating: 0)
+      return
+    }
+    do {
+      _ = try withAD(index: index, last: last) { a in
+        try key.withUnsafeBytes { k in
+          try AEAD.open(
+            UnsafeRawBufferPointer(rebasing: slot[AEAD.nonceSize..<count]),
+            into: UnsafeMutableRawBufferPointer(rebasing: out[0..<length]),
+            nonce: UnsafeRawBufferPointer(rebasing: slot[0..<AEAD.nonceSize]),
+            associatedData: a, key: k)
+        }
+      }
+    } catch CryptoError.authenticationFailed {
+      throw CryptoError.authenticationFailed("CryptoFile chunk \(index)")
+    }
+  }
+
   /// Makes chunk `index` the buffered chunk (flushing the previous one). A `fresh` chunk starts
   /// as zeros without reading the disk; otherwise its slot is read and authenticated.
   private func load(_ index: UInt64, fresh: Bool) throws {
@@ -266,44 +317,33 @@ public final class CryptoFile: @unchecked Sendable {
     try flush()
     bufferIndex = nil
     if fresh {
-      zeroBuffer()
+      buffer.initializeMemory(as: UInt8.self, repeating: 0)
       bufferLength = 0
       bufferIndex = index
       return
     }
     let length = Self.chunkLength(index, plaintextSize)
-    let last = index == Self.lastIndex(plaintextSize)
     let count = Self.slotOverhead + length
     let got = try POSIXIO.pread(
       fd, UnsafeMutableRawBufferPointer(rebasing: slot[0..<count]), Self.slotOffset(index))
     guard got == count else { throw CryptoError.truncated("CryptoFile slot \(index)") }
-    if !last, slot[0..<AEAD.nonceSize].allSatisfy({ $0 == 0 }),
-      sodium_is_zero(slot.baseAddress!.assumingMemoryBound(to: UInt8.self), count) == 1
-    {
-      // A hole: reads as zeros.
-      zeroBuffer()
-    } else {
-      setAD(index: index, last: last)
-      do {
-        _ = try ad.withUnsafeBytes { a in
-          try key.withUnsafeBytes { k in
-            try AEAD.open(
-              UnsafeRawBufferPointer(rebasing: slot[AEAD.nonceSize..<count]), into: buffer,
-              nonce: UnsafeRawBufferPointer(rebasing: slot[0..<AEAD.nonceSize]),
-              associatedData: a, key: k)
-          }
-        }
-      } catch CryptoError.authenticationFailed {
-        // The buffer may hold part of the plaintext: it holds nothing valid now.
-        bufferExtent = Self.chunkSize
-        zeroBuffer()
-        throw CryptoError.authenticationFailed("CryptoFile chunk \(index)")
-      }
-      if length < bufferExtent {
-        UnsafeMutableRawBufferPointer(rebasing: buffer[length..<bufferExtent])
-          .initializeMemory(as: UInt8.self, repeating: 0)
-      }
-      bufferExtent = length
+    try takeChunk(index, slotAt: UnsafeRawBufferPointer(rebasing: slot[0..<count]))
+  }
+
+  /// Makes chunk `index` the buffered chunk from its slot bytes, already read (`slot` holds
+  /// exactly its slot); the buffer holds nothing dirty.
+  private func takeChunk(_ index: UInt64, slotAt slot: UnsafeRawBufferPointer) throws {
+    let length = Self.chunkLength(index, plaintextSize)
+    guard slot.count == Self.slotOverhead + length else {
+      throw CryptoError.truncated("CryptoFile slot \(index)")
+    }
+    bufferIndex = nil
+    try openSlot(
+      slot, index: index, length: length, last: index == Self.lastIndex(plaintextSize),
+      into: buffer)
+    if length < Self.chunkSize {
+      UnsafeMutableRawBufferPointer(rebasing: buffer[length...])
+        .initializeMemory(as: UInt8.self, repeating: 0)
     }
     bufferLength = length
     bufferIndex = index
@@ -336,25 +376,98 @@ public final class CryptoFile: @unchecked Sendable {
 
   /// Reads up to `buffer.count` bytes at `offset` into `buffer`; returns the number read,
   /// fewer than asked only at the end of the file.
+  ///
+  /// Whole chunks are decrypted straight into `out`, outside the lock (other reads proceed
+  /// meanwhile); a partial chunk goes through the one-chunk buffer, so that small sequential
+  /// reads decrypt each chunk once.
   public func read(into out: UnsafeMutableRawBufferPointer, at offset: UInt64) throws -> Int {
-    lock.lock()
-    defer { lock.unlock() }
-    try checkOpen()
-    guard offset < plaintextSize, out.count > 0 else { return 0 }
-    let end = min(plaintextSize, offset + UInt64(out.count))
+    pthread_rwlock_rdlock(gate)
+    defer { pthread_rwlock_unlock(gate) }
+    let (fd, size, buffered) = try lock.withLock { () -> (Int32, UInt64, UInt64?) in
+      try checkOpen()
+      // Holding the gate shared, nothing else writes: with the buffer flushed, every slot on
+      // disk is current until the read ends.
+      try flush()
+      return (self.fd, plaintextSize, bufferIndex)
+    }
+    guard offset < size, out.count > 0 else { return 0 }
+    let end = min(size, offset + UInt64(out.count))
+    let last = Self.lastIndex(size)
     var pos = offset
     while pos < end {
       let index = pos >> UInt64(Self.chunkShift)
-      try load(index, fresh: false)
       let start = index << UInt64(Self.chunkShift)
+      let length = Self.chunkLength(index, size)
       let a = Int(pos - start)
-      let b = Int(min(end, start + UInt64(Self.chunkSize)) - start)
+      let b = Int(min(end, start + UInt64(length)) - start)
       let dst = Int(pos - offset)
-      UnsafeMutableRawBufferPointer(rebasing: out[dst..<(dst + b - a)])
-        .copyMemory(from: UnsafeRawBufferPointer(rebasing: buffer[a..<b]))
+      let target = UnsafeMutableRawBufferPointer(rebasing: out[dst..<(dst + b - a)])
+      if a == 0 && b == length && index != buffered {
+        // A run of whole chunks: every chunk before the one holding `end` (and that one too
+        // when the read reaches the end of the file), up to the buffered chunk.
+        var through = end == size ? last + 1 : min(last + 1, end >> UInt64(Self.chunkShift))
+        if let buffered, buffered > index { through = min(through, buffered) }
+        let bytes = try readWhole(
+          fd, chunks: index..<max(index + 1, through), size: size,
+          into: UnsafeMutableRawBufferPointer(rebasing: out[dst...]))
+        pos = start + UInt64(bytes)
+        continue
+      }
+      try lock.withLock {
+        // Another read may have moved the buffer meanwhile; the chunk is then read again.
+        try load(index, fresh: false)
+        target.copyMemory(from: UnsafeRawBufferPointer(rebasing: buffer[a..<b]))
+      }
       pos = start + UInt64(b)
     }
     return Int(end - offset)
+  }
+
+  /// Copies the buffered chunk into `out` (at least ``chunkSize`` bytes) when it is the chunk
+  /// holding `offset` and holds no unwritten change; returns where it starts and its length.
+  /// Lets a caller hand a chunk that a small read just decrypted to another cache.
+  public func bufferedChunk(containing offset: UInt64, into out: UnsafeMutableRawBufferPointer)
+    -> (start: UInt64, count: Int)?
+  {
+    lock.withLock {
+      guard fd >= 0, !bufferDirty, let index = bufferIndex,
+        index == offset >> UInt64(Self.chunkShift), out.count >= bufferLength
+      else { return nil }
+      out.copyMemory(from: UnsafeRawBufferPointer(rebasing: buffer[0..<bufferLength]))
+      return (index << UInt64(Self.chunkShift), bufferLength)
+    }
+  }
+
+  /// Decrypts whole chunks (the caller holds `gate` shared) into `out`, reading several
+  /// slots per call; returns the plaintext bytes written.
+  private func readWhole(
+    _ fd: Int32, chunks: Range<UInt64>, size: UInt64, into out: UnsafeMutableRawBufferPointer
+  ) throws -> Int {
+    let last = Self.lastIndex(size)
+    let scratch = ScratchPool.shared.take()
+    defer { ScratchPool.shared.give(scratch) }
+    var written = 0
+    var index = chunks.lowerBound
+    while index < chunks.upperBound {
+      let n = min(chunks.upperBound - index, UInt64(ScratchPool.slots))
+      let tail = index + n - 1
+      let physical = Int(n - 1) * Self.slotSize + Self.slotOverhead + Self.chunkLength(tail, size)
+      let got = try POSIXIO.pread(
+        fd, UnsafeMutableRawBufferPointer(rebasing: scratch[0..<physical]), Self.slotOffset(index))
+      guard got == physical else { throw CryptoError.truncated("CryptoFile slot \(index)") }
+      for i in 0..<Int(n) {
+        let chunk = index + UInt64(i)
+        let length = Self.chunkLength(chunk, size)
+        let from = i * Self.slotSize
+        try openSlot(
+          UnsafeRawBufferPointer(rebasing: scratch[from..<(from + Self.slotOverhead + length)]),
+          index: chunk, length: length, last: chunk == last,
+          into: UnsafeMutableRawBufferPointer(rebasing: out[written..<(written + length)]))
+        written += length
+      }
+      index += n
+    }
+    return written
   }
 
   /// Reads up to `count` bytes at `offset` (fewer at the end of the file).
@@ -368,8 +481,10 @@ public final class CryptoFile: @unchecked Sendable {
 
   /// Writes bytes at any offset; writing beyond the end fills the gap with zeros.
   public func write(_ bytes: UnsafeRawBufferPointer, at offset: UInt64) throws {
-    lock.lock()
-    defer { lock.unlock() }
+    try exclusive { try writeLocked(bytes, at: offset) }
+  }
+
+  private func writeLocked(_ bytes: UnsafeRawBufferPointer, at offset: UInt64) throws {
     try checkOpen()
     guard bytes.count > 0 else { return }
     guard offset <= UInt64(Int64.max) - UInt64(bytes.count) else {
@@ -398,7 +513,6 @@ public final class CryptoFile: @unchecked Sendable {
       let src = Int(pos - offset)
       UnsafeMutableRawBufferPointer(rebasing: buffer[a..<b])
         .copyMemory(from: UnsafeRawBufferPointer(rebasing: bytes[src..<(src + b - a)]))
-      bufferExtent = max(bufferExtent, b)
       bufferLength = length
       bufferDirty = true
       pos = start + UInt64(b)
@@ -412,8 +526,10 @@ public final class CryptoFile: @unchecked Sendable {
 
   /// Shrinks or grows (with zeros) the file to `newSize` bytes.
   public func truncate(to newSize: UInt64) throws {
-    lock.lock()
-    defer { lock.unlock() }
+    try exclusive { try truncateLocked(to: newSize) }
+  }
+
+  private func truncateLocked(to newSize: UInt64) throws {
     try checkOpen()
     if newSize == plaintextSize { return }
     guard newSize <= UInt64(Int64.max) else {
@@ -437,32 +553,32 @@ public final class CryptoFile: @unchecked Sendable {
 
   /// Writes the buffered chunk and flushes the file to stable storage.
   public func sync() throws {
-    lock.lock()
-    defer { lock.unlock() }
-    try checkOpen()
-    try flush()
-    try POSIXIO.fsync(fd)
+    try exclusive {
+      try checkOpen()
+      try flush()
+      try POSIXIO.fsync(fd)
+    }
   }
 
   /// Writes the buffered chunk to the file (no fsync): the content survives a crash of this
   /// process, not a power loss (use ``sync()`` for that).
   public func flushBuffer() throws {
-    lock.lock()
-    defer { lock.unlock() }
-    try checkOpen()
-    try flush()
+    try exclusive {
+      try checkOpen()
+      try flush()
+    }
   }
 
   /// Writes the buffered chunk and closes the file; later calls throw.
   public func close() throws {
-    lock.lock()
-    defer { lock.unlock() }
-    guard fd >= 0 else { return }
-    defer {
-      Glibc.close(fd)
-      fd = -1
+    try exclusive {
+      guard fd >= 0 else { return }
+      defer {
+        Glibc.close(fd)
+        fd = -1
+      }
+      try flush()
     }
-    try flush()
   }
 
   /// Streams the whole plaintext in order, one chunk (or less) per call.
@@ -484,5 +600,31 @@ public final class CryptoFile: @unchecked Sendable {
       offset += UInt64(n)
       return n
     }
+  }
+}
+
+/// Reusable scratch buffers for reads of whole chunks (several slots each), so that large
+/// reads allocate nothing.
+final class ScratchPool: @unchecked Sendable {
+  // @unchecked: `free` is guarded by `lock`.
+  /// Slots per buffer (1 MiB of plaintext).
+  static let slots = 16
+  static let shared = ScratchPool()
+  private let lock = NSLock()
+  private var free: [UnsafeMutableRawBufferPointer] = []
+
+  func take() -> UnsafeMutableRawBufferPointer {
+    lock.withLock { free.popLast() }
+      ?? .allocate(byteCount: Self.slots * CryptoFile.slotSize, alignment: 16)
+  }
+
+  /// Returns a buffer (ciphertext only, never plaintext); keeps a few.
+  func give(_ b: UnsafeMutableRawBufferPointer) {
+    let kept = lock.withLock { () -> Bool in
+      guard free.count < 8 else { return false }
+      free.append(b)
+      return true
+    }
+    if !kept { b.deallocate() }
   }
 }

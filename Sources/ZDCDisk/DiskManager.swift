@@ -25,6 +25,8 @@ public final class DiskManager: @unchecked Sendable {
   public let cacheDirectory: URL
   /// Where staged content lives.
   public let stagingDirectory: URL
+  private let cachePath: String
+  private let stagingPath: String
   /// The local cache key every file is encrypted under.
   public let key: Data
 
@@ -44,6 +46,9 @@ public final class DiskManager: @unchecked Sendable {
   private var provisionalIDs: Int64 = 0
   private var accessed: Set<Int64> = []
   private var flushScheduled = false
+  /// Partial entries with chunks filled since the index last recorded them.
+  private var unpersisted: [Int64: Entry] = [:]
+  private var persistScheduled = false
   private var evictionScheduled = false
   private var lost: [NodeID] = []
 
@@ -57,7 +62,8 @@ public final class DiskManager: @unchecked Sendable {
 
   /// Opens (creating if needed) the cache and staging of `directory` under `key` (32 bytes),
   /// reconciling the index with the files found. `capBytes` defaults to
-  /// ``defaultCap(for:)``; with `automaticEviction` off, only ``evictIfNeeded()`` evicts.
+  /// ``defaultCap(for:holding:)`` of what the directory holds; with `automaticEviction` off,
+  /// only ``evictIfNeeded()`` evicts.
   public init(
     directory: URL, key: Data, capBytes: UInt64? = nil, automaticEviction: Bool = true
   ) throws {
@@ -67,6 +73,8 @@ public final class DiskManager: @unchecked Sendable {
     self.automaticEviction = automaticEviction
     cacheDirectory = directory.appendingPathComponent("cache", isDirectory: true)
     stagingDirectory = directory.appendingPathComponent("staging", isDirectory: true)
+    cachePath = Self.withoutTrailingSlash(cacheDirectory.path)
+    stagingPath = Self.withoutTrailingSlash(stagingDirectory.path)
     for d in [directory, cacheDirectory, stagingDirectory] {
       try FileManager.default.createDirectory(
         at: d, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
@@ -76,18 +84,29 @@ public final class DiskManager: @unchecked Sendable {
     } catch {
       throw DiskError.from(error, "cannot open the disk index")
     }
-    totals.capBytes = capBytes ?? Self.defaultCap(for: directory)
+    totals.capBytes = capBytes ?? .max
     try reconcile()
+    if capBytes == nil {
+      let held = stateLock.withLock { totals.bytes }
+      self.capBytes = Self.defaultCap(for: directory, holding: held)
+    }
   }
 
   deinit { flush() }
 
-  /// 10% of the free space of the filesystem holding `directory`, at least 256 MiB.
-  public static func defaultCap(for directory: URL) -> UInt64 {
+  /// Half the space available to the cache on the filesystem holding `directory` — its free
+  /// space plus the `holding` bytes the cache and staging already take there — and at least
+  /// 256 MiB.
+  ///
+  /// Counting what the cache holds keeps the cap from shrinking at each mount as the cache
+  /// fills the disk; half (not less) keeps a file just written, or just read, cached when the
+  /// disk has room for it: evicting it would only make the next read download it again.
+  public static func defaultCap(for directory: URL, holding: UInt64 = 0) -> UInt64 {
     let minimum: UInt64 = 256 << 20
     var s = statvfs()
     guard statvfs(directory.path, &s) == 0 else { return minimum }
-    return max(UInt64(s.f_bavail) * UInt64(s.f_frsize) / 10, minimum)
+    let available = UInt64(s.f_bavail) * UInt64(s.f_frsize)
+    return max((available + holding) / 2, minimum)
   }
 
   // MARK: Accounting
@@ -191,8 +210,9 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
-  /// Writes pending access times to the index now.
+  /// Writes pending access times and filled chunks to the index now.
   public func flush() {
+    persistFills()
     mutationLock.withLock {
       let ticks = stateLock.withLock { () -> [(Int64, Int64)] in
         flushScheduled = false
@@ -216,7 +236,20 @@ public final class DiskManager: @unchecked Sendable {
   }
 
   private func url(pool: DiskPool, fileName: String) -> URL {
-    (pool == .cache ? cacheDirectory : stagingDirectory).appendingPathComponent(fileName)
+    // With the hint: without it, Foundation asks the filesystem whether it is a directory.
+    (pool == .cache ? cacheDirectory : stagingDirectory)
+      .appendingPathComponent(fileName, isDirectory: false)
+  }
+
+  private static func withoutTrailingSlash(_ path: String) -> String {
+    path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
+  }
+
+  /// The file of an entry as a path (cheaper than a URL on the open path).
+  private func path(of e: Entry) -> String {
+    stateLock.withLock {
+      (e.row.pool == .cache ? cachePath : stagingPath) + "/" + e.row.fileName
+    }
   }
 
   private static func randomName() -> String {
@@ -297,7 +330,7 @@ public final class DiskManager: @unchecked Sendable {
   private func openFile(_ e: Entry) throws -> CryptoFile {
     try e.openLock.withLock {
       if let f = e.file { return f }
-      let f = try CryptoFile.open(at: url(of: e), key: key)
+      let f = try CryptoFile.open(path: path(of: e), key: key)
       e.file = f
       return f
     }
@@ -609,6 +642,11 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
+  /// Stores downloaded chunks of a partial entry and marks them present at once for readers in
+  /// this process. The index records them later (``persistFills()``, batched, after the file's
+  /// bytes are on stable storage): a fsync per fill made each ranged download wait for the
+  /// disk, and the index must never list a chunk whose bytes a crash could lose (a hole reads
+  /// as zeros). After a crash, unrecorded chunks are downloaded again.
   func fill(_ e: Entry, file: CryptoFile, chunks: Range<UInt64>, bytes: UnsafeRawBufferPointer)
     throws
   {
@@ -619,33 +657,58 @@ public final class DiskManager: @unchecked Sendable {
     }
     guard stateLock.withLock({ e.bitmap != nil }) else { return }
     try file.write(bytes, at: range.lowerBound)
-    // On stable storage before the index says present: a hole must never read as content.
-    try file.sync()
-    try mutationLock.withLock {
-      let row = try stateLock.withLock { () -> IndexRow? in
-        guard !e.removed else { throw DiskError.gone }
-        guard var b = e.bitmap else { return nil }
-        b.insert(chunks)
-        var r = e.row
-        let full = b.isFull
-        r.complete = full
-        r.chunks = full ? nil : b.data
-        r.diskBytes = Self.diskBytes(size: r.size, bitmap: full ? nil : b)
-        return r
-      }
-      guard let row else { return }
-      do { try index.update(row) } catch { throw DiskError.from(error, "") }
-      stateLock.withLock {
-        let full = row.complete
-        if full {
-          e.bitmap = nil
-        } else {
-          e.bitmap = ChunkBitmap(data: row.chunks!, count: e.bitmap!.count)
+    try stateLock.withLock {
+      guard !e.removed else { throw DiskError.gone }
+      guard var b = e.bitmap else { return }
+      b.insert(chunks)
+      var r = e.row
+      let full = b.isFull
+      r.complete = full
+      r.chunks = full ? nil : b.data
+      r.diskBytes = Self.diskBytes(size: r.size, bitmap: full ? nil : b)
+      e.bitmap = full ? nil : b
+      replaceRow(e, r)
+      unpersisted[e.id] = e
+      if !persistScheduled {
+        persistScheduled = true
+        background.asyncAfter(deadline: .now() + Self.fillPersistInterval) { [weak self] in
+          self?.persistFills()
         }
-        replaceRow(e, row)
       }
     }
     scheduleEviction()
+  }
+
+  /// Seconds at most between a fill and the index recording it (see ``persistFills()``).
+  public static let fillPersistInterval: TimeInterval = 1
+
+  /// Records in the index the chunks filled since the last call, each entry's file flushed to
+  /// stable storage first. Runs on its own after fills, and on ``flush()``.
+  public func persistFills() {
+    mutationLock.withLock {
+      // Rows taken before the flush: every chunk they list was written before it was listed.
+      let pending = stateLock.withLock { () -> [(Entry, IndexRow)] in
+        persistScheduled = false
+        defer { unpersisted.removeAll() }
+        return unpersisted.values.compactMap { e in e.removed ? nil : (e, e.row) }
+      }
+      for (e, row) in pending {
+        do {
+          try e.openLock.withLock {
+            if let f = e.file {
+              try f.sync()
+            } else {
+              try LocalDurability.sync(path: path(of: e))
+            }
+          }
+          guard stateLock.withLock({ !e.removed }) else { continue }
+          try index.update(row)
+        } catch {
+          // Not recorded: after a restart these chunks are downloaded again.
+          logger.warning("could not record downloaded chunks in the disk index: \(error)")
+        }
+      }
+    }
   }
 
   // MARK: Staging pool

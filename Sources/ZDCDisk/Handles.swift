@@ -86,6 +86,15 @@ public final class CachedFileHandle: @unchecked Sendable {
     }
   }
 
+  /// The decrypted chunk holding `offset`, if the last read left it at hand (see
+  /// `CryptoFile.bufferedChunk(containing:into:)`).
+  public func bufferedChunk(containing offset: UInt64, into out: UnsafeMutableRawBufferPointer)
+    -> (start: UInt64, count: Int)?
+  {
+    guard !closed else { return nil }
+    return file.bufferedChunk(containing: offset, into: out)
+  }
+
   /// Reads up to `count` bytes at `offset`.
   public func read(offset: UInt64, count: Int) throws -> Data {
     let n = offset < size ? min(UInt64(max(0, count)), size - offset) : 0
@@ -172,6 +181,15 @@ public final class StagingFile: @unchecked Sendable {
     } catch let error as CryptoError {
       throw manager.corrupted(entry, error)
     }
+  }
+
+  /// The decrypted chunk holding `offset`, if the last read left it at hand (see
+  /// `CryptoFile.bufferedChunk(containing:into:)`).
+  public func bufferedChunk(containing offset: UInt64, into out: UnsafeMutableRawBufferPointer)
+    -> (start: UInt64, count: Int)?
+  {
+    guard !closed else { return nil }
+    return file.bufferedChunk(containing: offset, into: out)
   }
 
   /// Reads up to `count` bytes at `offset`.

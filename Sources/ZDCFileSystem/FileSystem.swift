@@ -73,6 +73,9 @@ public final class FileSystem: @unchecked Sendable {
   var recentOrder: [NodeID] = []
   /// Nodes with a download in progress (for `user.zdc.state`).
   var downloading: [NodeID: Int] = [:]
+  /// Per node, the content version the kernel may hold in its page cache (see
+  /// `keepPageCache`).
+  var pageCacheVersions: [NodeID: ContentVersion] = [:]
   var nextHandle: FileHandleID = 1
   let notifyQueue = DispatchQueue(label: "zdc.fs.notify")
 

@@ -32,18 +32,29 @@ enum ReadSource {
   case empty
   case staged(StagingFile)
   case cached(CachedFileHandle)
-  /// A big file read through ranged downloads; the handle is the latest partial entry.
-  case ranged(nodeID: NodeID, size: UInt64, handle: CachedFileHandle?)
+  /// A big file read through ranged downloads into a partial cache entry.
+  case ranged(RangedSource)
 
   var size: UInt64 {
     switch self {
     case .empty: return 0
     case .staged(let f): return f.size
     case .cached(let h): return h.size
-    case .ranged(_, let s, _): return s
+    case .ranged(let r): return r.size
     }
   }
 
+  /// Which version of the content this is: the same value means the same bytes.
+  var version: ContentVersion {
+    switch self {
+    case .empty: return .empty
+    case .staged(let f): return .staged(f.version)
+    case .cached(let h): return .cloud(h.eTag)
+    case .ranged(let r): return r.version
+    }
+  }
+
+  // `mutating` for callers that hold the source in a variable (no source changes itself).
   mutating func read(into buf: UnsafeMutableRawBufferPointer, at offset: UInt64, fs: FileSystem)
     throws -> Int
   {
@@ -51,20 +62,7 @@ enum ReadSource {
     case .empty: return 0
     case .staged(let f): return try f.read(into: buf, at: offset)
     case .cached(let h): return try h.read(into: buf, at: offset)
-    case .ranged(let id, let size, let h):
-      guard offset < size else { return 0 }
-      let range = ByteRange(offset, min(size, offset + UInt64(buf.count)))
-      if let h, h.contains(range) { return try h.read(into: buf, at: offset) }
-      guard let downloads = fs.downloads else { throw FileSystemError.unavailable }
-      let fresh: CachedFileHandle
-      do {
-        fresh = try fs.downloadingNode(id) { try downloads.downloadRange(nodeID: id, range: range) }
-      } catch {
-        throw FileSystemError.io("download failed")
-      }
-      h?.close()
-      self = .ranged(nodeID: id, size: size, handle: fresh)
-      return try fresh.read(into: buf, at: offset)
+    case .ranged(let r): return try r.read(into: buf, at: offset, fs: fs)
     }
   }
 
@@ -73,18 +71,62 @@ enum ReadSource {
     case .empty: break
     case .staged(let f): f.close()
     case .cached(let h): h.close()
-    case .ranged(_, _, let h): h?.close()
+    case .ranged(let r): r.close()
     }
   }
+
+  /// The decrypted chunk holding `offset` that the last read left at hand, copied into `out`.
+  func bufferedChunk(containing offset: UInt64, into out: UnsafeMutableRawBufferPointer)
+    -> (start: UInt64, count: Int)?
+  {
+    switch self {
+    case .staged(let f): return f.bufferedChunk(containing: offset, into: out)
+    case .cached(let h): return h.bufferedChunk(containing: offset, into: out)
+    case .ranged(let r): return r.bufferedChunk(containing: offset, into: out)
+    case .empty: return nil
+    }
+  }
+}
+
+/// Decrypted bytes around a small read that the kernel's page cache may take, so that reads
+/// of the chunk's other pages need no request (see ``FileSystem/chunkForPageCache(_:at:count:into:)``).
+public struct PageCacheChunk: Sendable, Hashable {
+  /// Where the bytes start in the file.
+  public var offset: UInt64
+  /// How many bytes (the chunk's length).
+  public var count: Int
+  let version: ContentVersion
+}
+
+/// What a read does once it has looked at the content under its lock.
+enum ReadStep {
+  /// Finished: this many bytes.
+  case done(Int)
+  /// To read from this source without the lock (the read gate is held).
+  case concurrent(ReadSource)
+}
+
+/// Identity of the bytes a read source serves (for the kernel's page cache across opens).
+enum ContentVersion: Hashable, Sendable {
+  case empty
+  /// A committed staged version of the node.
+  case staged(Int64)
+  /// A DATA version in the store (its eTag), cached.
+  case cloud(String)
+  /// Not known yet (a ranged source before its first download).
+  case unknown
 }
 
 /// The shared state of one node's content (data section, or a small section) while open.
 final class NodeContent: @unchecked Sendable {
   // @unchecked: `openCount` and `writableCount` are guarded by the engine's table lock, every
   // other mutable field by `lock`. Lock order: the table lock may be taken while holding
-  // `lock`, never the reverse.
+  // `lock`, never the reverse; `readGate` is taken while holding `lock`.
   let key: ContentKey
   let lock = NSLock()
+  /// Held shared by reads that run without `lock` (see `FileSystem.read`), exclusively (under
+  /// `lock`) to close the reader they use.
+  private let readGate: UnsafeMutablePointer<pthread_rwlock_t>
   var openCount = 0
   var writableCount = 0
   /// The uncommitted staging version writes go to (data section).
@@ -99,12 +141,30 @@ final class NodeContent: @unchecked Sendable {
   /// starts empty, without looking for staged or cached content.
   var isNew = false
 
-  init(key: ContentKey) { self.key = key }
-
-  func resetReader() {
-    reader?.close()
-    reader = nil
+  init(key: ContentKey) {
+    self.key = key
+    readGate = .allocate(capacity: 1)
+    pthread_rwlock_init(readGate, nil)
   }
+
+  deinit {
+    pthread_rwlock_destroy(readGate)
+    readGate.deallocate()
+  }
+
+  /// Closes the reader once no read uses it. Caller holds `lock`.
+  func resetReader() {
+    guard let r = reader else { return }
+    pthread_rwlock_wrlock(readGate)
+    reader = nil
+    pthread_rwlock_unlock(readGate)
+    r.close()
+  }
+
+  /// Holds the read gate shared: the reader stays open until `endRead`. Caller holds `lock`.
+  func beginRead() { pthread_rwlock_rdlock(readGate) }
+
+  func endRead() { pthread_rwlock_unlock(readGate) }
 }
 
 extension FileSystem {
@@ -132,7 +192,7 @@ extension FileSystem {
     if let h = cachedSource(node, eTag) { return h }
     guard let downloads else { throw FileSystemError.unavailable }
     if node.dataSize >= options.rangedReadThreshold {
-      return .ranged(nodeID: node.id, size: node.dataSize, handle: nil)
+      return .ranged(RangedSource(nodeID: node.id, size: node.dataSize, handle: nil))
     }
     do {
       return .cached(try downloadingNode(node.id) { try downloads.downloadData(nodeID: node.id) })
@@ -146,7 +206,7 @@ extension FileSystem {
     guard let h = disk.cachedFile(cloudID: node.cloudID, eTag: eTag) else { return nil }
     if h.isComplete { return .cached(h) }
     if node.dataSize >= options.rangedReadThreshold {
-      return .ranged(nodeID: node.id, size: node.dataSize, handle: h)
+      return .ranged(RangedSource(nodeID: node.id, size: node.dataSize, handle: h))
     }
     h.close()
     return nil
@@ -268,6 +328,7 @@ extension FileSystem {
         id: h, key: key, content: c, writable: writable, append: flags & O_APPEND != 0)
       return (h, c)
     }
+    var served: ContentVersion?
     do {
       try content.lock.withLock {
         if key.section == .data {
@@ -282,6 +343,7 @@ extension FileSystem {
             // Lazy download happens here, so reads afterwards are local.
             content.reader = try openReadSource(node)
           }
+          if !writable, content.writer == nil, !content.dirty { served = content.reader?.version }
         } else if writable, flags & O_TRUNC != 0 {
           content.buffer = Data()
           content.dirty = true
@@ -293,8 +355,30 @@ extension FileSystem {
       try? release(handle)
       throw error
     }
-    return OpenedFile(handle: handle, keepCache: false)
+    let keepCache = key.section == .data && keepPageCache(id, served)
+    return OpenedFile(handle: handle, keepCache: keepCache)
   }
+
+  /// Whether the kernel may keep the pages it cached for a node's data from earlier opens:
+  /// only when they hold `served`, the version this read-only open reads. Records `served`
+  /// as what the kernel may now cache; a writable open (`served` nil) forgets the record, so
+  /// that the next open starts afresh (writes go through the kernel's cache, but a commit, a
+  /// conflict or a pull may give the node other bytes).
+  func keepPageCache(_ id: NodeID, _ served: ContentVersion?) -> Bool {
+    lock.withLock {
+      guard let served, served != .unknown else {
+        pageCacheVersions[id] = nil
+        return false
+      }
+      if pageCacheVersions[id] == served { return true }
+      if pageCacheVersions.count >= Self.pageCacheRecords { pageCacheVersions.removeAll() }
+      pageCacheVersions[id] = served
+      return false
+    }
+  }
+
+  /// How many nodes' page-cache versions are remembered (all are forgotten beyond).
+  static let pageCacheRecords = 1 << 16
 
   func handle(_ h: FileHandleID) throws -> OpenHandle {
     guard let oh = lock.withLock({ handles[h] }) else { throw FileSystemError.badHandle }
@@ -307,25 +391,79 @@ extension FileSystem {
   {
     let oh = try handle(h)
     let c = oh.content
-    return try c.lock.withLock {
+    let step = try c.lock.withLock { () -> ReadStep in
       if c.key.section != .data {
         let b = c.buffer ?? Data()
-        guard offset < UInt64(b.count) else { return 0 }
+        guard offset < UInt64(b.count) else { return .done(0) }
         let n = min(buffer.count, b.count - Int(offset))
         b.withUnsafeBytes { src in
           buffer.copyMemory(
             from: UnsafeRawBufferPointer(rebasing: src[Int(offset)..<(Int(offset) + n)]))
         }
-        return n
+        return .done(n)
       }
       do {
-        if let w = c.writer { return try w.read(into: buffer, at: offset) }
+        if let w = c.writer { return .done(try w.read(into: buffer, at: offset)) }
         if c.reader == nil {
           let node = try read { tx in try existingNode(c.key.nodeID, tx) }
           c.reader = try openReadSource(node)
         }
-        return try c.reader!.read(into: buffer, at: offset, fs: self)
+        // Every source is one version that never changes while open (a sealed staged version,
+        // cached content, ranged downloads of one DATA version): decrypt without the lock, so
+        // that the kernel's parallel reads (read-ahead) of one file use every core. The gate
+        // keeps the reader open meanwhile.
+        c.beginRead()
+        return .concurrent(c.reader!)
       } catch { throw Self.map(error) }
+    }
+    switch step {
+    case .done(let n): return n
+    case .concurrent(var source):
+      defer { c.endRead() }
+      do { return try source.read(into: buffer, at: offset, fs: self) } catch {
+        throw Self.map(error)
+      }
+    }
+  }
+
+  /// Bytes of plaintext a chunk of local content holds: reads smaller than this decrypt a
+  /// whole chunk for a part of it.
+  public static let contentChunkSize = CryptoFile.chunkSize
+
+  /// After a read of `count` bytes at `offset` smaller than a chunk: the whole decrypted chunk
+  /// around it, copied into `buffer` (``contentChunkSize`` bytes), for the kernel's page cache;
+  /// `nil` unless the content cannot change while the kernel holds it (no writable handle, no
+  /// pending write, a sealed or cached source).
+  ///
+  /// The caller must serialise storing the chunk with writable opens and size changes, and
+  /// check ``pageCacheChunkIsCurrent(_:_:)`` just before: a store that landed after a write
+  /// would put old bytes over the kernel's newer ones.
+  public func chunkForPageCache(
+    _ h: FileHandleID, at offset: UInt64, count: Int, into buffer: UnsafeMutableRawBufferPointer
+  ) -> PageCacheChunk? {
+    guard count > 0, count < Self.contentChunkSize, let oh = try? handle(h),
+      oh.key.section == .data
+    else { return nil }
+    let c = oh.content
+    return c.lock.withLock { () -> PageCacheChunk? in
+      guard c.writer == nil, !c.dirty, lock.withLock({ c.writableCount == 0 }),
+        let r = c.reader,
+        let (start, n) = r.bufferedChunk(containing: offset, into: buffer)
+      else { return nil }
+      // Nothing to add when the read covered the whole chunk.
+      guard start < offset || offset + UInt64(count) < start + UInt64(n) else { return nil }
+      return PageCacheChunk(offset: start, count: n, version: r.version)
+    }
+  }
+
+  /// True while `chunk` still holds the bytes the handle's file reads, and no writable handle
+  /// is open on it.
+  public func pageCacheChunkIsCurrent(_ h: FileHandleID, _ chunk: PageCacheChunk) -> Bool {
+    guard let oh = try? handle(h) else { return false }
+    let c = oh.content
+    return c.lock.withLock {
+      c.writer == nil && !c.dirty && lock.withLock({ c.writableCount == 0 })
+        && c.reader?.version == chunk.version
     }
   }
 

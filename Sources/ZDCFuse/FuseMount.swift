@@ -35,6 +35,16 @@ final class FuseContext: @unchecked Sendable {
   /// kernel, and a pull that changes what the kernel may hold invalidates it explicitly; the
   /// timeout bounds what a missed invalidation could cost.
   let timeout: Double = 5.0
+  /// Held while a chunk is checked and stored into the kernel's page cache (see
+  /// `FuseOperations.storeChunk`).
+  let storeLock = NSLock()
+
+  /// Waits for the page-cache stores in progress: called after the engine took a writable
+  /// open or a size change into account, before the kernel is told.
+  func waitForStores() {
+    storeLock.lock()
+    storeLock.unlock()
+  }
 
   init(fs: FileSystem) { self.fs = fs }
 }

@@ -154,7 +154,12 @@ enum FuseOperations {
         }
       }
       let handle = fi.map { FileHandleID($0.pointee.fh) }
-      FuseOperations.replyAttr(req) { try $0.setattr(Inode(ino), changes, handle: handle) }
+      let ctx = FuseOperations.context(req)
+      FuseOperations.replyAttr(req) { fs in
+        let a = try fs.setattr(Inode(ino), changes, handle: handle)
+        if changes.size != nil { ctx.waitForStores() }
+        return a
+      }
     }
     ops.readlink = { req, ino in
       do {
@@ -201,9 +206,14 @@ enum FuseOperations {
     ops.open = { req, ino, fi in
       do {
         guard let fi else { throw FileSystemError.badHandle }
-        let opened = try FuseOperations.context(req).fs.open(Inode(ino), flags: fi.pointee.flags)
+        let ctx = FuseOperations.context(req)
+        let flags = fi.pointee.flags
+        let opened = try ctx.fs.open(Inode(ino), flags: flags)
+        if flags & O_ACCMODE != O_RDONLY { ctx.waitForStores() }
         fi.pointee.fh = UInt64(opened.handle)
         zdc_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
+        // `flush` commits writes only: a read-only descriptor's close needs no round trip.
+        zdc_fi_set_noflush(fi, fi.pointee.flags & O_ACCMODE == O_RDONLY ? 1 : 0)
         fuse_reply_open(req, fi)
       } catch { FuseOperations.fail(req, error) }
     }
@@ -214,21 +224,32 @@ enum FuseOperations {
         guard let fi else { throw FileSystemError.badHandle }
         let (attrs, opened) = try ctx.fs.create(
           parent: Inode(parent), name: n, mode: UInt32(mode), flags: fi.pointee.flags)
+        // It may have opened an existing file (a name another device just created).
+        ctx.waitForStores()
         fi.pointee.fh = UInt64(opened.handle)
         var e = FuseOperations.entry(attrs, ctx)
         fuse_reply_create(req, &e, fi)
       } catch { FuseOperations.fail(req, error) }
     }
-    ops.read = { req, _, size, off, fi in
+    ops.read = { req, ino, size, off, fi in
+      let ctx = FuseOperations.context(req)
+      let n: Int
       do {
         guard let fi else { throw FileSystemError.badHandle }
         let buf = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, size), alignment: 16)
         defer { buf.deallocate() }
-        let n = try FuseOperations.context(req).fs.read(
+        n = try ctx.fs.read(
           FileHandleID(fi.pointee.fh), offset: UInt64(max(0, off)),
           into: UnsafeMutableRawBufferPointer(rebasing: buf[0..<size]))
         fuse_reply_buf(req, buf.baseAddress?.assumingMemoryBound(to: CChar.self), n)
-      } catch { FuseOperations.fail(req, error) }
+      } catch {
+        FuseOperations.fail(req, error)
+        return
+      }
+      // After the reply (its pages are unlocked then): the rest of the chunk it decrypted.
+      if let fi {
+        FuseOperations.storeChunk(ctx, ino, FileHandleID(fi.pointee.fh), UInt64(max(0, off)), n)
+      }
     }
     ops.write = { req, _, bytes, size, off, fi in
       do {
@@ -313,6 +334,45 @@ enum FuseOperations {
     }
     ops.access = { req, ino, mask in
       FuseOperations.replyOK(req) { try $0.access(Inode(ino), mask: mask) }
+    }
+  }
+
+  /// Puts the rest of the chunk a small read decrypted into the kernel's page cache, so that
+  /// reads of its other pages (random reads) need no request.
+  ///
+  /// Only after the read's reply, so that none of the pages it stores is locked by that read.
+  /// The check that the chunk is current (no writable handle, same version) and the store run
+  /// under `storeLock`; a writable open, or a size change, waits on that lock after the engine
+  /// counted it and before the kernel hears of it (`waitForStores`). So a store either ends
+  /// before the kernel can write or truncate those pages (a writable open then drops the
+  /// stored pages, as `keep_cache` is off for it), or sees the change and stores nothing: a
+  /// store never lands after a write or truncation put newer bytes there.
+  static func storeChunk(
+    _ ctx: FuseContext, _ ino: fuse_ino_t, _ h: FileHandleID, _ offset: UInt64, _ count: Int
+  ) {
+    guard count > 0, count < FileSystem.contentChunkSize, let se = ctx.session else { return }
+    let buf = UnsafeMutableRawBufferPointer.allocate(
+      byteCount: FileSystem.contentChunkSize, alignment: 16)
+    defer { buf.deallocate() }
+    guard let chunk = ctx.fs.chunkForPageCache(h, at: offset, count: count, into: buf) else {
+      return
+    }
+    let page: UInt64 = 4096
+    let start = chunk.offset
+    let end = chunk.offset + UInt64(chunk.count)
+    // The pages before and after the read (the read's own pages are in place already).
+    let readStart = max(start, offset & ~(page - 1))
+    let readEnd = min(end, (offset + UInt64(count) + page - 1) & ~(page - 1))
+    ctx.storeLock.withLock {
+      guard ctx.fs.pageCacheChunkIsCurrent(h, chunk) else { return }
+      for (a, b) in [(start, readStart), (readEnd, end)] where b > a {
+        let rc = zdc_notify_store(
+          se, ino, off_t(a), buf.baseAddress! + Int(a - start), Int(b - a))
+        if rc != 0 {
+          ctx.log.debug("page cache store failed: \(rc)")
+          return
+        }
+      }
     }
   }
 

@@ -2,6 +2,9 @@
 //
 //   zdc-bench cloudfile      AEAD, CloudFile and CryptoFile throughput on one core.
 //   zdc-bench catalog [N]    µs per catalog transaction of each kind the mount uses.
+//   zdc-bench read [FILES] [BIG_MIB]
+//                            the engine's read path without the kernel: per-file open+read
+//                            costs, sequential and random reads of a big file.
 //   zdc-bench sync [SIZES]   incremental pull of 10 changes and first full pull on trees of
 //                            SIZES nodes (comma-separated; default 1000,10000,100000).
 
@@ -176,7 +179,13 @@ case "sync":
   }
 case "catalog":
   try CatalogBench.run(count: args.count > 1 ? Int(args[args.startIndex + 1]) ?? 5000 : 5000)
+case "read":
+  try ReadBench.run(
+    files: args.count > 1 ? Int(args[args.startIndex + 1]) ?? 4000 : 4000,
+    bigMiB: args.count > 2 ? Int(args[args.startIndex + 2]) ?? 256 : 256)
 default:
-  print("usage: zdc-bench cloudfile | zdc-bench sync [SIZES] | zdc-bench catalog [COUNT]")
+  print(
+    "usage: zdc-bench cloudfile | zdc-bench sync [SIZES] | zdc-bench catalog [COUNT]"
+      + " | zdc-bench read [FILES] [BIG_MIB]")
   exit(args.isEmpty ? 0 : 2)
 }

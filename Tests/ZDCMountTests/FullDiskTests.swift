@@ -58,6 +58,16 @@ import ZDCTestSupport
       (try? String(contentsOf: state.appendingPathComponent("mount.log"), encoding: .utf8)) ?? ""
     #expect(log.contains("no space left"), "no log line for the full disk")
 
+    // The failed write's staging version is discarded once the kernel's release (sent after
+    // close(2) returned) reaches the daemon: wait for its space, or the filler below would
+    // find the disk full and the discard would then free room for the catalog writes.
+    func usedBytes() -> UInt64 {
+      var s = statvfs()
+      guard statvfs(small.path, &s) == 0 else { return 0 }
+      return UInt64(s.f_blocks - s.f_bfree) * UInt64(s.f_frsize)
+    }
+    for _ in 0..<1000 where usedBytes() > 3 << 20 { usleep(10_000) }
+    #expect(usedBytes() <= 3 << 20, "the failed write's staged bytes were not discarded")
     // The disk filled by something else: creating names (catalog writes) fails the same way.
     let filler = small.appendingPathComponent("filler")
     _ = try runProcess(sh, ["-c", "head -c 8000000 /dev/zero > '\(filler.path)'"])

@@ -39,6 +39,8 @@ struct fuse_entry_param zdc_fuse_entry_param_zero(void);
 /// The `struct fuse_file_info` flags that are C bit-fields, readable and writable from Swift.
 void zdc_fi_set_direct_io(struct fuse_file_info *fi, int on);
 void zdc_fi_set_keep_cache(struct fuse_file_info *fi, int on);
+/// No FLUSH request when a descriptor of this open file is closed (kernel 5.17+; ignored before).
+void zdc_fi_set_noflush(struct fuse_file_info *fi, int on);
 void zdc_fi_set_nonseekable(struct fuse_file_info *fi, int on);
 int zdc_fi_get_writepage(const struct fuse_file_info *fi);
 
@@ -49,5 +51,10 @@ unsigned int zdc_conn_capable(const struct fuse_conn_info *conn);
 void zdc_conn_unwant(struct fuse_conn_info *conn, unsigned int flag);
 /// The capabilities requested so far (`conn->want`).
 unsigned int zdc_conn_wanted(const struct fuse_conn_info *conn);
+
+/// fuse_lowlevel_notify_store of one memory buffer: puts `size` bytes at `offset` into the
+/// kernel's page cache of `ino`. Returns 0 or -errno.
+int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, const void *buf,
+                     size_t size);
 
 #endif
