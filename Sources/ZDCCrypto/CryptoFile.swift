@@ -53,6 +53,9 @@ public final class CryptoFile: @unchecked Sendable {
   private let buffer: UnsafeMutableRawBufferPointer
   private var bufferIndex: UInt64?
   private var bufferLength = 0
+  /// Bytes of `buffer` that may be non-zero; from here on it is zero (most files are small:
+  /// clearing the buffer then costs what they used, not 64 KiB).
+  private var bufferExtent = 0
   private var bufferDirty = false
   /// Scratch space for one slot (with room for the header before it, see `open`).
   private let slot: UnsafeMutableRawBufferPointer
@@ -69,8 +72,18 @@ public final class CryptoFile: @unchecked Sendable {
     self.fileID = fileID
     self.plaintextSize = plaintextSize
     self.physicalSize = physicalSize
-    // Uninitialised: every path fills the bytes it uses first (`load`, `create`).
-    buffer = .allocate(byteCount: Self.chunkSize, alignment: 16)
+    // An anonymous mapping: zero pages that cost nothing until touched, and that leave the
+    // process (plaintext included) when unmapped — no 64 KiB memset at either end; after that,
+    // `bufferExtent` says how much must be cleared to make it zero again.
+    let base = mmap(nil, Self.chunkSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+    if let base, base != MAP_FAILED {
+      buffer = UnsafeMutableRawBufferPointer(start: base, count: Self.chunkSize)
+      bufferIsMapped = true
+    } else {
+      buffer = .allocate(byteCount: Self.chunkSize, alignment: 16)
+      buffer.initializeMemory(as: UInt8.self, repeating: 0)
+      bufferIsMapped = false
+    }
     self.slot = slot
     gate = .allocate(capacity: 1)
     var attr = pthread_rwlockattr_t()
@@ -86,11 +99,26 @@ public final class CryptoFile: @unchecked Sendable {
       try? flush()
       Glibc.close(fd)
     }
-    sodium_memzero(buffer.baseAddress, buffer.count)
-    buffer.deallocate()
+    if bufferIsMapped {
+      munmap(buffer.baseAddress, buffer.count)
+    } else {
+      sodium_memzero(buffer.baseAddress, buffer.count)
+      buffer.deallocate()
+    }
     slot.deallocate()
     pthread_rwlock_destroy(gate)
     gate.deallocate()
+  }
+
+  private let bufferIsMapped: Bool
+
+  /// Makes the whole buffer zero again (clearing only what was used).
+  private func zeroBuffer() {
+    if bufferExtent > 0 {
+      UnsafeMutableRawBufferPointer(rebasing: buffer[0..<bufferExtent])
+        .initializeMemory(as: UInt8.self, repeating: 0)
+    }
+    bufferExtent = 0
   }
 
   static func allocateSlotScratch() -> UnsafeMutableRawBufferPointer {
@@ -178,7 +206,6 @@ public final class CryptoFile: @unchecked Sendable {
     let file = CryptoFile(
       fd: fd, key: key, fileID: [UInt8](fileID), plaintextSize: 0,
       physicalSize: UInt64(headerSize), slot: allocateSlotScratch())
-    file.buffer.initializeMemory(as: UInt8.self, repeating: 0)
     file.bufferIndex = 0
     file.bufferLength = 0
     file.bufferDirty = true
@@ -317,7 +344,7 @@ public final class CryptoFile: @unchecked Sendable {
     try flush()
     bufferIndex = nil
     if fresh {
-      buffer.initializeMemory(as: UInt8.self, repeating: 0)
+      zeroBuffer()
       bufferLength = 0
       bufferIndex = index
       return
@@ -338,12 +365,14 @@ public final class CryptoFile: @unchecked Sendable {
       throw CryptoError.truncated("CryptoFile slot \(index)")
     }
     bufferIndex = nil
+    defer { bufferExtent = max(bufferExtent, length) }
     try openSlot(
       slot, index: index, length: length, last: index == Self.lastIndex(plaintextSize),
       into: buffer)
-    if length < Self.chunkSize {
-      UnsafeMutableRawBufferPointer(rebasing: buffer[length...])
+    if length < bufferExtent {
+      UnsafeMutableRawBufferPointer(rebasing: buffer[length..<bufferExtent])
         .initializeMemory(as: UInt8.self, repeating: 0)
+      bufferExtent = length
     }
     bufferLength = length
     bufferIndex = index
@@ -513,6 +542,7 @@ public final class CryptoFile: @unchecked Sendable {
       let src = Int(pos - offset)
       UnsafeMutableRawBufferPointer(rebasing: buffer[a..<b])
         .copyMemory(from: UnsafeRawBufferPointer(rebasing: bytes[src..<(src + b - a)]))
+      bufferExtent = max(bufferExtent, b)
       bufferLength = length
       bufferDirty = true
       pos = start + UInt64(b)
