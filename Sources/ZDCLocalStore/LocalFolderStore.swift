@@ -56,6 +56,16 @@ public final class LocalFolderStore: CloudStore {
     cleanStaleTemporaries()
   }
 
+  /// Creates `path` (below the root) and its missing parents, but never the root itself: a
+  /// store folder that disappeared (an unmounted disk, a folder moved away) is unavailable,
+  /// and writing into a new empty folder in its place would lose what is written.
+  func makeDirectoryBelowRoot(_ path: String) throws {
+    guard Posix.isDirectory(rootPath) == true else {
+      throw StoreError.unavailable("the store folder \(rootPath) is missing")
+    }
+    try Posix.mkdirs(path)
+  }
+
   // MARK: Keys and paths
 
   /// Longest key, in UTF-8 bytes, as with S3.
@@ -101,7 +111,7 @@ public final class LocalFolderStore: CloudStore {
     let path = lockPath(for: key)
     var fd = Posix.open(path, O_RDWR | O_CREAT)
     if fd == -ENOENT {
-      try Posix.mkdirs(locksPath)
+      try makeDirectoryBelowRoot(locksPath)
       fd = Posix.open(path, O_RDWR | O_CREAT)
     }
     guard fd >= 0 else { throw Posix.error("open", path, -fd) }
@@ -208,7 +218,7 @@ public final class LocalFolderStore: CloudStore {
 
   /// Writes a body into a new temporary object file.
   func writeTemp(_ body: UploadBody) throws -> (TempObject, String) {
-    let temp = try TempObject(directory: tmpPath)
+    let temp = try TempObject(directory: tmpPath, store: self)
     switch body {
     case .data(let data):
       try data.withUnsafeBytes { try temp.append($0) }
@@ -344,7 +354,7 @@ public final class LocalFolderStore: CloudStore {
     try Self.validate(key: destination)
     let object = try openObject(key: source)
     defer { object.close() }
-    let temp = try TempObject(directory: tmpPath)
+    let temp = try TempObject(directory: tmpPath, store: self)
     try object.stream(ByteRange(0, object.info.size)) { try temp.append($0) }
     let eTag = try temp.finish()
     try commit(temp, key: destination, condition: condition)

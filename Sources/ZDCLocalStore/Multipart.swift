@@ -47,7 +47,7 @@ extension LocalFolderStore {
     let dir = multipartPath + "/" + uploadID
     // Built under a temporary name so that a half-made upload is never visible.
     let building = tmpPath + "/upload-" + uploadID
-    try Posix.mkdirs(building)
+    try makeDirectoryBelowRoot(building)
     let keyPath = building + "/key"
     let fd = Posix.open(keyPath, O_WRONLY | O_CREAT | O_EXCL)
     guard fd >= 0 else { throw Posix.error("create", keyPath, -fd) }
@@ -60,7 +60,7 @@ extension LocalFolderStore {
       removeTree(building)
       throw error
     }
-    if Posix.isDirectory(multipartPath) != true { try Posix.mkdirs(multipartPath) }
+    if Posix.isDirectory(multipartPath) != true { try makeDirectoryBelowRoot(multipartPath) }
     guard rename(building, dir) == 0 else {
       let code = errno
       removeTree(building)
@@ -122,7 +122,7 @@ extension LocalFolderStore {
     for (a, b) in zip(parts, parts.dropFirst()) where a.partNumber >= b.partNumber {
       throw StoreError.malformedResponse("upload \(uploadID): parts not in ascending order")
     }
-    let temp = try TempObject(directory: tmpPath)
+    let temp = try TempObject(directory: tmpPath, store: self)
     for part in parts {
       let partPath = dir + "/" + Self.partName(part.partNumber)
       let object: OpenObject

@@ -101,11 +101,11 @@ final class TempObject {
   private var offset = UInt64(ObjectFile.headerSize)
   private var committed = false
 
-  init(directory: String) throws {
+  init(directory: String, store: LocalFolderStore) throws {
     path = "\(directory)/\(getpid())-\(Posix.randomHex(12))"
     var fd = Posix.open(path, O_WRONLY | O_CREAT | O_EXCL)
     if fd == -ENOENT {
-      try Posix.mkdirs(directory)
+      try store.makeDirectoryBelowRoot(directory)
       fd = Posix.open(path, O_WRONLY | O_CREAT | O_EXCL)
     }
     guard fd >= 0 else { throw Posix.error("create", path, -fd) }

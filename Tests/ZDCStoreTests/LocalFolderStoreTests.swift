@@ -36,6 +36,29 @@ struct LocalFolderStoreTests {
     #expect(!FileManager.default.fileExists(atPath: dir.appendingPathComponent("u").path))
   }
 
+  /// A store folder that went away (an unmounted disk, a folder moved aside) is unavailable:
+  /// writes never recreate it empty, where what they wrote would be lost when it comes back.
+  @Test func aVanishedStoreFolderIsUnavailableNotRecreated() throws {
+    let parent = try makeTemporaryDirectory()
+    defer { removeDirectory(parent) }
+    let dir = parent.appendingPathComponent("store")
+    let store = try LocalFolderStore(root: dir)
+    _ = try store.put(key: "u/t/a", body: .data(Data("a".utf8)), condition: .none)
+    let aside = parent.appendingPathComponent("aside")
+    try FileManager.default.moveItem(at: dir, to: aside)
+    #expect {
+      try store.put(key: "u/t/b", body: .data(Data("b".utf8)), condition: .ifNoneMatch)
+    } throws: { error in
+      if case StoreError.unavailable = error { return true }
+      return false
+    }
+    #expect(throws: (any Error).self) { try store.createMultipartUpload(key: "u/t/c") }
+    #expect(!FileManager.default.fileExists(atPath: dir.path))
+    try FileManager.default.moveItem(at: aside, to: dir)
+    _ = try store.put(key: "u/t/b", body: .data(Data("b".utf8)), condition: .ifNoneMatch)
+    #expect(try store.get(key: "u/t/a") == Data("a".utf8))
+  }
+
   @Test func temporaryFilesAreHiddenAndCleaned() throws {
     let dir = try makeTemporaryDirectory()
     defer { removeDirectory(dir) }
