@@ -33,14 +33,18 @@ public struct PushConfiguration: Sendable {
   /// The CPU priority (nice value, 0…19) of the threads that run operations: above 0 they give
   /// way to the application's own work.
   public var workerNice: Int32
+  /// How long a move waits for another device's claim on the node's origin RCRD to go away
+  /// before taking it over (that device may have stopped for good in the middle of its move).
+  public var moveClaimLease: TimeInterval
 
   public init(
     workDirectory: URL, maxConcurrentOperations: Int = 6, retryBase: TimeInterval = 1,
     retryCap: TimeInterval = 60, multipartThreshold: UInt64 = 10 << 20, partSize: UInt64 = 8 << 20,
     pollInterval: TimeInterval = 0.5, logBatchWindow: TimeInterval = 0.2,
     logBatchMaxEntries: Int = 500, promiseTimeout: TimeInterval = 60,
-    settleDelay: TimeInterval = 0, workerNice: Int32 = 0
+    settleDelay: TimeInterval = 0, workerNice: Int32 = 0, moveClaimLease: TimeInterval = 300
   ) {
+    self.moveClaimLease = moveClaimLease
     self.workDirectory = workDirectory
     self.maxConcurrentOperations = maxConcurrentOperations
     self.retryBase = retryBase
@@ -90,6 +94,8 @@ public final class PushManager: @unchecked Sendable {
     set { cond.withLock { _onNeedsPull = newValue } }
   }
   private var _onNeedsPull: (@Sendable () -> Void)?
+  /// True when a pull side listens (``onNeedsPull`` is set).
+  var hasPullSide: Bool { cond.withLock { _onNeedsPull != nil } }
 
   /// A push manager for one local user of `catalog`.
   public init(
@@ -340,9 +346,22 @@ public final class PushManager: @unchecked Sendable {
     var immediate = false
     switch error {
     case PushIssue.needsPull:
+      if job.op.attempts + job.parkedFailures >= Self.pullsBeforeFullScan {
+        // Pulls of the change log did not settle it (what it waits for was announced before, or
+        // never): the next pull is a full scan.
+        do {
+          try context.catalog.write(context.userID) { tx in
+            try tx.setSyncValue("1", forKey: PullManager.needsFullScanKey)
+          }
+        } catch {
+          context.logger.error("cannot ask for a full scan", metadata: ["error": "\(error)"])
+        }
+      }
       requestPull()
     case PushIssue.retryNow:
       immediate = true
+    case PushIssue.deferred:
+      return  // already back in the queue, waiting for another operation
     default:
       break
     }
@@ -378,6 +397,9 @@ public final class PushManager: @unchecked Sendable {
       context.logger.error("cannot return operation to the queue", metadata: ["error": "\(error)"])
     }
   }
+
+  /// Failures of an operation waiting for a pull after which the pull is a full scan.
+  static let pullsBeforeFullScan = 4
 
   func requestPull() {
     let cb = cond.withLock { _onNeedsPull }
@@ -481,6 +503,9 @@ enum PushIssue: Error, Sendable {
   case needsPull(String)
   /// Run the operation again at once (newer data arrived, a name was freed).
   case retryNow
+  /// The operation went back to the queue to wait for another one (see
+  /// `CloudTransaction.deferOperation(id:until:)`).
+  case deferred
   /// The manager is stopping.
   case stopped
 }
