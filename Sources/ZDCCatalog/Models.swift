@@ -94,13 +94,18 @@ public struct PushPayload: Sendable, Hashable, Codable {
   /// For `deleteNode`: the dirPrefixes of the deleted subtree's nodes, root first, for listing
   /// objects this device never knew about.
   public var dirPrefixes: [String]?
+  /// For `move`: target locations an attempt of this move wrote to (its RCRD, a copy of its
+  /// DATA) before the node went elsewhere; whoever drops the move deletes what is still there.
+  public var written: [CloudObjectRef]?
 
   public init(
-    origin: CloudObjectRef? = nil, objects: [CloudObjectRef]? = nil, dirPrefixes: [String]? = nil
+    origin: CloudObjectRef? = nil, objects: [CloudObjectRef]? = nil, dirPrefixes: [String]? = nil,
+    written: [CloudObjectRef]? = nil
   ) {
     self.origin = origin
     self.objects = objects
     self.dirPrefixes = dirPrefixes
+    self.written = written
   }
 }
 

@@ -153,11 +153,15 @@ extension CloudTransaction {
       if ops.isEmpty { return }  // nothing in the cloud and nothing on its way there
     }
     if let pendingMove = ops.first(where: { $0.kind == .move && $0.state == .pending }) {
-      let origin = try decodePayload(pendingMove.payload).origin
-      if origin?.rcrdKey == current.rcrdKey {
+      let payload = try decodePayload(pendingMove.payload)
+      if payload.origin?.rcrdKey == current.rcrdKey, payload.written == nil {
         // Back where it was: no move left to do, but the RCRD (name) may have changed.
         try deleteOperation(pendingMove.id)
         try enqueuePutRcrd(node)
+      } else if payload.origin?.rcrdKey == current.rcrdKey {
+        // Back where it was, but an attempt of the move wrote elsewhere: the move stays, to
+        // write the RCRD in place and clean up what it wrote.
+        if let parentUpload { try addDependency(pendingMove.id, dependsOn: parentUpload) }
       } else if let parentUpload {
         try addDependency(pendingMove.id, dependsOn: parentUpload)
       }
@@ -206,7 +210,9 @@ extension CloudTransaction {
           eTagRcrd: moves.isEmpty ? e.eTagRcrd : nil, eTagData: moves.isEmpty ? e.eTagData : nil)
       ]
       for m in moves {
-        if let origin = try decodePayload(m.payload).origin { refs.append(origin) }
+        let payload = try decodePayload(m.payload)
+        if let origin = payload.origin { refs.append(origin) }
+        refs += payload.written ?? []
       }
       for r in refs where seenKeys.insert(r.rcrdKey).inserted { plan.objects.append(r) }
     }

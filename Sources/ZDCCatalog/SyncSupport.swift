@@ -268,18 +268,41 @@ extension CloudTransaction {
 
   /// Makes a subtree that was deleted in the cloud new again: clears its cloud state, drops its
   /// operations and enqueues a first upload of every node (RCRD, and DATA for the dirty nodes
-  /// that had or were uploading data), parents first.
-  public func reuploadSubtree(_ id: NodeID) throws {
+  /// that had or were uploading data), parents first. `existingData` names nodes with no local
+  /// content change whose DATA is still at their keys (e.g. a copy their move made before the
+  /// delete): they keep it, with its sizes, instead of uploading the content again.
+  public func reuploadSubtree(_ id: NodeID, existingData: [NodeID: CloudDataInfo] = [:]) throws {
     try requireWritable()
     let entries = try subtree(of: id)
     var hadData: Set<NodeID> = []
+    var existing = existingData
+    var strays: [(cloudID: String, refs: [CloudObjectRef])] = []
     for e in entries {
       let ops = try outstandingOperations(ofNode: e.id)
       // Only dirty nodes have content here worth uploading; clean ones' data was remote.
       if !ops.isEmpty, e.eTagData != nil || ops.contains(where: { $0.kind == .putData }) {
         hadData.insert(e.id)
       }
+      if ops.contains(where: { $0.kind == .putData }) {
+        existing[e.id] = nil  // local content to upload
+      }
+      // Targets a dropped move wrote elsewhere than where the node is uploaded again.
+      let here = e.parentDirPrefix.map {
+        objectRef(
+          nodeID: e.id, cloudID: e.cloudID, dirPrefix: $0, cloudName: e.cloudName, eTagRcrd: nil,
+          eTagData: nil
+        ).rcrdKey
+      }
+      for op in ops where op.kind == .move {
+        let refs = (try decodePayload(op.payload).written ?? []).filter { $0.rcrdKey != here }
+        if !refs.isEmpty { strays.append((e.cloudID, refs)) }
+      }
       for op in ops { try deleteOperation(op.id) }
+    }
+    for s in strays {
+      _ = try insertOperation(
+        kind: .deleteLeaf, nodeID: nil, cloudID: s.cloudID, payload: PushPayload(objects: s.refs),
+        dependsOn: [])
     }
     let clear = try db.cachedStatement(
       sql: """
@@ -287,7 +310,23 @@ extension CloudTransaction {
           lastModifiedData = NULL, cloudDataInfo = NULL
         WHERE id = ?
         """)
-    for e in entries { try clear.execute(arguments: [e.id]) }
+    let keep = try db.cachedStatement(
+      sql: """
+        UPDATE nodes SET eTagRcrd = NULL, eTagData = ?, lastModifiedRcrd = NULL,
+          lastModifiedData = ?, cloudDataInfo = ?, dataSize = ?
+        WHERE id = ?
+        """)
+    for e in entries {
+      if hadData.contains(e.id), let kept = existing[e.id] {
+        hadData.remove(e.id)
+        try keep.execute(arguments: [
+          kept.eTag, kept.lastModified?.timeIntervalSinceReferenceDate, try json(kept),
+          Int64(bitPattern: kept.dataSize), e.id,
+        ])
+      } else {
+        try clear.execute(arguments: [e.id])
+      }
+    }
     for e in entries {
       let node = try existingNode(id: e.id)
       var deps: [Int64] = []
@@ -311,27 +350,47 @@ extension CloudTransaction {
     }
   }
 
-  /// Queues a new RCRD upload of a node that now stands for a remote version (a data
-  /// conflict): its pending RCRD uploads are dropped (they hold the local attributes, which went
-  /// to the conflicted copy). One still in flight cannot be recalled — it may yet write the
-  /// local attributes, and the device must still record and log that write — so the new upload
-  /// waits for it. The RCRD in the store thus ends up holding the node's attributes, under an
-  /// eTag this device knows and has logged.
-  public func requeueRcrdUpload(nodeID: NodeID) throws {
+  /// Queues an upload of a node's RCRD as it is (coalesced into a pending one), e.g. when the
+  /// RCRD in the store no longer describes the node's DATA.
+  public func queueRcrdUpload(nodeID: NodeID) throws {
     try requireWritable()
     let node = try existingNode(id: nodeID)
-    for op in try outstandingOperations(ofNode: nodeID)
-    where op.kind == .putRcrd && op.state == .pending {
+    guard node.trunk == nil else { return }
+    try enqueuePutRcrd(node)
+  }
+
+  /// Settles the RCRD uploads of a node that now stands for a remote version (a data
+  /// conflict): its pending RCRD uploads are dropped (they hold the local attributes, which went
+  /// to the conflicted copy). One still in flight cannot be recalled — it may yet write the
+  /// local attributes (and size) over the remote version, and the device must still record and
+  /// log that write — so a new upload of the node's (remote) attributes is queued to wait for
+  /// it. The RCRD in the store thus ends up holding the node's attributes, under an eTag this
+  /// device knows and has logged. With no RCRD upload in flight the store already holds them,
+  /// and nothing is queued unless `rewrite` asks for it. Returns whether an upload was queued.
+  @discardableResult
+  public func requeueRcrdUpload(nodeID: NodeID, rewrite: Bool = false) throws -> Bool {
+    try requireWritable()
+    let node = try existingNode(id: nodeID)
+    let ops = try outstandingOperations(ofNode: nodeID)
+    for op in ops where op.kind == .putRcrd && op.state == .pending {
       try deleteOperation(op.id)
     }
+    guard rewrite || ops.contains(where: { $0.kind == .putRcrd && $0.state == .inFlight }) else {
+      return false
+    }
     try enqueuePutRcrd(node)
+    return true
   }
 
   /// The outstanding delete operations whose payload lists objects of `cloudID`.
   public func deleteOperations(referencing cloudID: String) throws -> [PushOperation] {
-    try allOperations().filter {
-      ($0.kind == .deleteLeaf || $0.kind == .deleteNode)
-        && ($0.payload.objects ?? []).contains { $0.cloudID == cloudID }
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT \(Self.operationColumns) FROM pushOperations
+        WHERE localUserID = ? AND kind IN ('deleteLeaf', 'deleteNode') ORDER BY id
+        """)
+    return try Row.fetchAll(stmt, arguments: [userID]).map(decodeOperation).filter {
+      ($0.payload.objects ?? []).contains { $0.cloudID == cloudID }
     }
   }
 
@@ -356,14 +415,80 @@ extension CloudTransaction {
   }
 
   /// Points a node's outstanding `move` at a new origin (where the node's objects really are,
-  /// after the cloud moved them too).
+  /// after the cloud moved them too). What the move wrote so far (`written`) is kept; a target
+  /// that is now the origin is no longer listed there.
   public func setMoveOrigin(_ origin: CloudObjectRef, forNodeID nodeID: NodeID) throws {
     try requireWritable()
     let stmt = try db.cachedStatement(
       sql: "UPDATE pushOperations SET payload = ? WHERE id = ?")
     for op in try outstandingOperations(ofNode: nodeID) where op.kind == .move {
-      try stmt.execute(arguments: [try json(PushPayload(origin: origin)), op.id])
+      var payload = try decodePayload(op.payload)
+      payload.origin = origin
+      payload.written?.removeAll { $0.rcrdKey == origin.rcrdKey }
+      if payload.written?.isEmpty == true { payload.written = nil }
+      try stmt.execute(arguments: [try json(payload), op.id])
     }
+  }
+
+  /// Records eTags this device just wrote at the origin of the node's outstanding `move` (an
+  /// upload resumed where the node was when it started), so that they are not taken for remote
+  /// changes there (nil: unchanged).
+  public func updateMoveOriginETags(
+    nodeID: NodeID, rcrdKey: String, eTagRcrd: String?, eTagData: String?
+  ) throws {
+    try requireWritable()
+    let stmt = try db.cachedStatement(sql: "UPDATE pushOperations SET payload = ? WHERE id = ?")
+    for op in try outstandingOperations(ofNode: nodeID) where op.kind == .move {
+      var payload = try decodePayload(op.payload)
+      guard var origin = payload.origin, origin.rcrdKey == rcrdKey else { continue }
+      if let eTagRcrd { origin.eTagRcrd = eTagRcrd }
+      if let eTagData { origin.eTagData = eTagData }
+      payload.origin = origin
+      try stmt.execute(arguments: [try json(payload), op.id])
+    }
+  }
+
+  /// Records the target locations a `move` operation has written to so far (see
+  /// ``PushPayload/written``); an empty list clears them.
+  public func setMoveWritten(_ written: [CloudObjectRef], forOperation id: Int64) throws {
+    try requireWritable()
+    guard let op = try operation(id: id), op.kind == .move else {
+      throw CatalogError.operationNotFound(id)
+    }
+    var payload = op.payload
+    payload.written = written.isEmpty ? nil : written
+    let stmt = try db.cachedStatement(
+      sql: "UPDATE pushOperations SET payload = ? WHERE id = ? AND +localUserID = ?")
+    try stmt.execute(arguments: [try json(payload), id, userID])
+  }
+
+  /// Returns an operation taken by the push manager to the queue, to run again once `other`
+  /// has completed (or been dropped), without counting a failed attempt. Returns false and
+  /// changes nothing when `other` is gone or itself waits, directly or not, for `id`.
+  public func deferOperation(id: Int64, until other: Int64) throws -> Bool {
+    try requireWritable()
+    guard try operation(id: id) != nil else { throw CatalogError.operationNotFound(id) }
+    guard other != id, try operation(id: other) != nil else { return false }
+    if try waits(other, for: id) { return false }
+    try addDependency(id, dependsOn: other)
+    let stmt = try db.cachedStatement(
+      sql: "UPDATE pushOperations SET state = 'pending' WHERE id = ? AND +localUserID = ?")
+    try stmt.execute(arguments: [id, userID])
+    return true
+  }
+
+  /// True when operation `id` waits, directly or through others, for operation `other`.
+  public func waits(_ id: Int64, for other: Int64) throws -> Bool {
+    let stmt = try db.cachedStatement(
+      sql: """
+        WITH RECURSIVE d(id) AS (
+          SELECT dependsOnOpID FROM pushOperationDeps WHERE opID = ?
+          UNION
+          SELECT p.dependsOnOpID FROM pushOperationDeps p JOIN d ON p.opID = d.id
+        )
+        SELECT EXISTS (SELECT 1 FROM d WHERE id = ?)
+        """)
+    return try Bool.fetchOne(stmt, arguments: [id, other]) ?? false
   }
 
   /// Sets a trunk's dirSalt (shared by the user's devices). Children already stored keep their

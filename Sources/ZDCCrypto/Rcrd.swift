@@ -19,11 +19,19 @@ public struct RcrdMeta: Sendable, Hashable {
   public var symlinkTarget: String?
   /// Plaintext size of the data section.
   public var dataSize: UInt64
+  /// True for a claim: a fresh copy of the node's record put over it by a device whose move of
+  /// the node is committing (it deletes the record next). Absent from ordinary records.
+  public var moving: Bool
+  /// True for the record a move puts at its target before it commits (rewritten without the
+  /// mark once committed). Absent from ordinary records.
+  public var arriving: Bool
 
   public init(
     name: String, dirSalt: Data, kind: NodeKind, mode: UInt32, mtime: FileTime,
-    xattrs: [String: Data] = [:], symlinkTarget: String? = nil, dataSize: UInt64 = 0
+    xattrs: [String: Data] = [:], symlinkTarget: String? = nil, dataSize: UInt64 = 0,
+    moving: Bool = false, arriving: Bool = false
   ) {
+    self.arriving = arriving
     self.name = name
     self.dirSalt = dirSalt
     self.kind = kind
@@ -32,6 +40,7 @@ public struct RcrdMeta: Sendable, Hashable {
     self.xattrs = xattrs
     self.symlinkTarget = symlinkTarget
     self.dataSize = dataSize
+    self.moving = moving
   }
 
   /// The meta of a node.
@@ -110,6 +119,8 @@ public enum Rcrd {
     var xattrs: [String: String]
     var symlinkTarget: String?
     var dataSize: UInt64
+    var moving: Bool?
+    var arriving: Bool?
   }
   struct Time: Codable {
     var s: Int64
@@ -126,12 +137,20 @@ public enum Rcrd {
   }
 
   /// Encodes a node's record, wrapping its key to every user in its share list with read
-  /// permission; `publicKeys` maps those userIDs to X25519 public keys.
-  public static func encode(node: Node, publicKeys: [String: Data]) throws -> Data {
-    try encode(node: node, publicKeys: publicKeys, metaNonce: SecureRandom.bytes(AEAD.nonceSize))
+  /// permission; `publicKeys` maps those userIDs to X25519 public keys. With `moving` or
+  /// `arriving`, the record carries that mark (see ``RcrdMeta/moving``, ``RcrdMeta/arriving``).
+  public static func encode(
+    node: Node, publicKeys: [String: Data], moving: Bool = false, arriving: Bool = false
+  ) throws -> Data {
+    try encode(
+      node: node, publicKeys: publicKeys, metaNonce: SecureRandom.bytes(AEAD.nonceSize),
+      moving: moving, arriving: arriving)
   }
 
-  static func encode(node: Node, publicKeys: [String: Data], metaNonce: Data) throws -> Data {
+  static func encode(
+    node: Node, publicKeys: [String: Data], metaNonce: Data, moving: Bool = false,
+    arriving: Bool = false
+  ) throws -> Data {
     guard node.encryptionKey.count == AEAD.keySize else {
       throw CryptoError.invalidKey("node key must be 32 bytes")
     }
@@ -152,7 +171,7 @@ public enum Rcrd {
       name: m.name, dirSalt: m.dirSalt.base64EncodedString(), kind: m.kind.rawValue, mode: m.mode,
       mtime: Time(s: m.mtime.seconds, ns: m.mtime.nanoseconds),
       xattrs: m.xattrs.mapValues { $0.base64EncodedString() }, symlinkTarget: m.symlinkTarget,
-      dataSize: m.dataSize)
+      dataSize: m.dataSize, moving: moving ? true : nil, arriving: arriving ? true : nil)
     let plain = try encoder().encode(metaWire)
     let sealed = try AEAD.seal(
       plain, nonce: metaNonce, associatedData: metaAD(cloudID: node.cloudID),
@@ -242,7 +261,8 @@ public enum Rcrd {
     let meta = RcrdMeta(
       name: mw.name, dirSalt: salt, kind: kind, mode: mw.mode,
       mtime: FileTime(seconds: mw.mtime.s, nanoseconds: mw.mtime.ns), xattrs: xattrs,
-      symlinkTarget: mw.symlinkTarget, dataSize: mw.dataSize)
+      symlinkTarget: mw.symlinkTarget, dataSize: mw.dataSize, moving: mw.moving ?? false,
+      arriving: mw.arriving ?? false)
     return DecodedRcrd(
       cloudID: wire.cloudID, dirPrefix: prefix, shareList: shareList, nodeKey: nodeKey,
       meta: meta, burnDate: wire.burnDate.map { Date(timeIntervalSince1970: TimeInterval($0)) })

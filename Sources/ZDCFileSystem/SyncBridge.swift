@@ -120,9 +120,32 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
   public func data(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
     -> NodeData?
   {
-    if let staged = fileSystem.disk.stagedData(forNode: node.id) {
+    let disk = fileSystem.disk
+    if let staged = disk.stagedData(forNode: node.id) {
       lock.withLock { handedOut[node.id] = staged.version }
       return .cryptoFile(staged.url, key: staged.key)
+    }
+    // Nothing staged, but the content is cached (a node kept and uploaded again after another
+    // device deleted it, say): staged from the cache, so that the upload carries it (a cache
+    // entry could be evicted under the upload).
+    if let eTag = node.eTagData, node.dataSize > 0,
+      let cached = disk.cachedFile(cloudID: node.cloudID, eTag: eTag)
+    {
+      defer { cached.close() }
+      guard cached.isComplete else { return nil }
+      do {
+        let w = try disk.stagingFile(forNode: node.id, base: .cached(cached))
+        defer { w.close() }
+        try disk.commitStaging(w)
+      } catch {
+        Logger(label: "zdc.sync").warning(
+          "cannot stage cached content for upload", metadata: ["error": "\(error)"])
+        return nil
+      }
+      if let staged = disk.stagedData(forNode: node.id) {
+        lock.withLock { handedOut[node.id] = staged.version }
+        return .cryptoFile(staged.url, key: staged.key)
+      }
     }
     return nil
   }

@@ -16,12 +16,17 @@ public struct PullConfiguration: Sendable {
   public var compactionAge: TimeInterval
   /// Node changes applied per transaction during a full scan.
   public var fullScanBatch: Int
+  /// Incremental pulls read the change log again from this long before the newest entry read:
+  /// a log object's ULID comes from its writer's clock and is taken before its put, so one can
+  /// land after objects that sort after it were read (entries already applied are skipped).
+  public var logLookback: TimeInterval
 
   public init(
     fetchConcurrency: Int = 8, pullInterval: TimeInterval = 30,
     fullScanInterval: TimeInterval = 24 * 3600, compactionAge: TimeInterval = 7 * 24 * 3600,
-    fullScanBatch: Int = 256
+    fullScanBatch: Int = 256, logLookback: TimeInterval = 300
   ) {
+    self.logLookback = logLookback
     self.fetchConcurrency = fetchConcurrency
     self.pullInterval = pullInterval
     self.fullScanInterval = fullScanInterval
@@ -71,6 +76,27 @@ public final class PullManager: @unchecked Sendable {
   static let cursorKey = "pull.cursor"
   static let lastFullScanKey = "pull.lastFullScan"
   static let needsFullScanKey = "pull.needsFullScan"
+  /// The change-log keys read within the lookback window before the cursor (JSON array).
+  static let recentKey = "pull.recent"
+
+  /// The listing bound `logLookback` before a change-log key (nil: from the start).
+  private func lookbackBound(before key: String) -> String? {
+    guard let p = ChangeLogCodec.parse(key: key, layout: context.layout), let u = ULID(p.ulid)
+    else { return nil }
+    let ms = u.milliseconds
+    let back = UInt64(max(0, config.logLookback * 1000))
+    guard ms > back else { return nil }
+    var zero = ZeroRandom()
+    return context.layout.changesPrefix + ULID(milliseconds: ms - back, random: &zero).string
+  }
+
+  /// `keys` within the lookback window before `cursor`, as stored under `recentKey`.
+  private func recentJSON(_ keys: some Sequence<String>, cursor: String) -> String? {
+    let bound = lookbackBound(before: cursor) ?? ""
+    let kept = keys.filter { $0 > bound }.sorted()
+    guard !kept.isEmpty, let data = try? JSONEncoder().encode(kept) else { return nil }
+    return String(decoding: data, as: UTF8.self)
+  }
 
   /// A pull manager for one local user of `catalog`; with `push`, remote changes are applied
   /// while no push operation runs.
@@ -281,16 +307,35 @@ public final class PullManager: @unchecked Sendable {
       byPrefix[p.dirPrefix, default: [:]][p.cloudName] = slot
     }
     var listedRcrds = Set<String>()
+    var listedETags: [String: String] = [:]
     for (prefix, slots) in byPrefix {
-      for (cloudName, slot) in slots where slot.rcrd != nil {
-        listedRcrds.insert(layout.rcrdKey(dirPrefix: prefix, cloudName: cloudName))
+      for (cloudName, slot) in slots {
+        guard let rcrd = slot.rcrd else { continue }
+        let key = layout.rcrdKey(dirPrefix: prefix, cloudName: cloudName)
+        listedRcrds.insert(key)
+        listedETags[key] = rcrd.eTag
       }
     }
-    let index = try context.catalog.read(context.userID) { try $0.syncIndex() }
+    let (index, moves) = try context.catalog.read(context.userID) { tx in
+      (
+        try tx.syncIndex(),
+        try tx.allOperations().filter { $0.kind == .move && $0.payload.origin != nil }
+      )
+    }
     var byKey: [String: SyncIndexEntry] = [:]
+    // Where the store holds each node as far as this device knows: its keys, or for a node with
+    // a move outstanding, the move's origin.
+    var homeOf: [String: (key: String, eTag: String?)] = [:]
     for e in index {
       if let pdp = e.parentDirPrefix {
-        byKey[layout.rcrdKey(dirPrefix: pdp, cloudName: e.cloudName)] = e
+        let key = layout.rcrdKey(dirPrefix: pdp, cloudName: e.cloudName)
+        byKey[key] = e
+        if e.trunk == nil { homeOf[e.cloudID] = (key, e.eTagRcrd) }
+      }
+    }
+    for m in moves {
+      if let origin = m.payload.origin {
+        homeOf[origin.cloudID] = (origin.rcrdKey, origin.eTagRcrd)
       }
     }
     let preferred = context.delegate.preferredNodeIDsForPulling()
@@ -323,8 +368,17 @@ public final class PullManager: @unchecked Sendable {
           toFetch.append((c.key, c.data, false))
         }
       }
-      let (items, undecodable) = try self.items(fetch(toFetch), result: &result)
+      let (fetched, undecodable) = try self.items(fetch(toFetch), result: &result)
       result.fetchedRcrds += toFetch.count
+      // A node still found, unchanged, where this device knows it is not moved to another RCRD
+      // of it: that one is a move under way elsewhere (written before the move commits), which
+      // its change-log entry announces once done.
+      let items = fetched.filter { item in
+        guard let home = homeOf[item.rcrd.cloudID], home.key != item.rcrdKey,
+          let eTag = home.eTag, listedETags[home.key] == eTag
+        else { return true }
+        return false
+      }
       // A node whose RCRD cannot be read now is not taken for deleted.
       for key in undecodable {
         guard let e = byKey[key] else { continue }
@@ -361,6 +415,8 @@ public final class PullManager: @unchecked Sendable {
     try applyDeletions(gone.map(\.cloudID), listed: listedRcrds, result: &result)
     try context.catalog.write(context.userID) { tx in
       try tx.setSyncValue(newCursor ?? "", forKey: Self.cursorKey)
+      try tx.setSyncValue(
+        newCursor.flatMap { recentJSON(logKeys, cursor: $0) }, forKey: Self.recentKey)
       try tx.setSyncValue("\(Date().timeIntervalSince1970)", forKey: Self.lastFullScanKey)
       try tx.setSyncValue(nil, forKey: Self.needsFullScanKey)
     }
@@ -372,10 +428,22 @@ public final class PullManager: @unchecked Sendable {
   private func incremental(after cursor: String) throws -> PullResult {
     var result = PullResult()
     let layout = context.layout
+    // From `logLookback` before the cursor, skipping what was read already.
+    let recent =
+      try context.catalog.read(context.userID) {
+        try $0.syncValue(forKey: Self.recentKey)
+      }.flatMap { try? JSONDecoder().decode([String].self, from: Data($0.utf8)) } ?? []
+    let read = Set(recent).union(cursor.isEmpty ? [] : [cursor])
+    let bound = cursor.isEmpty ? nil : (lookbackBound(before: cursor) ?? "")
     let logObjects = try context.store.listAll(
-      prefix: layout.changesPrefix, startAfter: cursor.isEmpty ? nil : cursor
-    ).filter { ChangeLogCodec.parse(key: $0.key, layout: layout) != nil }
-    guard let last = logObjects.last else { return result }
+      prefix: layout.changesPrefix, startAfter: bound.flatMap { $0.isEmpty ? nil : $0 }
+    ).filter {
+      ChangeLogCodec.parse(key: $0.key, layout: layout) != nil && !read.contains($0.key)
+        && (cursor.isEmpty || $0.key > cursor || bound != nil)
+    }
+    guard let newest = logObjects.last else { return result }
+    let newCursor = max(cursor, newest.key)
+    let recentAfter = recentJSON(read.union(logObjects.map(\.key)), cursor: newCursor)
     let mine = context.account.deviceID
     let others = logObjects.filter {
       ChangeLogCodec.parse(key: $0.key, layout: layout)!.deviceID != mine
@@ -417,29 +485,29 @@ public final class PullManager: @unchecked Sendable {
     let (items, _) = try self.items(fetch(rcrdKeys.map { ($0, nil, true) }), result: &result)
     result.fetchedRcrds = rcrdKeys.count
     let present = Set(items.map(\.rcrd.cloudID))
-    // A deleted node is gone if its RCRD is no longer where this device knows it.
+    // A deleted node is gone if its RCRD is no longer where this device knows it (for a node
+    // with a move outstanding: the move's origin, or the target it was committed to).
     var gone: [String] = []
     for cloudID in Set(deleted) where !present.contains(cloudID) {
       guard
-        let loc = try context.catalog.read(
+        let key = try context.catalog.read(
           context.userID,
-          { tx -> CloudObjectRef? in
+          { tx -> String? in
             guard let n = try tx.node(cloudID: cloudID) else { return nil }
-            return try tx.objectLocation(of: n.id)
+            return try Self.storeLocation(of: n.id, tx: tx)
           })
       else { continue }
-      let r = try context.fetchRcrd(loc.rcrdKey)
+      let r = try context.fetchRcrd(key)
       if r == nil || (r?.decoded != nil && r?.decoded?.cloudID != cloudID) { gone.append(cloudID) }
     }
     try applyDeletions(gone, result: &result)
     // Parents first: apply what has a known parent, until nothing more can be applied.
     var pending = items
     var progress = true
-    var isLast = false
     while !pending.isEmpty && progress {
       progress = false
       var rest: [Item] = []
-      for (n, item) in pending.enumerated() {
+      for item in pending {
         let hasParent = try context.catalog.read(context.userID) {
           try $0.node(dirPrefix: item.parentDirPrefix) != nil
         }
@@ -448,10 +516,8 @@ public final class PullManager: @unchecked Sendable {
           continue
         }
         progress = true
-        isLast = rest.isEmpty && n == pending.count - 1
         try context.catalog.write(context.userID) { tx in
           try self.apply(item, tx: tx, result: &result)
-          if isLast { try tx.setSyncValue(last.key, forKey: Self.cursorKey) }
         }
       }
       pending = rest
@@ -461,13 +527,29 @@ public final class PullManager: @unchecked Sendable {
         "remote nodes without a known parent skipped", metadata: ["count": "\(pending.count)"])
       result.skipped += pending.count
     }
-    if !isLast || !pending.isEmpty {
-      try context.catalog.write(context.userID) { tx in
-        try tx.setSyncValue(last.key, forKey: Self.cursorKey)
-        if !pending.isEmpty { try tx.setSyncValue("1", forKey: Self.needsFullScanKey) }
-      }
+    try context.catalog.write(context.userID) { tx in
+      try tx.setSyncValue(newCursor, forKey: Self.cursorKey)
+      try tx.setSyncValue(recentAfter, forKey: Self.recentKey)
+      if !pending.isEmpty { try tx.setSyncValue("1", forKey: Self.needsFullScanKey) }
     }
     return result
+  }
+
+  /// The RCRD key where the store holds a node as far as this device knows: for a node with a
+  /// move outstanding, the move's origin (or, once the move released the origin, its target);
+  /// otherwise the node's own keys.
+  static func storeLocation(of id: NodeID, tx: CloudTransaction) throws -> String? {
+    let loc = try tx.objectLocation(of: id)
+    guard let move = try tx.pendingOperations(forNodeID: id).first(where: { $0.kind == .move }),
+      let origin = move.payload.origin
+    else { return loc?.rcrdKey }
+    if let raw = move.multipartState,
+      let state = try? JSONDecoder().decode(MoveState.self, from: raw),
+      state.origin == origin.rcrdKey, state.releasing, let committed = state.committedRcrd
+    {
+      return committed
+    }
+    return origin.rcrdKey
   }
 
   // MARK: Applying
@@ -485,6 +567,9 @@ public final class PullManager: @unchecked Sendable {
       result.skipped += 1
       return
     }
+    // A move's claim (the node is about to leave this place) or a move's target before it
+    // commits (the node may never come here): the move's log entry tells where the node went.
+    if meta.moving || meta.arriving { return }
     if let e = try tx.node(cloudID: r.cloudID) {
       guard e.trunk == nil, let curLoc = try tx.objectLocation(of: e.id) else { return }
       let sameLocation = curLoc.rcrdKey == item.rcrdKey
@@ -497,6 +582,15 @@ public final class PullManager: @unchecked Sendable {
       var change: NodeChange = []
       var moved = false
       var cloudName = try tx.cloudName(of: e.id)
+      if kinds.contains(.move),
+        try tx.pendingOperations(forNodeID: e.id).contains(where: {
+          $0.kind == .move && ($0.payload.written ?? []).contains { $0.rcrdKey == item.rcrdKey }
+        })
+      {
+        // This device's own write at a target of its move (an earlier attempt, which the move
+        // settles itself): not the node as another device left it.
+        return
+      }
       if !sameLocation {
         if kinds.contains(.move) {
           // Moved here and there: this device's move wins, starting from where the node is now.
@@ -555,6 +649,8 @@ public final class PullManager: @unchecked Sendable {
         n.eTagData = item.dataInfo?.eTag
         n.lastModifiedData = item.dataInfo?.lastModified
         n.cloudDataInfo = nil
+        // The size belongs to the DATA, not to the local attributes an RCRD upload keeps.
+        n.dataSize = meta.dataSize
         change.insert(.data)
       }
       try tx.applyRemoteNode(n, cloudName: cloudName)
@@ -574,7 +670,17 @@ public final class PullManager: @unchecked Sendable {
       }
       return
     }
-    // A new node.
+    // A new node — unless this device is deleting it: its delete removes the RCRD found here,
+    // if that RCRD has not changed since (a remote edit brings the node back).
+    // (Read in this transaction: the node may have been deleted here since the pull began.)
+    for op in try tx.deleteOperations(referencing: r.cloudID) {
+      if (op.payload.objects ?? []).contains(where: {
+        $0.cloudID == r.cloudID && $0.rcrdKey == item.rcrdKey
+          && ($0.eTagRcrd == nil || $0.eTagRcrd == item.rcrdInfo.eTag)
+      }) {
+        return
+      }
+    }
     try makeRoom(for: meta.name, in: parent, except: nil, tx: tx, result: &result)
     if parent.kind == .file {
       var p = parent
@@ -643,8 +749,12 @@ public final class PullManager: @unchecked Sendable {
   }
 
   /// A subtree deleted remotely holds local changes: keeps the dirty nodes and the nodes that
-  /// hold them, deletes the other (clean) ones, and re-uploads what is kept as new.
-  private func keepDirty(_ root: NodeID, dirty: [NodeID], tx: CloudTransaction) throws {
+  /// hold them, deletes the other (clean) ones, and re-uploads what is kept as new (except the
+  /// DATA found still at its keys, `existingData`).
+  private func keepDirty(
+    _ root: NodeID, dirty: [NodeID], existingData: [NodeID: CloudDataInfo] = [:],
+    tx: CloudTransaction
+  ) throws {
     var keep = Set<NodeID>()
     for d in dirty {
       var cur: NodeID? = d
@@ -663,7 +773,40 @@ public final class PullManager: @unchecked Sendable {
         context.delegate.didDiscoverDeletedNode(d, at: p, timestamp: nil, transaction: tx)
       }
     }
-    try tx.reuploadSubtree(root)
+    var before: [NodeID: String?] = [:]
+    for id in existingData.keys {
+      if let n = try tx.node(id: id) { before[id] = n.eTagData }
+    }
+    try tx.reuploadSubtree(root, existingData: existingData)
+    // A node that keeps DATA found at its keys now stands for that version.
+    for (id, old) in before {
+      guard let n = try tx.node(id: id), n.eTagData != nil, n.eTagData != old else { continue }
+      context.delegate.didDiscoverModifiedNode(
+        n, change: .data, at: try tx.path(of: id), transaction: tx)
+    }
+  }
+
+  /// The DATA at `key` with its sizes (read from its header), or nil when there is none or it
+  /// cannot be read as a CloudFile of the node.
+  private func existingDataInfo(key: String, nodeKey: Data) throws -> CloudDataInfo? {
+    guard let info = try context.headIfExists(key) else { return nil }
+    let store = context.store
+    do {
+      let sizes = try CloudFileReader(
+        key: nodeKey, ciphertextSize: info.size, fetch: { try store.get(key: key, range: $0) }
+      ).sizes
+      return CloudDataInfo(
+        metadataSize: sizes.metadataSize, thumbnailSize: sizes.thumbnailSize,
+        dataSize: sizes.dataSize, eTag: info.eTag, lastModified: info.lastModified)
+    } catch let e as StoreError {
+      if case .notFound = e { return nil }
+      throw e
+    } catch {
+      context.logger.error(
+        "DATA kept by a node deleted remotely cannot be read; uploaded again",
+        metadata: ["key": "\(key)", "error": "\(error)"])
+      return nil
+    }
   }
 
   /// Applies a DATA change found by a listing (RCRD unchanged).
@@ -698,12 +841,29 @@ public final class PullManager: @unchecked Sendable {
       }.sorted { $0.1 < $1.1 }
     }
     for (cloudID, _) in ordered {
-      // Which descendants still have their RCRD in the store (I/O before the transaction).
-      let below = try context.catalog.read(context.userID) { tx -> [(NodeID, CloudObjectRef)] in
-        guard let n = try tx.node(cloudID: cloudID) else { return [] }
-        return try tx.subtreeIDs(of: n.id).dropFirst().compactMap { id in
-          try tx.objectLocation(of: id).map { (id, $0) }
+      // Which descendants still have their RCRD in the store, and which nodes with changes
+      // outstanding (but none to their content) still have DATA at their keys (I/O before the
+      // transaction).
+      let (below, unchanged) = try context.catalog.read(context.userID) {
+        tx -> ([(NodeID, CloudObjectRef)], [(NodeID, String, Data)]) in
+        guard let n = try tx.node(cloudID: cloudID) else { return ([], []) }
+        var below: [(NodeID, CloudObjectRef)] = []
+        var unchanged: [(NodeID, String, Data)] = []
+        for (i, id) in try tx.subtreeIDs(of: n.id).enumerated() {
+          guard let loc = try tx.objectLocation(of: id), let node = try tx.node(id: id) else {
+            continue
+          }
+          if i > 0 { below.append((id, loc)) }
+          let kinds = try tx.outstandingKinds(ofNodeID: id)
+          if !kinds.isEmpty, !kinds.contains(.putData), node.kind != .directory {
+            unchanged.append((id, loc.dataKey, node.encryptionKey))
+          }
         }
+        return (below, unchanged)
+      }
+      var existingData: [NodeID: CloudDataInfo] = [:]
+      for (id, key, nodeKey) in unchanged {
+        if let info = try existingDataInfo(key: key, nodeKey: nodeKey) { existingData[id] = info }
       }
       var alive = Set<NodeID>()
       if !below.isEmpty {
@@ -740,7 +900,7 @@ public final class PullManager: @unchecked Sendable {
             context.delegate.didDiscoverDeletedNode(d, at: p, timestamp: nil, transaction: tx)
           }
         } else {
-          try keepDirty(n.id, dirty: dirty, tx: tx)
+          try keepDirty(n.id, dirty: dirty, existingData: existingData, tx: tx)
           context.delegate.didDiscoverDeletedDirtyNode(
             n, dirtyDescendants: dirty, timestamp: nil, transaction: tx)
           context.delegate.didDiscoverConflict(
@@ -797,6 +957,11 @@ public final class PullManager: @unchecked Sendable {
       return 0
     }
   }
+}
+
+/// A "random" source of zero bits: the lowest ULID of a millisecond.
+private struct ZeroRandom: RandomNumberGenerator {
+  mutating func next() -> UInt64 { 0 }
 }
 
 /// Maps `items` with `transform` on up to `width` threads (not Swift concurrency's pool),

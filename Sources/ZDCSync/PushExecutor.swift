@@ -29,6 +29,26 @@ struct DataUploadState: Codable {
   }
 }
 
+/// A state type with a fresh value.
+protocol DefaultInitializable { init() }
+
+/// The push manager's private state of an RCRD upload, kept in the operation's `multipartState`
+/// (JSON): digests of the bodies it has tried to put (each is unique: its encryption nonces are
+/// random), so that a 412 caused by its own earlier write (a crash window) is recognised.
+struct RcrdUploadState: Codable, DefaultInitializable {
+  var bodies: [String] = []
+  /// A move's claim found at the key, and when it was first seen (the claim lease).
+  var blockedETag: String?
+  var blockedSince: Date?
+  /// When this first upload asked for a pull before writing again.
+  var pullAskedAt: Date?
+
+  mutating func remember(_ digest: String) {
+    bodies.append(digest)
+    if bodies.count > 8 { bodies.removeFirst(bodies.count - 8) }
+  }
+}
+
 /// Executes one push operation.
 struct PushExecutor {
   let manager: PushManager
@@ -41,12 +61,16 @@ struct PushExecutor {
     switch op.kind {
     case .putRcrd: try putRcrd()
     case .putData: try putData()
-    case .move: try move()
+    case .move:
+      guard let node = job.node, let loc = job.location, let origin = op.payload.origin else {
+        return try completeOrphan()
+      }
+      try MoveRun(self, node: node, target: loc, origin: origin).run()
     case .deleteLeaf, .deleteNode: try delete()
     }
   }
 
-  private func write<T>(_ body: (CloudTransaction) throws -> T) throws -> T {
+  func write<T>(_ body: (CloudTransaction) throws -> T) throws -> T {
     try context.catalog.write(context.userID, body)
   }
 
@@ -81,22 +105,34 @@ struct PushExecutor {
 
   // MARK: RCRD
 
-  private enum RcrdPutResult {
+  enum RcrdPutResult {
     case written(String)
     case pathConflict
   }
 
-  /// Puts an RCRD; on 412, adopts the object when it is this node's (a crash window or our own
-  /// earlier write), reports a path conflict when another node holds the key.
-  private func putRcrd(node: Node, key: String, condition: WriteCondition) throws -> RcrdPutResult {
-    let body = try Rcrd.encode(node: node, publicKeys: context.publicKeys)
+  /// Puts an RCRD. `remember` is given each body before it is sent (so a later 412 caused by
+  /// that very write is recognised by `isOurs`). On 412: the node's own earlier write is
+  /// adopted; another device's version of the node's RCRD is passed to `foreign` (which throws
+  /// to refrain from overwriting it, or returns the node as it must be written over it) and
+  /// then overwritten; another node at the key is a path conflict under `If-None-Match`.
+  func putRcrd(
+    node: Node, key: String, condition: WriteCondition, arriving: Bool = false,
+    remember: (Data) throws -> Void, isOurs: (Data) -> Bool,
+    foreign: (ObjectInfo, DecodedRcrd) throws -> Node?
+  ) throws -> RcrdPutResult {
+    var body = try Rcrd.encode(node: node, publicKeys: context.publicKeys, arriving: arriving)
+    try remember(body)
     do {
       return .written(try store.put(key: key, body: .data(body), condition: condition))
     } catch StoreError.preconditionFailed {
       guard let remote = try context.fetchRcrd(key) else {
         throw PushIssue.needsPull("RCRD of node \(node.id) is gone remotely")
       }
-      if remote.decoded?.cloudID == node.cloudID {
+      if let decoded = remote.decoded, decoded.cloudID == node.cloudID {
+        if !isOurs(remote.data), let other = try foreign(remote.info, decoded) {
+          body = try Rcrd.encode(node: other, publicKeys: context.publicKeys, arriving: arriving)
+          try remember(body)
+        }
         return .written(
           try store.put(key: key, body: .data(body), condition: .ifMatch(remote.info.eTag)))
       }
@@ -137,16 +173,84 @@ struct PushExecutor {
   private func putRcrd() throws {
     guard let node = job.node, let loc = job.location else { return try completeOrphan() }
     let condition: WriteCondition = node.eTagRcrd.map { .ifMatch($0) } ?? .ifNoneMatch
-    switch try putRcrd(node: node, key: loc.rcrdKey, condition: condition) {
+    // An RCRD describes the DATA beside it (its size): it goes up after the node's DATA upload.
+    try deferUntilDataUploaded(node)
+    var state = loadUploadState(RcrdUploadState.self)
+    var written = node
+    if case .ifNoneMatch = condition, !state.bodies.isEmpty, manager.hasPullSide,
+      try context.headIfExists(loc.rcrdKey) == nil
+    {
+      // An earlier attempt of this first upload may have landed, been seen elsewhere, and the
+      // node moved or deleted there since: it is written again only after a pull (which moves
+      // it here, or applies its deletion).
+      if let asked = state.pullAskedAt, let pulled = context.progress.snapshot.lastPull,
+        pulled > asked
+      {
+        state.pullAskedAt = nil
+      } else {
+        if state.pullAskedAt == nil { state.pullAskedAt = Date() }
+        try saveUploadState(state)
+        throw PushIssue.needsPull("first upload of node \(node.id) may have landed before")
+      }
+    }
+    let result = try putRcrd(
+      node: node, key: loc.rcrdKey, condition: condition,
+      remember: { body in
+        state.remember(BodyDigest.of(body))
+        try saveUploadState(state)
+      },
+      isOurs: { state.bodies.contains(BodyDigest.of($0)) },
+      foreign: { info, remote -> Node? in
+        if remote.meta.moving {
+          // Another device's move of the node is committing: this upload goes where the move
+          // takes the node (a pull tells), unless the claim is older than the claim lease.
+          if state.blockedETag == info.eTag, let since = state.blockedSince,
+            Date().timeIntervalSince(since) >= manager.config.moveClaimLease
+          {
+            context.logger.warning(
+              "RCRD upload: a move's claim was never released; overwriting it",
+              metadata: ["node": "\(node.id)"])
+            return nil
+          }
+          if state.blockedETag != info.eTag {
+            state.blockedETag = info.eTag
+            state.blockedSince = Date()
+            try saveUploadState(state)
+          }
+          throw PushIssue.needsPull("node \(node.id) is being moved by another device")
+        }
+        // A first upload meeting the node's own cloudID can only be this device's write.
+        guard case .ifMatch = condition else { return nil }
+        try beforeOverwritingRemoteRcrd(node: node, loc: loc)
+        // The local attributes win, with the size of the DATA there (see `dataSize(of:loc:)`).
+        let size = try dataSize(of: node, loc: loc)
+        guard size != node.dataSize else { return nil }
+        var n = node
+        n.dataSize = size
+        written = n
+        return n
+      })
+    switch result {
     case .pathConflict:
       try resolvePathConflict(node)
       throw PushIssue.retryNow
     case .written(let eTag):
       try write { tx in
-        if let cur = try tx.node(id: node.id) {
+        if var cur = try tx.node(id: node.id) {
           try tx.setCloudState(
             nodeID: node.id, eTagRcrd: eTag, lastModifiedRcrd: Date(), eTagData: cur.eTagData,
             lastModifiedData: cur.lastModifiedData, cloudDataInfo: cur.cloudDataInfo)
+          try tx.updateMoveOriginETags(
+            nodeID: node.id, rcrdKey: loc.rcrdKey, eTagRcrd: eTag, eTagData: nil)
+          if written.dataSize != node.dataSize, cur.dataSize == node.dataSize {
+            // The node takes the size of the DATA it stands beside (its size here came from an
+            // RCRD that described another version).
+            cur = try tx.existingNode(id: node.id)
+            cur.dataSize = written.dataSize
+            try tx.applyRemoteNode(cur, cloudName: try tx.cloudName(of: node.id))
+            context.delegate.didDiscoverModifiedNode(
+              cur, change: .data, at: try tx.path(of: node.id), transaction: tx)
+          }
         } else {
           try tx.updateDeleteETags(
             cloudID: node.cloudID, rcrdKey: loc.rcrdKey, eTagRcrd: eTag, eTagData: nil)
@@ -160,6 +264,93 @@ struct PushExecutor {
               eTagRcrd: eTag)
           ], in: tx)
       }
+    }
+  }
+
+  /// While a DATA upload of the node is outstanding (one that does not itself wait for this
+  /// operation, as a first upload's does), the RCRD upload waits for it: the RCRD's size
+  /// describes that new DATA, which is not in the store yet — and should it meet a remote edit
+  /// (a data conflict), the node stands for the remote version, attributes included, and this
+  /// upload is dropped instead of putting the local attributes over the remote version.
+  private func deferUntilDataUploaded(_ node: Node) throws {
+    let dataOp = try context.catalog.read(context.userID) { tx -> Int64? in
+      for o in try tx.pendingOperations(forNodeID: node.id) where o.kind == .putData {
+        if try !tx.waits(o.id, for: op.id) { return o.id }
+      }
+      return nil
+    }
+    guard let dataOp else { return }
+    if try write({ tx in try tx.deferOperation(id: op.id, until: dataOp) }) {
+      throw PushIssue.deferred
+    }
+  }
+
+  /// Another device changed the node's RCRD since this device last knew it. The local
+  /// attributes win and overwrite it — but an RCRD also describes the DATA beside it (its
+  /// size), so not over a DATA version they do not describe: an RCRD upload waits for the
+  /// node's outstanding DATA upload (see `deferUntilDataUploaded`), and when the DATA in the
+  /// store is not the version the node knows, a pull comes first (it brings that version's
+  /// size; the upload then runs again).
+  private func beforeOverwritingRemoteRcrd(node: Node, loc: CloudObjectRef) throws {
+    let cur = try context.catalog.read(context.userID) { tx in try tx.node(id: node.id) }
+    guard let cur else {
+      // Deleted here meanwhile: nothing to put over another device's version (the operation is
+      // dropped; the delete that waits for it finds that version and keeps the node).
+      throw PushIssue.needsPull("node \(node.id) was deleted while its RCRD changed remotely")
+    }
+    if cur.eTagRcrd != node.eTagRcrd || cur.eTagData != node.eTagData
+      || RcrdMeta(node: cur) != RcrdMeta(node: node) || cur.burnDate != node.burnDate
+    {
+      throw PushIssue.retryNow  // the node changed since the operation was taken
+    }
+    try deferUntilDataUploaded(node)
+    if try context.headIfExists(loc.dataKey)?.eTag != cur.eTagData {
+      throw PushIssue.needsPull("the DATA beside the RCRD of node \(node.id) changed remotely")
+    }
+  }
+
+  /// The size of the node's DATA version (`eTagData`): known when this device uploaded it or
+  /// read its header (`cloudDataInfo`); otherwise read from its header — a pull takes a remote
+  /// DATA version with the size its RCRD gives, and that RCRD may still describe an earlier one
+  /// (its writer's RCRD upload follows its DATA upload).
+  private func dataSize(of node: Node, loc: CloudObjectRef) throws -> UInt64 {
+    guard let eTag = node.eTagData else { return node.dataSize }
+    if let info = node.cloudDataInfo, info.eTag == eTag { return info.dataSize }
+    guard let head = try context.headIfExists(loc.dataKey), head.eTag == eTag else {
+      return node.dataSize
+    }
+    let store = self.store
+    let key = loc.dataKey
+    do {
+      return
+        try CloudFileReader(
+          key: node.encryptionKey, ciphertextSize: head.size,
+          fetch: { try store.get(key: key, range: $0) }
+        ).sizes.dataSize
+    } catch let e as StoreError {
+      throw e
+    } catch {
+      context.logger.error(
+        "RCRD upload: the node's DATA cannot be read", metadata: ["node": "\(node.id)"])
+      return node.dataSize
+    }
+  }
+
+  /// An upload's state in its operation's `multipartState`; a fresh one when there is none.
+  func loadUploadState<S: Codable & DefaultInitializable>(_ type: S.Type) -> S {
+    guard
+      let raw = try? context.catalog.read(context.userID, { try $0.operation(id: op.id) })?
+        .multipartState,
+      let s = try? JSONDecoder().decode(S.self, from: raw)
+    else { return S() }
+    return s
+  }
+
+  /// Stores an upload's state in its operation (nothing when the operation is gone).
+  func saveUploadState<S: Codable>(_ s: S) throws {
+    let data = try JSONEncoder().encode(s)
+    try write { tx in
+      if try tx.operation(id: op.id) != nil { try tx.setMultipartState(data, forOperation: op.id) }
     }
   }
 
@@ -304,6 +495,7 @@ struct PushExecutor {
       eTag = e
     }
     let info = try? store.head(key: loc.dataKey)
+    let describe = try rcrdDescribesOtherSize(node: node, loc: loc, size: content.dataSize)
     try write { tx in
       guard let cur = try tx.node(id: node.id), let curOp = try tx.operation(id: op.id) else {
         try tx.updateDeleteETags(
@@ -311,6 +503,8 @@ struct PushExecutor {
         if try tx.operation(id: op.id) != nil { try tx.completeOperation(id: op.id) }
         return
       }
+      try tx.updateMoveOriginETags(
+        nodeID: node.id, rcrdKey: loc.rcrdKey, eTagRcrd: nil, eTagData: eTag)
       try tx.setCloudState(
         nodeID: node.id, eTagRcrd: cur.eTagRcrd, lastModifiedRcrd: cur.lastModifiedRcrd,
         eTagData: eTag, lastModifiedData: info?.lastModified ?? Date(),
@@ -331,10 +525,38 @@ struct PushExecutor {
         return
       }
       try tx.completeOperation(id: op.id)
-      var updated = cur
-      updated.eTagData = eTag
+      var updated = try tx.existingNode(id: node.id)
+      if describe, updated.dataSize == content.dataSize {
+        try tx.queueRcrdUpload(nodeID: node.id)
+      }
+      if updated.dataSize != content.dataSize {
+        // The node's size is that of the content uploaded — the delegate's (e.g. none at all
+        // for a node kept after a remote delete whose content this device never had) — and
+        // its RCRD says so too.
+        context.logger.warning(
+          "uploaded content differs in size from the node's; the node takes the uploaded size",
+          metadata: ["node": "\(node.id)"])
+        updated.dataSize = content.dataSize
+        updated = try tx.updateNode(updated)
+      }
       context.delegate.didPushNodeData(updated, at: try tx.path(of: node.id), transaction: tx)
     }
+  }
+
+  /// After a DATA upload with no RCRD upload of the node pending: true when the RCRD in the
+  /// store describes another size (another device's RCRD landed over the one this device
+  /// knew, describing that device's DATA), so the node's RCRD must be uploaded again.
+  private func rcrdDescribesOtherSize(node: Node, loc: CloudObjectRef, size: UInt64) throws
+    -> Bool
+  {
+    let pending = try context.catalog.read(context.userID) { tx in
+      try tx.pendingOperations(forNodeID: node.id).contains { $0.kind == .putRcrd }
+    }
+    if pending { return false }
+    guard let r = try context.fetchRcrd(loc.rcrdKey), let decoded = r.decoded,
+      decoded.cloudID == node.cloudID
+    else { return false }  // moved or gone: a pull tells
+    return decoded.meta.dataSize != size
   }
 
   private func currentGeneration() throws -> Int64? {
@@ -461,7 +683,7 @@ struct PushExecutor {
   /// local version becomes a conflicted copy.
   private func dataConflict(node: Node, loc: CloudObjectRef, path: TreesystemPath) throws {
     guard let remote = try context.fetchRcrd(loc.rcrdKey), let rcrd = remote.decoded,
-      rcrd.cloudID == node.cloudID
+      rcrd.cloudID == node.cloudID, !rcrd.meta.moving
     else {
       throw PushIssue.needsPull("DATA of node \(node.id) changed place remotely")
     }
@@ -479,14 +701,23 @@ struct PushExecutor {
       // Nothing changed remotely: the 412 was spurious (or the object changed back).
       throw StoreError.transient("spurious precondition failure for DATA of node \(node.id)")
     }
+    // The sizes of the version kept come from its own header (the RCRD beside it may describe
+    // another version); a store failure is retried rather than guessed around.
     var sizes: CloudFileSizes? = nil
     let store = self.store
     let key = loc.dataKey
-    if let reader = try? CloudFileReader(
-      key: node.encryptionKey, ciphertextSize: dataInfo.size,
-      fetch: { try store.get(key: key, range: $0) })
-    {
-      sizes = reader.sizes
+    do {
+      sizes =
+        try CloudFileReader(
+          key: node.encryptionKey, ciphertextSize: dataInfo.size,
+          fetch: { try store.get(key: key, range: $0) }
+        ).sizes
+    } catch let e as StoreError {
+      throw e
+    } catch {
+      context.logger.error(
+        "data conflict: the remote DATA cannot be read; its size is taken from its RCRD",
+        metadata: ["node": "\(node.id)", "error": "\(error)"])
     }
     let deviceName = context.account.deviceName
     try write { tx in
@@ -533,10 +764,13 @@ struct PushExecutor {
       if let s = sizes { cur.dataSize = s.dataSize }
       try tx.applyRemoteNode(cur, cloudName: try tx.cloudName(of: cur.id))
       try tx.dropOperations(ofNodeID: cur.id, kind: .putData)
-      // The RCRD is uploaded again with the remote attributes, after any RCRD upload of the
+      // The RCRD is uploaded again with the remote attributes after any RCRD upload of the
       // node still in flight (which is left to finish: dropping it would leave its write in the
-      // store unrecorded and unlogged, so other devices never learn that RCRD's eTag).
-      try tx.requeueRcrdUpload(nodeID: cur.id)
+      // store unrecorded and unlogged, so other devices never learn that RCRD's eTag), and
+      // whenever the RCRD there does not describe the DATA kept (this device's own RCRD upload
+      // landed just before, with the local size).
+      try tx.requeueRcrdUpload(
+        nodeID: cur.id, rewrite: rcrd.meta.dataSize != cur.dataSize)
       context.delegate.didDiscoverModifiedNode(
         cur, change: .data, at: curPath, transaction: tx)
     }
@@ -544,92 +778,10 @@ struct PushExecutor {
       "data conflict: local version kept as a copy", metadata: ["node": "\(node.id)"])
   }
 
-  // MARK: Move
-
-  private func move() throws {
-    guard let node = job.node, let loc = job.location, let origin = op.payload.origin else {
-      return try completeOrphan()
-    }
-    // 0. The node must still be at its origin (or already at its target, when an earlier run
-    // of this move got that far): otherwise it moved or vanished remotely, and a pull decides.
-    if origin.rcrdKey != loc.rcrdKey,
-      try context.fetchRcrd(origin.rcrdKey)?.decoded?.cloudID != node.cloudID,
-      try context.fetchRcrd(loc.rcrdKey)?.decoded?.cloudID != node.cloudID
-    {
-      throw PushIssue.needsPull("node \(node.id) is no longer at the origin of its move")
-    }
-    // 1. The RCRD at the new place.
-    var eTagRcrd: String
-    switch try putRcrd(node: node, key: loc.rcrdKey, condition: .ifNoneMatch) {
-    case .pathConflict:
-      try resolveMovePathConflict(node)
-      throw PushIssue.retryNow
-    case .written(let e): eTagRcrd = e
-    }
-    // 2. The DATA: copy, then delete the old one if it is still the copied version.
-    var eTagData: String? = nil
-    if origin.dataKey != loc.dataKey {
-      for _ in 0..<3 {
-        guard let src = try context.headIfExists(origin.dataKey) else {
-          eTagData = try context.headIfExists(loc.dataKey)?.eTag
-          break
-        }
-        let copied: String
-        do {
-          copied = try store.copy(from: origin.dataKey, to: loc.dataKey, condition: .ifNoneMatch)
-        } catch StoreError.preconditionFailed {
-          let dst = try context.headIfExists(loc.dataKey)
-          if dst?.eTag == src.eTag {
-            copied = src.eTag
-          } else if let dst {
-            copied = try store.copy(
-              from: origin.dataKey, to: loc.dataKey, condition: .ifMatch(dst.eTag))
-          } else {
-            throw PushIssue.needsPull("copy target of node \(node.id) vanished")
-          }
-        } catch StoreError.notFound {
-          continue
-        }
-        do {
-          try store.delete(key: origin.dataKey, condition: .ifMatch(copied))
-          eTagData = copied
-          break
-        } catch StoreError.preconditionFailed {
-          if try context.headIfExists(origin.dataKey) == nil {
-            eTagData = copied
-            break
-          }
-          continue  // changed since the copy: copy again
-        }
-      }
-    } else {
-      eTagData = node.eTagData
-    }
-    // 3. The old RCRD, if it is still this node's.
-    if origin.rcrdKey != loc.rcrdKey {
-      try deleteIfOurs(rcrdKey: origin.rcrdKey, cloudID: node.cloudID, eTag: origin.eTagRcrd)
-    } else {
-      eTagRcrd = try store.head(key: loc.rcrdKey).eTag
-    }
-    try write { tx in
-      if let cur = try tx.node(id: node.id) {
-        try tx.setCloudState(
-          nodeID: node.id, eTagRcrd: eTagRcrd, lastModifiedRcrd: Date(),
-          eTagData: eTagData ?? cur.eTagData, lastModifiedData: cur.lastModifiedData,
-          cloudDataInfo: cur.cloudDataInfo)
-      }
-      try tx.completeOperation(id: op.id)
-      try manager.log(
-        [
-          ChangeLogEntry(
-            cloudID: node.cloudID, kind: .move, rcrd: loc.rcrdKey, data: loc.dataKey,
-            fromRcrd: origin.rcrdKey, eTagRcrd: eTagRcrd, eTagData: eTagData)
-        ], in: tx)
-    }
-  }
+  // MARK: Move (see MoveExecutor.swift)
 
   /// A moved node's new name is taken remotely: rename it (the move goes to the new name).
-  private func resolveMovePathConflict(_ node: Node) throws {
+  func resolveMovePathConflict(_ node: Node) throws {
     guard let parentID = node.parentID else { return }
     let parent = try context.catalog.read(context.userID) { try $0.existingNode(id: parentID) }
     var n = 2
@@ -656,8 +808,9 @@ struct PushExecutor {
   }
 
   /// Deletes an RCRD if it still holds `cloudID` (conditional on its eTag). With
-  /// `keepIfChanged`, an RCRD changed since `eTag` is kept (a remote edit). Returns whether the
-  /// RCRD is gone.
+  /// `keepIfChanged`, an RCRD changed since `eTag` is kept (a remote edit) — unless it is a
+  /// move's claim (this device's own, left by a move the delete superseded, or another's). Returns
+  /// whether the RCRD is gone.
   @discardableResult
   private func deleteIfOurs(
     rcrdKey: String, cloudID: String, eTag: String?, keepIfChanged: Bool = false
@@ -669,8 +822,8 @@ struct PushExecutor {
       } catch StoreError.preconditionFailed {}
     }
     guard let remote = try context.fetchRcrd(rcrdKey) else { return true }
-    guard remote.decoded?.cloudID == cloudID else { return false }
-    if keepIfChanged, let eTag, remote.info.eTag != eTag { return false }
+    guard let decoded = remote.decoded, decoded.cloudID == cloudID else { return false }
+    if keepIfChanged, let eTag, remote.info.eTag != eTag, !decoded.meta.moving { return false }
     do {
       try store.delete(key: rcrdKey, condition: .ifMatch(remote.info.eTag))
       return true
@@ -684,55 +837,60 @@ struct PushExecutor {
 
   private func delete() throws {
     var logged: [ChangeLogEntry] = []
+    var kept = false
     for ref in (op.payload.objects ?? []).reversed() {
-      // An RCRD changed remotely keeps the node (RCRD and DATA) for the next pull.
-      if let eTag = ref.eTagRcrd, let now = try context.headIfExists(ref.rcrdKey),
-        now.eTag != eTag
-      {
-        context.logger.info(
-          "delete skipped: node changed remotely", metadata: ["cloudID": "\(ref.cloudID)"])
-        continue
+      let data = try context.headIfExists(ref.dataKey)
+      var removedRcrd = false
+      if let r = try context.fetchRcrd(ref.rcrdKey) {
+        // A remote edit of the DATA keeps the node (RCRD and DATA) for the next pull to bring
+        // back — but a move's claim on its RCRD goes in any case (its move was superseded by
+        // this delete, or loses to it): the editing device uploads the node again.
+        let claim = r.decoded?.cloudID == ref.cloudID && r.decoded?.meta.moving == true
+        if !claim, let eTag = ref.eTagData, let data, data.eTag != eTag {
+          context.logger.info(
+            "delete skipped: data changed remotely", metadata: ["cloudID": "\(ref.cloudID)"])
+          kept = true
+          continue
+        }
+        // The RCRD decides, as for a move (whose claim on it makes this delete fail): a node
+        // moved or edited remotely keeps it, and its DATA is left alone.
+        guard
+          try deleteIfOurs(
+            rcrdKey: ref.rcrdKey, cloudID: ref.cloudID, eTag: ref.eTagRcrd, keepIfChanged: true)
+        else {
+          context.logger.info(
+            "delete skipped: node changed remotely", metadata: ["cloudID": "\(ref.cloudID)"])
+          kept = true
+          continue
+        }
+        removedRcrd = true
       }
-      // Then DATA: if it changed remotely, keep the node too.
-      var keepNode = false
-      if let eTag = ref.eTagData {
+      // Then the DATA: the version known here, or (eTag unknown: uploaded while the delete
+      // waited) the one beside the RCRD just removed. A version written after the RCRD went
+      // (its writer still has the node and uploads it again, with this DATA) is left in place.
+      if let data, let eTag = ref.eTagData ?? (removedRcrd ? data.eTag : nil) {
         do {
           try store.delete(key: ref.dataKey, condition: .ifMatch(eTag))
-        } catch StoreError.preconditionFailed {
+        } catch StoreError.preconditionFailed, StoreError.notFound {
           let now = try context.headIfExists(ref.dataKey)
           if now?.eTag == eTag { throw StoreError.transient("spurious precondition failure") }
-          keepNode = now != nil
-        }
-      } else if let info = try context.headIfExists(ref.dataKey) {
-        // Unknown eTag (uploaded while the delete was queued): delete it only if the RCRD
-        // beside it is still this node's.
-        if let r = try context.fetchRcrd(ref.rcrdKey), r.decoded?.cloudID == ref.cloudID {
-          do {
-            try store.delete(key: ref.dataKey, condition: .ifMatch(info.eTag))
-          } catch StoreError.preconditionFailed {
-            let now = try context.headIfExists(ref.dataKey)
-            if now?.eTag == info.eTag {
-              throw StoreError.transient("spurious precondition failure")
-            }
-            keepNode = now != nil
+          if now != nil {
+            context.logger.info(
+              "delete: data changed remotely after the node's record was deleted; left in place",
+              metadata: ["cloudID": "\(ref.cloudID)"])
           }
         }
       }
-      if keepNode {
-        context.logger.info(
-          "delete skipped: data changed remotely", metadata: ["cloudID": "\(ref.cloudID)"])
-        continue
-      }
-      if try deleteIfOurs(
-        rcrdKey: ref.rcrdKey, cloudID: ref.cloudID, eTag: ref.eTagRcrd, keepIfChanged: true)
-      {
-        logged.append(
-          ChangeLogEntry(cloudID: ref.cloudID, kind: .delete, rcrd: ref.rcrdKey, data: ref.dataKey))
-      }
+      logged.append(
+        ChangeLogEntry(cloudID: ref.cloudID, kind: .delete, rcrd: ref.rcrdKey, data: ref.dataKey))
     }
     try write { tx in
       try tx.completeOperation(id: op.id)
       if !logged.isEmpty { try manager.log(logged, in: tx) }
+      // A node kept for a remote change comes back here with a full scan: the change-log entry
+      // that announced that change may have been read already (while the node was here).
+      if kept { try tx.setSyncValue("1", forKey: PullManager.needsFullScanKey) }
     }
+    if kept { manager.requestPull() }
   }
 }

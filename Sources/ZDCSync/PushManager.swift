@@ -42,6 +42,9 @@ public struct PushConfiguration: Sendable {
   public var quietPeriod: TimeInterval
   /// The longest an operation waits for quiet; past it, operations run one at a time meanwhile.
   public var maxDeferral: TimeInterval
+  /// How long a move waits for another device's claim on the node's origin RCRD to go away
+  /// before taking it over (that device may have stopped for good in the middle of its move).
+  public var moveClaimLease: TimeInterval
 
   public init(
     workDirectory: URL, maxConcurrentOperations: Int = 6, retryBase: TimeInterval = 1,
@@ -49,8 +52,10 @@ public struct PushConfiguration: Sendable {
     pollInterval: TimeInterval = 0.5, logBatchWindow: TimeInterval = 0.2,
     logBatchMaxEntries: Int = 500, promiseTimeout: TimeInterval = 60,
     settleDelay: TimeInterval = 0, workerNice: Int32 = 0, activity: ActivityMonitor? = nil,
-    quietPeriod: TimeInterval = 1, maxDeferral: TimeInterval = 300
+    quietPeriod: TimeInterval = 1, maxDeferral: TimeInterval = 300,
+    moveClaimLease: TimeInterval = 300
   ) {
+    self.moveClaimLease = moveClaimLease
     self.workDirectory = workDirectory
     self.maxConcurrentOperations = maxConcurrentOperations
     self.retryBase = retryBase
@@ -103,6 +108,8 @@ public final class PushManager: @unchecked Sendable {
     set { cond.withLock { _onNeedsPull = newValue } }
   }
   private var _onNeedsPull: (@Sendable () -> Void)?
+  /// True when a pull side listens (``onNeedsPull`` is set).
+  var hasPullSide: Bool { cond.withLock { _onNeedsPull != nil } }
 
   /// A push manager for one local user of `catalog`.
   public init(
@@ -365,9 +372,22 @@ public final class PushManager: @unchecked Sendable {
     var immediate = false
     switch error {
     case PushIssue.needsPull:
+      if job.op.attempts + job.parkedFailures >= Self.pullsBeforeFullScan {
+        // Pulls of the change log did not settle it (what it waits for was announced before, or
+        // never): the next pull is a full scan.
+        do {
+          try context.catalog.write(context.userID) { tx in
+            try tx.setSyncValue("1", forKey: PullManager.needsFullScanKey)
+          }
+        } catch {
+          context.logger.error("cannot ask for a full scan", metadata: ["error": "\(error)"])
+        }
+      }
       requestPull()
     case PushIssue.retryNow:
       immediate = true
+    case PushIssue.deferred:
+      return  // already back in the queue, waiting for another operation
     default:
       break
     }
@@ -403,6 +423,9 @@ public final class PushManager: @unchecked Sendable {
       context.logger.error("cannot return operation to the queue", metadata: ["error": "\(error)"])
     }
   }
+
+  /// Failures of an operation waiting for a pull after which the pull is a full scan.
+  static let pullsBeforeFullScan = 4
 
   func requestPull() {
     let cb = cond.withLock { _onNeedsPull }
@@ -506,6 +529,9 @@ enum PushIssue: Error, Sendable {
   case needsPull(String)
   /// Run the operation again at once (newer data arrived, a name was freed).
   case retryNow
+  /// The operation went back to the queue to wait for another one (see
+  /// `CloudTransaction.deferOperation(id:until:)`).
+  case deferred
   /// The manager is stopping.
   case stopped
 }

@@ -265,15 +265,12 @@ final class SyncDevice: @unchecked Sendable {
       #expect(copy != nil, "\(d.name): \(names)")
       let versions = Set(try names.map { try Data(contentsOf: d.file($0)) })
       #expect(versions == [fromA, fromB], "\(d.name)")
-      // Known engine issue: the losing device's `putRcrd` (local attributes win on 412) can
-      // run beside its `putData` and put its own size over the winner's RCRD, so that device
-      // shows the kept remote content with the local size (see ZDCSync known limitations).
-      withKnownIssue("data conflict: the RCRD keeps the losing side's size", isIntermittent: true) {
-        for n in names {
-          let size = try FileManager.default.attributesOfItem(atPath: d.file(n).path)[.size]
-          let bytes = try Data(contentsOf: d.file(n)).count
-          #expect((size as? Int) == bytes, "\(d.name): size of \(n)")
-        }
+      // Each version keeps its own size (the losing device's RCRD upload waits for its DATA
+      // upload, which meets the conflict, instead of putting its size over the winner's RCRD).
+      for n in names {
+        let size = try FileManager.default.attributesOfItem(atPath: d.file(n).path)[.size]
+        let bytes = try Data(contentsOf: d.file(n)).count
+        #expect((size as? Int) == bytes, "\(d.name): size of \(n)")
       }
     }
 

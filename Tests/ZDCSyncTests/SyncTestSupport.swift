@@ -215,9 +215,11 @@ final class Device: @unchecked Sendable {
   func create(_ p: String, _ content: String? = nil, kind: NodeKind = .file) throws -> Node {
     let path = try path(p)
     return try catalog.write(user.userID) { tx in
-      let n = try tx.createNode(path: path, kind: kind)
+      var n = try tx.createNode(path: path, kind: kind)
       if let content {
         delegate.setContent(Data(content.utf8), for: n)
+        n.dataSize = UInt64(content.utf8.count)
+        n = try tx.updateNode(n)
         try tx.queueDataUpload(nodeID: n.id)
       }
       return n
