@@ -39,6 +39,8 @@ public final class Catalog: Sendable {
   private let failpointBox = LockedBox<String?>(nil)
   /// Share lists decoded and encoded, shared by every transaction.
   let shareLists = ShareListCache()
+  /// Nodes read on the writer connection, shared by the transactions that run there.
+  let nodes = NodeCache()
   /// Layouts of the local users seen so far (a user's treeID never changes).
   private let layouts = LockedBox<[String: CloudLayout]>([:])
 
@@ -71,6 +73,7 @@ public final class Catalog: Sendable {
     self.writer = writer
     self.path = path
     self.temporaryDirectory = temporaryDirectory
+    self.commitHooks = CommitHooks(nodes: nodes)
     try Schema.migrator.migrate(writer)
     writer.add(transactionObserver: commitHooks, extent: .databaseLifetime)
   }
@@ -84,7 +87,12 @@ public final class Catalog: Sendable {
 
   private static func configuration(_ options: Options) -> Configuration {
     var config = Configuration()
-    config.foreignKeysEnabled = true
+    // No foreign-key enforcement: its referential actions run as trigger programs that each
+    // build a temporary b-tree, most of the cost of deleting a node or finishing an upload. The
+    // catalog deletes dependent rows itself (`deleteRows`, `deleteOperation`,
+    // `completeOperation`, `deleteLocalUser`), and tests check that
+    // ``Catalog/foreignKeyViolations()`` stays empty.
+    config.foreignKeysEnabled = false
     config.busyMode = .timeout(options.busyTimeout)
     // `Commit.soon` writes leave their transaction open between accesses until it commits.
     config.allowsUnsafeTransactions = true
@@ -111,6 +119,18 @@ public final class Catalog: Sendable {
     guard let path else { return }
     try LocalDurability.sync(path: path + "-wal")
     try LocalDurability.sync(path: path)
+  }
+
+  /// Rows whose reference to another row is dangling, as `table: count` (empty when the catalog
+  /// is consistent; `PRAGMA foreign_key_check`).
+  public func foreignKeyViolations() throws -> [String: Int] {
+    try writer.read { db in
+      var out: [String: Int] = [:]
+      for row in try Row.fetchAll(db, sql: "PRAGMA foreign_key_check") {
+        out[row[0] as String, default: 0] += 1
+      }
+      return out
+    }
   }
 
   /// The current value of a pragma (diagnostics and tests), e.g. `journal_mode`.
@@ -154,7 +174,7 @@ public final class Catalog: Sendable {
   /// What ``CloudTransaction/afterCommit(_:)`` asked for, run when the writer commits. (One
   /// observer for the catalog's lifetime: GRDB drops its cached DELETE statements whenever an
   /// observer is added, as `afterNextTransaction` would for every hook.)
-  private let commitHooks = CommitHooks()
+  private let commitHooks: CommitHooks
   private let logger = Logger(label: "zdc.catalog")
 
   /// Runs `body` as one unit of work for a local user's treesystem.
@@ -174,8 +194,13 @@ public final class Catalog: Sendable {
           let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
           let tx = CloudTransaction(
             db: db, layout: layout, readOnly: false, failpoint: failpoint,
-            shareLists: shareLists)
-          let result = try body(tx)
+            shareLists: shareLists, nodes: nodes)
+          let result: T
+          do { result = try body(tx) } catch {
+            // Its changes are rolled back: nodes read after them may be cached.
+            nodes.removeAll()
+            throw error
+          }
           commitHooks.append(tx.commitHooks)
           if known == nil { layouts.value[userID] = layout }
           return result
@@ -201,6 +226,7 @@ public final class Catalog: Sendable {
         } catch {
           // A failed commit may have ended the transaction (SQLite rolls back on a full disk).
           if !db.isInsideTransaction { batchOpen.value = false }
+          nodes.removeAll()
           throw error
         }
         if commit == .now { try commitBatch(db) }
@@ -230,6 +256,7 @@ public final class Catalog: Sendable {
       try db.commit()
       batchOpen.value = false
     } catch {
+      nodes.removeAll()
       if !db.isInsideTransaction {
         batchOpen.value = false
       } else {
@@ -262,10 +289,11 @@ public final class Catalog: Sendable {
     _ userID: String, onWriter: Bool = false, _ body: (CloudTransaction) throws -> T
   ) throws -> T {
     let known = layouts.value[userID]
-    func unit(_ db: Database) throws -> T {
+    func unit(_ db: Database, onWriter: Bool) throws -> T {
       let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
       let tx = CloudTransaction(
-        db: db, layout: layout, readOnly: true, failpoint: nil, shareLists: shareLists)
+        db: db, layout: layout, readOnly: true, failpoint: nil, shareLists: shareLists,
+        nodes: onWriter ? nodes : nil)
       let result = try body(tx)
       if known == nil { layouts.value[userID] = layout }
       return result
@@ -273,21 +301,21 @@ public final class Catalog: Sendable {
     if onWriter {
       // Writes of this process are serialized on this connection: no statement of another
       // one can interleave with `body`'s, so it needs no transaction of its own.
-      return try writer.unsafeReentrantWrite { db in try unit(db) }
+      return try writer.unsafeReentrantWrite { db in try unit(db, onWriter: true) }
     }
     if batchOpen.value {
       // Uncommitted writes are visible on the writer connection only.
       return try writer.unsafeReentrantWrite { db in
-        if db.isInsideTransaction { return try unit(db) }
+        if db.isInsideTransaction { return try unit(db, onWriter: true) }
         var result: T?
         try db.inTransaction(.deferred) {
-          result = try unit(db)
+          result = try unit(db, onWriter: true)
           return .commit
         }
         return result!
       }
     }
-    return try writer.read { db in try unit(db) }
+    return try writer.read { db in try unit(db, onWriter: false) }
   }
 
   // MARK: Local users
@@ -312,7 +340,8 @@ public final class Catalog: Sendable {
           String(decoding: user.settings, as: UTF8.self),
         ])
       let tx = CloudTransaction(
-        db: db, layout: user.layout, readOnly: false, failpoint: nil, shareLists: shareLists)
+        db: db, layout: user.layout, readOnly: false, failpoint: nil, shareLists: shareLists,
+        nodes: nodes)
       var trunks: [Trunk: Node] = [:]
       for trunk in Trunk.allCases {
         trunks[trunk] = try tx.insertTrunk(trunk)
@@ -353,11 +382,19 @@ public final class Catalog: Sendable {
     try writer.write { db in
       let layout = try CloudTransaction.layout(userID: id, db: db)
       let tx = CloudTransaction(
-        db: db, layout: layout, readOnly: false, failpoint: nil, shareLists: shareLists)
+        db: db, layout: layout, readOnly: false, failpoint: nil, shareLists: shareLists,
+        nodes: nodes)
+      try db.execute(
+        sql: """
+          DELETE FROM pushOperationDeps WHERE opID IN
+            (SELECT id FROM pushOperations WHERE localUserID = ?)
+          """, arguments: [id])
       try db.execute(sql: "DELETE FROM pushOperations WHERE localUserID = ?", arguments: [id])
       for trunk in Trunk.allCases {
         if let root = try tx.trunkNode(trunk) { try tx.deleteRows(subtreeOf: root.id) }
       }
+      try db.execute(sql: "DELETE FROM syncState WHERE localUserID = ?", arguments: [id])
+      try db.execute(sql: "DELETE FROM changeLogPending WHERE localUserID = ?", arguments: [id])
       try db.execute(sql: "DELETE FROM localUsers WHERE id = ?", arguments: [id])
     }
     layouts.value[id] = nil
@@ -412,6 +449,10 @@ final class CommitHooks: TransactionObserver, @unchecked Sendable {
   // @unchecked: `pending` is only touched under `lock`.
   private let lock = NSLock()
   private var pending: [@Sendable () -> Void] = []
+  /// Emptied on every rollback.
+  let nodes: NodeCache
+
+  init(nodes: NodeCache) { self.nodes = nodes }
 
   func append(_ hooks: [@Sendable () -> Void]) {
     guard !hooks.isEmpty else { return }
@@ -431,5 +472,36 @@ final class CommitHooks: TransactionObserver, @unchecked Sendable {
 
   func databaseDidRollback(_ db: Database) {
     lock.withLock { pending.removeAll() }
+    nodes.removeAll()
   }
+}
+
+/// Nodes read on the writer connection, kept across its transactions: the file system asks for
+/// the same few nodes (a directory, the file just created) many times a second.
+///
+/// Every statement that changes a row of `nodes` removes that node (``CloudTransaction`` does
+/// it where it changes rows), and every rollback empties the cache, so an entry always equals
+/// the row the writer connection sees. This holds because the catalog's writer connection is
+/// the only writer of its database (one process per state directory). Reader connections,
+/// which may see an older snapshot, don't use it.
+final class NodeCache: @unchecked Sendable {
+  // @unchecked: `entries` is only touched under `lock`.
+  private let lock = NSLock()
+  private var entries: [NodeID: Node] = [:]
+  /// Past this many entries the cache starts over (a scan of a large tree touches each node
+  /// once; what matters is the few hot ones).
+  static let capacity = 16_384
+
+  func get(_ id: NodeID) -> Node? { lock.withLock { entries[id] } }
+
+  func put(_ node: Node) {
+    lock.withLock {
+      if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
+      entries[node.id] = node
+    }
+  }
+
+  func remove(_ id: NodeID) { _ = lock.withLock { entries.removeValue(forKey: id) } }
+
+  func removeAll() { lock.withLock { entries.removeAll() } }
 }

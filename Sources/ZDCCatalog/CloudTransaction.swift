@@ -22,6 +22,8 @@ public final class CloudTransaction {
   public let isReadOnly: Bool
   let failpoint: String?
   let shareLists: ShareListCache
+  /// The writer connection's node cache (`nil` on a reader connection).
+  let sharedNodes: NodeCache?
   lazy var encoder: JSONEncoder = {
     let e = JSONEncoder()
     e.outputFormatting = .sortedKeys
@@ -31,7 +33,7 @@ public final class CloudTransaction {
 
   init(
     db: Database, layout: CloudLayout, readOnly: Bool, failpoint: String?,
-    shareLists: ShareListCache
+    shareLists: ShareListCache, nodes: NodeCache? = nil
   ) {
     self.db = db
     self.userID = layout.userID
@@ -39,6 +41,7 @@ public final class CloudTransaction {
     self.isReadOnly = readOnly
     self.failpoint = failpoint
     self.shareLists = shareLists
+    self.sharedNodes = nodes
   }
 
   /// Runs `body` once this transaction has committed (never if it rolls back), so that work
@@ -136,6 +139,7 @@ public final class CloudTransaction {
     let cursor = try NodeCursor(stmt, arguments: arguments, tx: self)
     guard let node = try cursor.next() else { return nil }
     while try cursor.next() != nil {}  // step to the end: leaves the statement idle
+    sharedNodes?.put(node)
     return node
   }
 
@@ -200,12 +204,26 @@ public final class CloudTransaction {
 
   /// The node with this id, or `nil`.
   public func node(id: NodeID) throws -> Node? {
+    if let sharedNodes, let cached = sharedNodes.get(id), cached.localUserID == userID {
+      #if DEBUG
+        // Tests check that every change of a row dropped its cached node.
+        let stored = try fetchNode(try db.cachedStatement(sql: Self.nodeByIDSQL), [id, userID])
+        precondition(stored == cached, "stale cached node \(id)")
+      #endif
+      return cached
+    }
     // A read-only transaction sees no change: nodes read once are kept for its duration.
     if isReadOnly, let cached = readCache[id] { return cached }
     let node = try fetchNode(try db.cachedStatement(sql: Self.nodeByIDSQL), [id, userID])
     if isReadOnly { readCache[id] = node }
     return node
   }
+
+  /// Drops a node from the shared cache: called by every statement that changes its row.
+  func rowChanged(_ id: NodeID) { sharedNodes?.remove(id) }
+
+  /// Drops every cached node: after a statement that may change many rows.
+  func rowsChanged() { sharedNodes?.removeAll() }
 
   /// Nodes a read-only transaction has read (see ``node(id:)``).
   private var readCache: [NodeID: Node?] = [:]
@@ -438,6 +456,7 @@ public final class CloudTransaction {
       ?? CloudName.compute(name: node.name, parentDirSalt: parent.dirSalt)
     var stored = node
     stored.id = try insertNodeRow(node, cloudName: cloudName)
+    sharedNodes?.put(stored)
     try check("createNode.afterInsert")
     var deps: [Int64] = []
     if let parentUpload = try firstUploadOperation(of: parent) { deps.append(parentUpload) }
@@ -496,6 +515,7 @@ public final class CloudTransaction {
         WHERE id = ?
         """)
     try stmt.execute(arguments: StatementArguments(try attributeArguments(node) + [node.id]))
+    sharedNodes?.put(node)
     try check("updateNode.afterUpdate")
     if node.trunk == nil { try enqueuePutRcrd(node) }
     return node
@@ -519,6 +539,7 @@ public final class CloudTransaction {
       lastModifiedData?.timeIntervalSinceReferenceDate, try cloudDataInfo.map { try json($0) },
       nodeID, userID,
     ])
+    rowChanged(nodeID)
     if db.changesCount == 0 { throw CatalogError.nodeNotFound(nodeID) }
   }
 
@@ -557,11 +578,13 @@ public final class CloudTransaction {
         WHERE id = ?
         """)
     try stmt.execute(arguments: [newParentID, newName, newKey, newCloudName, id])
+    rowChanged(id)
     try check("moveNode.afterUpdate")
     var moved = node
     moved.parentID = newParentID
     moved.name = newName
     moved.explicitCloudName = nil
+    sharedNodes?.put(moved)
     try enqueueMove(moved, from: old, newParent: newParent)
     return moved
   }
@@ -618,10 +641,18 @@ public final class CloudTransaction {
     return out
   }
 
-  /// Deletes the rows of a subtree, deepest first (so no cascade recurses).
+  /// Deletes the rows of a subtree with their tags and links, deepest first (the catalog runs
+  /// without foreign-key actions: see ``Catalog``).
   func deleteRows(_ entries: [SubtreeEntry]) throws {
     let stmt = try db.cachedStatement(sql: "DELETE FROM nodes WHERE id = ?")
-    for e in entries.reversed() { try stmt.execute(arguments: [e.id]) }
+    let tags = try db.cachedStatement(sql: "DELETE FROM nodeTags WHERE nodeID = ?")
+    let links = try db.cachedStatement(sql: "DELETE FROM nodeLinks WHERE nodeID = ?")
+    for e in entries.reversed() {
+      try tags.execute(arguments: [e.id])
+      try links.execute(arguments: [e.id])
+      try stmt.execute(arguments: [e.id])
+      rowChanged(e.id)
+    }
   }
 
   func deleteRows(subtreeOf id: NodeID) throws { try deleteRows(try subtree(of: id)) }

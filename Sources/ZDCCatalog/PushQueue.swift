@@ -71,14 +71,29 @@ extension CloudTransaction {
 
   func addDependency(_ opID: Int64, dependsOn other: Int64) throws {
     guard opID != other else { return }
+    // Only on an operation still queued (a finished one is gone: nothing to wait for).
     let stmt = try db.cachedStatement(
-      sql: "INSERT OR IGNORE INTO pushOperationDeps (opID, dependsOnOpID) VALUES (?, ?)")
+      sql: """
+        INSERT OR IGNORE INTO pushOperationDeps (opID, dependsOnOpID)
+        SELECT ?, id FROM pushOperations WHERE id = ?
+        """)
     try stmt.execute(arguments: [opID, other])
   }
 
   func deleteOperation(_ id: Int64) throws {
     let stmt = try db.cachedStatement(sql: "DELETE FROM pushOperations WHERE id = ?")
     try stmt.execute(arguments: [id])
+    try deleteDependencies(of: id)
+  }
+
+  /// Removes an operation's dependency rows, both ways (the catalog runs without foreign-key
+  /// actions: see ``Catalog``): what waits for it is released.
+  func deleteDependencies(of id: Int64) throws {
+    let mine = try db.cachedStatement(sql: "DELETE FROM pushOperationDeps WHERE opID = ?")
+    try mine.execute(arguments: [id])
+    let theirs = try db.cachedStatement(
+      sql: "DELETE FROM pushOperationDeps WHERE dependsOnOpID = ?")
+    try theirs.execute(arguments: [id])
   }
 
   /// The operation that first uploads `node`, while it has never been uploaded: its oldest
@@ -325,6 +340,7 @@ extension CloudTransaction {
       sql: "DELETE FROM pushOperations WHERE id = ? AND +localUserID = ?")
     try stmt.execute(arguments: [id, userID])
     if db.changesCount == 0 { throw CatalogError.operationNotFound(id) }
+    try deleteDependencies(of: id)
   }
 
   /// Returns a failed operation to the queue, not to be retried before `retryAt`, counting the

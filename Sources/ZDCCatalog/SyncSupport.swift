@@ -226,6 +226,7 @@ extension CloudTransaction {
       Int64(bitPattern: node.dataSize), node.id, userID,
     ]
     try stmt.execute(arguments: StatementArguments(args))
+    rowChanged(node.id)
   }
 
   /// Renames a node in place without enqueueing a move: for a node whose objects are not (yet)
@@ -250,6 +251,7 @@ extension CloudTransaction {
         WHERE id = ?
         """)
     try stmt.execute(arguments: [newName, NameKey(newName).value, cloudName, id])
+    rowChanged(id)
     node.name = newName
     node.explicitCloudName = nil
     return node
@@ -326,6 +328,7 @@ extension CloudTransaction {
       } else {
         try clear.execute(arguments: [e.id])
       }
+      rowChanged(e.id)
     }
     for e in entries {
       let node = try existingNode(id: e.id)
@@ -503,5 +506,6 @@ extension CloudTransaction {
         WHERE parentID = ? AND explicitCloudName IS NULL
         """, arguments: [node.id])
     try db.execute(sql: "UPDATE nodes SET dirSalt = ? WHERE id = ?", arguments: [dirSalt, node.id])
+    rowsChanged()
   }
 }

@@ -18,7 +18,8 @@ import ZDCCore
       #expect(try catalog.appliedMigrations() == ["v1", "v2", "v3"])
       #expect(try catalog.pragma("journal_mode") == "wal")
       #expect(try catalog.pragma("synchronous") == "2")  // FULL
-      #expect(try catalog.pragma("foreign_keys") == "1")
+      // The catalog keeps references consistent itself (see `referencesStayConsistent`).
+      #expect(try catalog.pragma("foreign_keys") == "0")
       try catalog.createLocalUser(makeUser("alice"))
       nodeID = try catalog.write("alice") { try $0.createNode(path: p("a")).id }
     }
@@ -30,6 +31,55 @@ import ZDCCore
 
     let normal = try Catalog(path: path, options: .init(durability: .normal))
     #expect(try normal.pragma("synchronous") == "1")  // NORMAL
+  }
+
+  /// Without foreign-key actions, deleting nodes, finishing and dropping operations and
+  /// removing a user must leave no dangling reference behind, and an operation that waited for
+  /// a finished or dropped one must become ready.
+  @Test func referencesStayConsistent() throws {
+    let catalog = try Catalog.temporary()
+    try catalog.createLocalUser(makeUser("alice"))
+    try catalog.createLocalUser(makeUser("bob"))
+    for user in ["alice", "bob"] {
+      try catalog.write(user) { tx in
+        for d in 0..<5 {
+          let dir = try tx.createNode(path: p("d\(d)"), kind: .directory)
+          try tx.setTag(.int(Int64(d)), forNodeID: dir.id, identifier: "t")
+          for f in 0..<5 {
+            let file = try tx.createNode(path: p("d\(d)", "f\(f)"))
+            try tx.setTag(.string("x"), forNodeID: file.id, identifier: "t")
+            try tx.linkNodeID(file.id, toKey: "\(d)-\(f)", inCollection: "c")
+            try tx.queueDataUpload(nodeID: file.id)
+          }
+        }
+        // Half is uploaded; the rest stays queued with its dependencies.
+        var done = 0
+        for op in try tx.readyOperations(limit: 1000, now: .distantFuture) where done < 10 {
+          try tx.markInFlight(op.id)
+          try tx.completeAsUploaded(op)
+          done += 1
+        }
+        // Deleting subtrees drops their pending operations and removes tags and links.
+        try tx.deleteNode(try #require(try tx.node(path: p("d0"))).id)
+        try tx.deleteNode(try #require(try tx.node(path: p("d1", "f2"))).id)
+        _ = try tx.moveNode(
+          try #require(try tx.node(path: p("d2"))).id,
+          toParent: try #require(try tx.node(path: p("d3"))).id, name: "moved")
+        try tx.drainQueue()
+        #expect(try tx.operationCount() == 0)
+      }
+    }
+    #expect(try catalog.foreignKeyViolations() == [:])
+    let tagged = try catalog.read("alice") { try $0.nodeIDs(withTag: "t") }
+    #expect(tagged.count == 5 * 6 - 6 - 1)
+
+    try catalog.write("bob") { tx in
+      try tx.createNode(path: p("late"))
+      try tx.queueDataUpload(nodeID: try #require(try tx.node(path: p("late"))).id)
+    }
+    try catalog.deleteLocalUser(id: "bob")
+    #expect(try catalog.foreignKeyViolations() == [:])
+    #expect(try catalog.read("alice") { try $0.nodeIDs(withTag: "t") }.count == tagged.count)
   }
 
   @Test func inMemoryCatalogWorks() throws {

@@ -103,7 +103,7 @@ final class LineBox: @unchecked Sendable {
     var rng = SplitMix64(seed: 99)
     var killedDuringMultipart = 0
     let rounds = 24
-    for _ in 0..<rounds {
+    for round in 0..<rounds {
       let run = try HelperRun(args, environment: environment)
       // Random time after the device got going (its first acknowledged change), so every
       // round makes progress however slow the machine is.
@@ -113,7 +113,10 @@ final class LineBox: @unchecked Sendable {
       {
         Thread.sleep(forTimeInterval: 0.002)
       }
-      let delay = 0.02 + Double(rng.next() % 500) / 1000
+      // Later rounds that still caught no multipart upload wait for one however long it takes
+      // (on a loaded machine the device may rarely get that far within the random delay).
+      let patient = killedDuringMultipart == 0 && round >= rounds / 2
+      let delay = patient ? 90 : 0.02 + Double(rng.next() % 500) / 1000
       let deadline = Date().addingTimeInterval(delay)
       // Kill at the random time, or as soon as a multipart upload is seen under way.
       var sawMultipart = false

