@@ -133,6 +133,18 @@ public final class Catalog: Sendable {
     }
   }
 
+  /// SQLite's query plan for a statement, one line per step (tests: which index serves it).
+  @_spi(Testing) public func queryPlan(_ sql: String) throws -> [String] {
+    try writer.read { db in
+      // Values don't change the plan: every `?` gets NULL.
+      let nulls = [DatabaseValue](repeating: .null, count: sql.filter { $0 == "?" }.count)
+      let statement = try db.makeStatement(sql: "EXPLAIN QUERY PLAN " + sql)
+      return try Row.fetchAll(statement, arguments: StatementArguments(nulls)).map {
+        $0["detail"] as String
+      }
+    }
+  }
+
   /// The current value of a pragma (diagnostics and tests), e.g. `journal_mode`.
   public func pragma(_ name: String) throws -> String? {
     guard name.allSatisfy({ $0.isLetter || $0 == "_" }) else {

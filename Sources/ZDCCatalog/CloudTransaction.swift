@@ -89,7 +89,7 @@ public final class CloudTransaction {
   static let childByNameSQL = """
     SELECT \(nodeColumns) FROM nodes WHERE parentID = ? AND nameKey = ? AND localUserID = ?
     """
-  static let childrenSQL = """
+  @_spi(Testing) public static let childrenSQL = """
     SELECT \(nodeColumns) FROM nodes
     WHERE parentID = ? AND id > ? AND localUserID = ? ORDER BY id LIMIT ?
     """

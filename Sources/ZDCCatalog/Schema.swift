@@ -7,6 +7,7 @@ enum Schema {
     m.registerMigration("v1") { db in try v1(db) }
     m.registerMigration("v2") { db in try SyncSchema.v2(db) }
     m.registerMigration("v3") { db in try v3(db) }
+    m.registerMigration("v4") { db in try v4(db) }
     return m
   }
 
@@ -18,6 +19,14 @@ enum Schema {
         DROP INDEX nodes_parent;
         DROP INDEX nodes_uuid;
         """)
+  }
+
+  /// Children in id order again: a directory listing pages through a parent's children by id
+  /// (readdir offsets), which `nodes_parent_nameKey` cannot serve without sorting them all on
+  /// every page (quadratic in the directory's size). An index on `parentID` alone is ordered by
+  /// id within a parent.
+  private static func v4(_ db: Database) throws {
+    try db.execute(sql: "CREATE INDEX nodes_parent_id ON nodes(parentID)")
   }
 
   private static func v1(_ db: Database) throws {

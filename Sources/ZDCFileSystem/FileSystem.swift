@@ -757,8 +757,12 @@ public final class FileSystem: @unchecked Sendable {
   /// Lists a directory from `offset` (0 for the start). `accept` packs one entry and returns
   /// false when the reply buffer is full; with `plus`, each accepted entry other than `.` and
   /// `..` counts one kernel reference. Offsets stay valid while the directory changes.
+  ///
+  /// `expected` is about how many entries the caller can take (a kernel buffer holds a few
+  /// dozen): no more children than that are read and decoded at first.
   public func readdir(
-    _ ino: Inode, offset: UInt64, plus: Bool, accept: (DirectoryEntry) -> Bool
+    _ ino: Inode, offset: UInt64, plus: Bool, expected: Int = 256,
+    accept: (DirectoryEntry) -> Bool
   ) throws {
     let (id, section) = resolve(ino)
     guard section == .node else { throw FileSystemError.notADirectory }
@@ -766,6 +770,7 @@ public final class FileSystem: @unchecked Sendable {
     var after = offset
     var batch: [DirectoryEntry] = []
     var done = false
+    var limit = min(256, max(8, expected))
     while !done {
       batch.removeAll(keepingCapacity: true)
       try read { tx in
@@ -789,7 +794,7 @@ public final class FileSystem: @unchecked Sendable {
           }
         }
         let children = try tx.children(
-          of: id, afterID: NodeID(after > fixed ? after - fixed : 0), limit: 256)
+          of: id, afterID: NodeID(after > fixed ? after - fixed : 0), limit: limit)
         let parents =
           children.isEmpty
           ? []
@@ -801,8 +806,9 @@ public final class FileSystem: @unchecked Sendable {
               attributes: try attributes(
                 of: c, .node, tx, hasChildren: parents.contains(c.id))))
         }
-        if children.count < 256 { done = true }
+        if children.count < limit { done = true }
       }
+      limit = 256
       for e in batch {
         guard accept(e) else { return }
         if plus, e.name != ".", e.name != ".." { noteLookup(e.attributes.inode) }

@@ -396,7 +396,10 @@ enum FuseOperations {
     defer { buf.deallocate() }
     var used = 0
     do {
-      try ctx.fs.readdir(Inode(ino), offset: UInt64(max(0, off)), plus: plus) { entry in
+      // An entry takes at least 24 bytes plus its name (152 with attributes).
+      let expected = size / (plus ? 176 : 40) + 2
+      try ctx.fs.readdir(Inode(ino), offset: UInt64(max(0, off)), plus: plus, expected: expected) {
+        entry in
         let left = size - used
         let need: Int = entry.name.withCString { name in
           if plus {

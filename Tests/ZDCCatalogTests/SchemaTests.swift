@@ -11,11 +11,11 @@ import ZDCCore
     defer { try? FileManager.default.removeItem(at: dir) }
     let path = dir.appendingPathComponent("catalog.sqlite").path
 
-    #expect(Catalog.knownMigrations == ["v1", "v2", "v3"])
+    #expect(Catalog.knownMigrations == ["v1", "v2", "v3", "v4"])
     var nodeID: NodeID = 0
     do {
       let catalog = try Catalog(path: path)
-      #expect(try catalog.appliedMigrations() == ["v1", "v2", "v3"])
+      #expect(try catalog.appliedMigrations() == ["v1", "v2", "v3", "v4"])
       #expect(try catalog.pragma("journal_mode") == "wal")
       #expect(try catalog.pragma("synchronous") == "2")  // FULL
       // The catalog keeps references consistent itself (see `referencesStayConsistent`).
@@ -24,7 +24,7 @@ import ZDCCore
       nodeID = try catalog.write("alice") { try $0.createNode(path: p("a")).id }
     }
     let reopened = try Catalog(path: path)
-    #expect(try reopened.appliedMigrations() == ["v1", "v2", "v3"])
+    #expect(try reopened.appliedMigrations() == ["v1", "v2", "v3", "v4"])
     let node = try reopened.read("alice") { try $0.node(path: p("a")) }
     #expect(node?.id == nodeID)
     #expect(try reopened.read("alice") { try $0.operationCount() } == 1)
@@ -80,6 +80,15 @@ import ZDCCore
     try catalog.deleteLocalUser(id: "bob")
     #expect(try catalog.foreignKeyViolations() == [:])
     #expect(try catalog.read("alice") { try $0.nodeIDs(withTag: "t") }.count == tagged.count)
+  }
+
+  /// Directory listings page through a parent's children in id order: an index must serve
+  /// that order, or every page sorts the whole directory (quadratic listings).
+  @Test func childrenPagesNeedNoSort() throws {
+    let catalog = try Catalog.temporary()
+    let plan = try catalog.queryPlan(CloudTransaction.childrenSQL)
+    #expect(plan.contains { $0.contains("USING INDEX nodes_parent_id") })
+    #expect(!plan.contains { $0.contains("TEMP B-TREE") })
   }
 
   @Test func inMemoryCatalogWorks() throws {
