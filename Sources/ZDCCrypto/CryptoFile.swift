@@ -307,6 +307,59 @@ public final class CryptoFile: @unchecked Sendable {
     bufferDirty = false
   }
 
+  /// Seals whole chunks `chunks` (at most ``ScratchPool/slots``) of a file of `size` bytes from
+  /// their plaintext `bytes` into their slots with one write; on two threads when there are
+  /// several (encryption is most of a large write's cost). The caller holds the file
+  /// exclusively; the buffer is not involved.
+  private func writeWhole(_ bytes: UnsafeRawBufferPointer, chunks: Range<UInt64>, size: UInt64)
+    throws
+  {
+    let last = Self.lastIndex(size)
+    let scratch = ScratchPool.shared.take()
+    defer { ScratchPool.shared.give(scratch) }
+    let n = Int(chunks.count)
+    let workers = n >= 4 && ProcessInfo.processInfo.activeProcessorCount > 1 ? 2 : 1
+    let job = SealJob(bytes: bytes, scratch: scratch)
+    DispatchQueue.concurrentPerform(iterations: workers) { w in
+      for i in stride(from: w * n / workers, to: (w + 1) * n / workers, by: 1) {
+        let chunk = chunks.lowerBound + UInt64(i)
+        let length = Self.chunkLength(chunk, size)
+        let from = i << Self.chunkShift
+        let slotStart = i * Self.slotSize
+        let out = UnsafeMutableRawBufferPointer(
+          rebasing: job.scratch[slotStart..<(slotStart + Self.slotOverhead + length)])
+        randombytes_buf(out.baseAddress!, AEAD.nonceSize)
+        do {
+          _ = try withAD(index: chunk, last: chunk == last) { a in
+            try key.withUnsafeBytes { k in
+              try AEAD.seal(
+                UnsafeRawBufferPointer(rebasing: job.bytes[from..<(from + length)]),
+                into: UnsafeMutableRawBufferPointer(rebasing: out[AEAD.nonceSize...]),
+                nonce: UnsafeRawBufferPointer(rebasing: out[0..<AEAD.nonceSize]),
+                associatedData: a, key: k)
+            }
+          }
+        } catch {
+          job.fail(error)
+          return
+        }
+      }
+    }
+    if let error = job.error { throw error }
+    chunkEncryptions += n
+    let tail = chunks.upperBound - 1
+    let count = (n - 1) * Self.slotSize + Self.slotOverhead + Self.chunkLength(tail, size)
+    let offset = Self.slotOffset(chunks.lowerBound)
+    try POSIXIO.pwrite(fd, UnsafeRawBufferPointer(rebasing: scratch[0..<count]), offset)
+    let end = offset + UInt64(count)
+    if tail == last {
+      if physicalSize != end { try POSIXIO.truncate(fd, end) }
+      physicalSize = end
+    } else {
+      physicalSize = max(physicalSize, end)
+    }
+  }
+
   /// Authenticates and decrypts the slot of chunk `index` (`slot` holds nonce ‖ ciphertext ‖
   /// tag of `length` plaintext bytes) into `out`; a hole (a non-final all-zero slot) gives
   /// zeros. Touches no mutable state.
@@ -538,6 +591,32 @@ public final class CryptoFile: @unchecked Sendable {
       let a = Int(pos - start)
       let b = Int(min(end, start + UInt64(Self.chunkSize)) - start)
       let length = Self.chunkLength(index, newSize)
+      if a == 0 && b == length {
+        // Whole chunks from here: sealed straight from `bytes`, without the buffer.
+        var through = index + 1
+        while through - index < UInt64(ScratchPool.slots),
+          (through << UInt64(Self.chunkShift)) + UInt64(Self.chunkLength(through, newSize)) <= end,
+          through <= Self.lastIndex(newSize)
+        {
+          through += 1
+        }
+        if through - index >= 2 {
+          let src = Int(pos - offset)
+          let span =
+            Int((through - 1 - index) << UInt64(Self.chunkShift))
+            + Self.chunkLength(through - 1, newSize)
+          if let buffered = bufferIndex, (index..<through).contains(buffered) {
+            // Its content is replaced as a whole.
+            bufferIndex = nil
+            bufferDirty = false
+          }
+          try writeWhole(
+            UnsafeRawBufferPointer(rebasing: bytes[src..<(src + span)]), chunks: index..<through,
+            size: newSize)
+          pos = start + UInt64(span)
+          continue
+        }
+      }
       try load(index, fresh: index > oldLast || (a == 0 && b >= length))
       let src = Int(pos - offset)
       UnsafeMutableRawBufferPointer(rebasing: buffer[a..<b])
@@ -631,6 +710,25 @@ public final class CryptoFile: @unchecked Sendable {
       return n
     }
   }
+}
+
+/// What the sealing threads of one `writeWhole` share: plaintext in, slots out (each thread its
+/// own chunks), and the first error.
+private final class SealJob: @unchecked Sendable {
+  // @unchecked: threads write disjoint slots of `scratch`; `firstError` is guarded by `lock`.
+  let bytes: UnsafeRawBufferPointer
+  let scratch: UnsafeMutableRawBufferPointer
+  private let lock = NSLock()
+  private var firstError: (any Error)?
+
+  init(bytes: UnsafeRawBufferPointer, scratch: UnsafeMutableRawBufferPointer) {
+    self.bytes = bytes
+    self.scratch = scratch
+  }
+
+  func fail(_ error: any Error) { lock.withLock { if firstError == nil { firstError = error } } }
+
+  var error: (any Error)? { lock.withLock { firstError } }
 }
 
 /// Reusable scratch buffers for reads of whole chunks (several slots each), so that large

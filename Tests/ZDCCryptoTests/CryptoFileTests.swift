@@ -82,6 +82,66 @@ import ZDCCore
     }
   }
 
+  /// Writes covering whole chunks take their own path (sealed from the caller's bytes, several
+  /// at a time on two threads): mixed with partial writes, reads, truncations and reopenings,
+  /// the content must match a plain model.
+  @Test func wholeChunkWritesMatchModel() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    for seed in UInt64(11)...14 {
+      var rng = SplitMix64(seed: seed)
+      let url = dir.appendingPathComponent("w\(seed)")
+      var f = try CryptoFile.create(at: url, key: key)
+      var model = Data()
+      for step in 0..<150 {
+        switch Int.random(in: 0..<100, using: &rng) {
+        case 0..<55:
+          // Chunk-aligned, one to twenty chunks, sometimes with a partial tail or head.
+          let chunks = (model.count + 2 * CS) / CS
+          var off = Int.random(in: 0...chunks, using: &rng) * CS
+          var len = Int.random(in: 1...20, using: &rng) * CS
+          if Bool.random(using: &rng) { len += Int.random(in: 1..<CS, using: &rng) }
+          if Int.random(in: 0..<4, using: &rng) == 0 { off += Int.random(in: 1..<CS, using: &rng) }
+          let bytes = randomBytes(len, &rng)
+          try f.write(bytes, at: UInt64(off))
+          if model.count < off + len { model.append(Data(count: off + len - model.count)) }
+          model.replaceSubrange(off..<(off + len), with: bytes)
+        case 55..<70:
+          let off = Int.random(in: 0...(model.count + 100), using: &rng)
+          let bytes = randomBytes(Int.random(in: 1...3000, using: &rng), &rng)
+          try f.write(bytes, at: UInt64(off))
+          if model.count < off + bytes.count {
+            model.append(Data(count: off + bytes.count - model.count))
+          }
+          model.replaceSubrange(off..<(off + bytes.count), with: bytes)
+        case 70..<85:
+          let off = Int.random(in: 0...(model.count + 100), using: &rng)
+          let got = try f.read(offset: UInt64(off), count: 3 * CS)
+          let lo = min(off, model.count)
+          try #require(
+            got == model.subdata(in: lo..<min(model.count, lo + 3 * CS)),
+            "seed \(seed) step \(step)")
+        case 85..<92:
+          let n = Int.random(in: 0...(model.count + CS), using: &rng)
+          try f.truncate(to: UInt64(n))
+          if n < model.count {
+            model = model.prefix(n)
+          } else {
+            model.append(Data(count: n - model.count))
+          }
+        default:
+          try f.close()
+          f = try CryptoFile.open(at: url, key: key)
+        }
+        try #require(f.size == UInt64(model.count), "seed \(seed) step \(step)")
+      }
+      try f.close()
+      let g = try CryptoFile.open(at: url, key: key)
+      #expect(try all(g) == model)
+      try g.close()
+    }
+  }
+
   @Test func sparseWritesLeaveHoles() throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
