@@ -124,9 +124,7 @@ public final class CloudTransaction {
       encryptionKey: blob(9), dirSalt: blob(10), dirPrefix: dirPrefix, cloudID: cloudID,
       eTagRcrd: text(13), eTagData: text(14), lastModifiedRcrd: date(15),
       lastModifiedData: date(16),
-      cloudDataInfo: try text(17).map {
-        try decoder.decode(CloudDataInfo.self, from: Data($0.utf8))
-      },
+      cloudDataInfo: try text(17).map { try CloudDataInfoCodec.decode($0, decoder) },
       explicitCloudName: text(18),
       anchor: try text(19).map { try decoder.decode(NodeAnchor.self, from: Data($0.utf8)) },
       pointeeID: int(20), mode: UInt32(truncatingIfNeeded: mode),
