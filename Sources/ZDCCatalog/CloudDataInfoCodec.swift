@@ -24,16 +24,15 @@ enum CloudDataInfoCodec {
       guard p.take(UInt8(ascii: "{")) else { return nil }
       if !p.take(UInt8(ascii: "}")) {
         repeat {
-          guard let key = p.string(), p.take(UInt8(ascii: ":")) else { return nil }
+          guard let key = p.key(), p.take(UInt8(ascii: ":")) else { return nil }
           switch key {
-          case "metadataSize": metadata = p.unsigned()
-          case "thumbnailSize": thumbnail = p.unsigned()
-          case "dataSize": data = p.unsigned()
-          case "eTag": eTag = p.string()
-          case "lastModified":
+          case .metadataSize: metadata = p.unsigned()
+          case .thumbnailSize: thumbnail = p.unsigned()
+          case .dataSize: data = p.unsigned()
+          case .eTag: eTag = p.string()
+          case .lastModified:
             guard let seconds = p.double() else { return nil }
             lastModified = Date(timeIntervalSinceReferenceDate: seconds)
-          default: return nil
           }
         } while p.take(UInt8(ascii: ","))
         guard p.take(UInt8(ascii: "}")) else { return nil }
@@ -43,6 +42,18 @@ enum CloudDataInfoCodec {
         metadataSize: metadata, thumbnailSize: thumbnail, dataSize: data, eTag: eTag,
         lastModified: lastModified)
     }
+  }
+
+  private enum Key: CaseIterable {
+    case metadataSize, thumbnailSize, dataSize, eTag, lastModified
+
+    var utf8: [UInt8] { Self.names[self]! }
+
+    static let names: [Key: [UInt8]] = [
+      .metadataSize: Array("metadataSize".utf8), .thumbnailSize: Array("thumbnailSize".utf8),
+      .dataSize: Array("dataSize".utf8), .eTag: Array("eTag".utf8),
+      .lastModified: Array("lastModified".utf8),
+    ]
   }
 
   private struct Parser {
@@ -57,9 +68,41 @@ enum CloudDataInfoCodec {
       return true
     }
 
+    /// One of the known keys (a quoted name without escapes).
+    mutating func key() -> Key? {
+      guard take(UInt8(ascii: "\"")) else { return nil }
+      let start = i
+      while i < bytes.count, bytes[i] != UInt8(ascii: "\""), bytes[i] != UInt8(ascii: "\\") {
+        i += 1
+      }
+      guard take(UInt8(ascii: "\"")) else { return nil }
+      let name = UnsafeBufferPointer(rebasing: bytes[start..<(i - 1)])
+      let key: Key?
+      switch name.count {
+      case 4: key = .eTag
+      case 8: key = .dataSize
+      case 13: key = .thumbnailSize
+      case 12: key = name.first == UInt8(ascii: "m") ? .metadataSize : .lastModified
+      default: key = nil
+      }
+      guard let key, name.elementsEqual(key.utf8) else { return nil }
+      return key
+    }
+
     /// A JSON string with the simple escapes (`\"`, `\\`, `\/`, `\n`, `\r`, `\t`, `\b`, `\f`).
     mutating func string() -> String? {
       guard take(UInt8(ascii: "\"")) else { return nil }
+      // Most have no escape: the bytes as they are.
+      var end = i
+      while end < bytes.count, bytes[end] != UInt8(ascii: "\""), bytes[end] != UInt8(ascii: "\\"),
+        bytes[end] >= 0x20
+      {
+        end += 1
+      }
+      if end < bytes.count, bytes[end] == UInt8(ascii: "\"") {
+        defer { i = end + 1 }
+        return String(validating: UnsafeBufferPointer(rebasing: bytes[i..<end]), as: UTF8.self)
+      }
       var out: [UInt8] = []
       while i < bytes.count {
         let c = bytes[i]

@@ -616,6 +616,15 @@ public final class CloudTransaction {
 
   /// The subtree rooted at `id`, root first, in breadth-first order.
   func subtree(of id: NodeID) throws -> [SubtreeEntry] {
+    if try !hasChildren(id) {
+      // A leaf (most deletes): one row, without the recursive query's temporary tables.
+      let leaf = try db.cachedStatement(
+        sql: """
+          SELECT n.id, 0, n.cloudID, n.dirPrefix, n.cloudName, n.eTagRcrd, n.eTagData, p.dirPrefix
+          FROM nodes n LEFT JOIN nodes p ON p.id = n.parentID WHERE n.id = ?
+          """)
+      return try Row.fetchAll(leaf, arguments: [id]).map(Self.subtreeEntry)
+    }
     let stmt = try db.cachedStatement(
       sql: """
         WITH RECURSIVE sub(id, depth) AS (
@@ -630,13 +639,14 @@ public final class CloudTransaction {
         """)
     var out: [SubtreeEntry] = []
     let cursor = try Row.fetchCursor(stmt, arguments: [id])
-    while let row = try cursor.next() {
-      out.append(
-        SubtreeEntry(
-          id: row[0], depth: row[1], cloudID: row[2], dirPrefix: row[3], cloudName: row[4],
-          eTagRcrd: row[5], eTagData: row[6], parentDirPrefix: row[7]))
-    }
+    while let row = try cursor.next() { out.append(Self.subtreeEntry(row)) }
     return out
+  }
+
+  private static func subtreeEntry(_ row: Row) -> SubtreeEntry {
+    SubtreeEntry(
+      id: row[0], depth: row[1], cloudID: row[2], dirPrefix: row[3], cloudName: row[4],
+      eTagRcrd: row[5], eTagData: row[6], parentDirPrefix: row[7])
   }
 
   /// Deletes the rows of a subtree with their tags and links, deepest first (the catalog runs
