@@ -475,7 +475,7 @@ public final class FileSystem: @unchecked Sendable {
     let name = try newName(shown)
     let (attrs, node) = try write(commit: .soon) { tx -> (Attributes, Node) in
       let p = try requireDirectory(parent, tx)
-      if try tx.child(of: p.id, named: name) != nil { throw FileSystemError.exists }
+      // A name taken throws `nameTaken` (EEXIST).
       let node = try tx.createNode(
         Node(
           uuid: "", localUserID: userID, parentID: p.id, name: name, kind: kind,
