@@ -40,6 +40,8 @@ public final class DiskManager: @unchecked Sendable {
   private var byID: [Int64: Entry] = [:]
   private var cacheEntries: [CacheKey: Entry] = [:]
   private var stagingEntries: [NodeID: [Entry]] = [:]
+  /// Cache entries by node (a node deleted here drops them without a scan of every entry).
+  private var cacheByNode: [NodeID: [Entry]] = [:]
   private var totals = DiskUsage()
   private var lastTick: Int64 = 0
   /// Ids of staging entries not yet in the index (negative, never reused).
@@ -146,6 +148,7 @@ public final class DiskManager: @unchecked Sendable {
       if let c = e.row.cloudID, let t = e.row.eTag {
         cacheEntries[CacheKey(cloudID: c, eTag: t)] = e
       }
+      if let n = e.row.nodeID { cacheByNode[n, default: []].append(e) }
       totals.cacheBytes += e.row.diskBytes
       totals.cacheEntries += 1
     case .staging:
@@ -167,6 +170,10 @@ public final class DiskManager: @unchecked Sendable {
         cacheEntries[CacheKey(cloudID: c, eTag: t)] === e
       {
         cacheEntries[CacheKey(cloudID: c, eTag: t)] = nil
+      }
+      if let n = e.row.nodeID {
+        cacheByNode[n]?.removeAll { $0 === e }
+        if cacheByNode[n]?.isEmpty == true { cacheByNode[n] = nil }
       }
       totals.cacheBytes -= e.row.diskBytes
       totals.cacheEntries -= 1
@@ -437,7 +444,9 @@ public final class DiskManager: @unchecked Sendable {
   /// Removes every entry (staged and cached) of a node deleted locally.
   public func remove(nodeID: NodeID) {
     mutationLock.withLock {
-      let victims = stateLock.withLock { byID.values.filter { $0.row.nodeID == nodeID } }
+      let victims = stateLock.withLock {
+        (stagingEntries[nodeID] ?? []) + (cacheByNode[nodeID] ?? [])
+      }
       removeEntries(victims)
     }
   }
