@@ -8,8 +8,13 @@ import ZDCSync
 import ZDCTestSupport
 
 /// The seeds of a randomized test: `first...first+count-1`, or, with `ZDC_RANDOM_SEEDS` set in
-/// the environment, that many (a number) or those (a comma-separated list, offset by `first-1`).
+/// the environment, that many (a number) or those (a comma-separated list, offset by `first-1`);
+/// with `ZDC_RANDOM_SEED` set, exactly those seeds (comma-separated, not offset) to replay a
+/// failure.
 func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
+  if let exact = ProcessInfo.processInfo.environment["ZDC_RANDOM_SEED"] {
+    return exact.split(separator: ",").compactMap { UInt64($0) }
+  }
   guard let spec = ProcessInfo.processInfo.environment["ZDC_RANDOM_SEEDS"] else {
     return Array(first..<first + count)
   }
@@ -55,11 +60,15 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
   func randomEdits(seed: UInt64, faults: Bool, kind: StoreKind = .local) throws {
     let backing = try kind.make("zdc-sync-random")
     let inner = backing.store
-    let faulty = FaultInjectingStore(inner, seed: seed)
-    let store: any CloudStore = faulty
     let user = try TestUser()
+    // Every call as it reached the store, and as each device saw it: printed for the nodes
+    // that diverge.
+    let trace = StoreTrace(user: user)
+    let faulty = FaultInjectingStore(
+      TracingStore(inner, device: "store", trace: trace), seed: seed)
     let devices = [
-      try Device("alpha", user: user, store: store), try Device("beta", user: user, store: store),
+      try Device("alpha", user: user, store: TracingStore(faulty, device: "alpha", trace: trace)),
+      try Device("beta", user: user, store: TracingStore(faulty, device: "beta", trace: trace)),
     ]
     for d in devices { try d.start() }
     try devices[0].create("shared", kind: .directory)
@@ -74,6 +83,7 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
     }
     var rng = SplitMix64(seed: seed)
     var actions: [String] = []
+    func act(_ s: String) { actions.append("\(Date().timeIntervalSince1970) \(s)") }
     func pick<T>(_ a: [T]) -> T? { a.isEmpty ? nil : a[Int(rng.next() % UInt64(a.count))] }
     for step in 0..<60 {
       let d = devices[Int(rng.next() % 2)]
@@ -86,28 +96,29 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
         switch roll {
         case 0..<25:
           let parent = pick(dirs)!
+          act("\(step) \(d.name) create \(parent)/\(d.name)-f\(step).txt")
           try d.create("\(parent)/\(d.name)-f\(step).txt".trimmingPrefixSlash, "v\(step)")
         case 25..<35:
           let parent = pick(dirs)!
           try d.create("\(parent)/\(d.name)-d\(step)".trimmingPrefixSlash, kind: .directory)
         case 35..<65:
           if let f = pick(files) {
-            actions.append("\(step) \(d.name) write \(f)")
+            act("\(step) \(d.name) write \(f)")
             try d.write(f.trimmingPrefixSlash, "\(d.name) edit \(step)")
           }
         case 65..<78:
           if let f = pick(files), let parent = pick(dirs) {
-            actions.append("\(step) \(d.name) move \(f) to \(parent)/\(d.name)-m\(step).txt")
+            act("\(step) \(d.name) move \(f) to \(parent)/\(d.name)-m\(step).txt")
             try d.move(
               f.trimmingPrefixSlash, to: "\(parent)/\(d.name)-m\(step).txt".trimmingPrefixSlash)
           }
         case 78..<86:
           if let f = pick(files) {
-            actions.append("\(step) \(d.name) delete \(f)")
+            act("\(step) \(d.name) delete \(f)")
             try d.delete(f.trimmingPrefixSlash)
           }
         default:
-          actions.append("\(step) \(d.name) sync")
+          act("\(step) \(d.name) sync")
           if faults {
             _ = try? d.engine.pull.pull()
           } else {
@@ -143,6 +154,11 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
         let n = try #require(try d.node(String(p.dropFirst())))
         let content = try d.cloudContent(n)
         #expect(n.dataSize == UInt64(content?.count ?? 0), "\(d.name): size of \(p)")
+        if n.dataSize != UInt64(content?.count ?? 0), d === devices[0] {
+          print("store calls for \(p) (cid=\(n.cloudID.prefix(6))):")
+          for l in trace.lines(forCloudID: n.cloudID) { print("  \(l)") }
+          for a in actions { print("  act \(a)") }
+        }
       }
     }
     let rcrds = try inner.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }
@@ -164,6 +180,8 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
             print("extra RCRD \(dec.meta.name) \(dec.cloudID.prefix(6)) on \(d.name): \(info)")
           }
         }
+        print("store calls for cid=\(dec.cloudID.prefix(6)):")
+        for l in trace.lines(forCloudID: dec.cloudID) { print("  \(l)") }
       }
       for a in actions { print("  act \(a)") }
     }
