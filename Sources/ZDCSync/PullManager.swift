@@ -778,6 +778,15 @@ public final class PullManager: @unchecked Sendable {
       if let n = try tx.node(id: id) { before[id] = n.eTagData }
     }
     try tx.reuploadSubtree(root, existingData: existingData)
+    // A kept file whose DATA this device never knew (none was in the store when it pulled the
+    // node, and none is kept) has its content uploaded too — whatever the delegate has, if
+    // only nothing: its RCRD alone would describe a size no DATA has.
+    for id in keep {
+      guard let n = try tx.node(id: id), n.kind == .file, n.eTagData == nil, n.dataSize > 0,
+        try !tx.outstandingKinds(ofNodeID: id).contains(.putData)
+      else { continue }
+      try tx.queueDataUpload(nodeID: id)
+    }
     // A node that keeps DATA found at its keys now stands for that version.
     for (id, old) in before {
       guard let n = try tx.node(id: id), n.eTagData != nil, n.eTagData != old else { continue }
