@@ -777,14 +777,18 @@ public final class PullManager: @unchecked Sendable {
     for id in existingData.keys {
       if let n = try tx.node(id: id) { before[id] = n.eTagData }
     }
-    try tx.reuploadSubtree(root, existingData: existingData)
     // A kept file whose DATA this device never knew (none was in the store when it pulled the
-    // node, and none is kept) has its content uploaded too — whatever the delegate has, if
+    // node) and has no upload of has its content uploaded too — whatever the delegate has, if
     // only nothing: its RCRD alone would describe a size no DATA has.
-    for id in keep {
+    var withoutData: [NodeID] = []
+    for id in keep where existingData[id] == nil {
       guard let n = try tx.node(id: id), n.kind == .file, n.eTagData == nil, n.dataSize > 0,
         try !tx.outstandingKinds(ofNodeID: id).contains(.putData)
       else { continue }
+      withoutData.append(id)
+    }
+    try tx.reuploadSubtree(root, existingData: existingData)
+    for id in withoutData where try tx.node(id: id) != nil {
       try tx.queueDataUpload(nodeID: id)
     }
     // A node that keeps DATA found at its keys now stands for that version.
