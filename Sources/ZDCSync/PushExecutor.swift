@@ -193,43 +193,55 @@ struct PushExecutor {
         throw PushIssue.needsPull("first upload of node \(node.id) may have landed before")
       }
     }
-    let result = try putRcrd(
-      node: node, key: loc.rcrdKey, condition: condition,
-      remember: { body in
-        state.remember(BodyDigest.of(body))
-        try saveUploadState(state)
-      },
-      isOurs: { state.bodies.contains(BodyDigest.of($0)) },
-      foreign: { info, remote -> Node? in
-        if remote.meta.moving {
-          // Another device's move of the node is committing: this upload goes where the move
-          // takes the node (a pull tells), unless the claim is older than the claim lease.
-          if state.blockedETag == info.eTag, let since = state.blockedSince,
-            Date().timeIntervalSince(since) >= manager.config.moveClaimLease
-          {
-            context.logger.warning(
-              "RCRD upload: a move's claim was never released; overwriting it",
-              metadata: ["node": "\(node.id)"])
-            return nil
+    let result: RcrdPutResult
+    do {
+      result = try putRcrd(
+        node: node, key: loc.rcrdKey, condition: condition,
+        remember: { body in
+          state.remember(BodyDigest.of(body))
+          try saveUploadState(state)
+          // Deleted here since the operation was taken (checked after the digest is recorded,
+          // just before the put): its DATA upload went with it, so the RCRD would describe a
+          // version that is never uploaded. The delete that waits for this operation removes
+          // what earlier attempts wrote.
+          if try context.catalog.read(context.userID, { try $0.node(id: node.id) }) == nil {
+            throw NodeDeletedMeanwhile()
           }
-          if state.blockedETag != info.eTag {
-            state.blockedETag = info.eTag
-            state.blockedSince = Date()
-            try saveUploadState(state)
+        },
+        isOurs: { state.bodies.contains(BodyDigest.of($0)) },
+        foreign: { info, remote -> Node? in
+          if remote.meta.moving {
+            // Another device's move of the node is committing: this upload goes where the move
+            // takes the node (a pull tells), unless the claim is older than the claim lease.
+            if state.blockedETag == info.eTag, let since = state.blockedSince,
+              Date().timeIntervalSince(since) >= manager.config.moveClaimLease
+            {
+              context.logger.warning(
+                "RCRD upload: a move's claim was never released; overwriting it",
+                metadata: ["node": "\(node.id)"])
+              return nil
+            }
+            if state.blockedETag != info.eTag {
+              state.blockedETag = info.eTag
+              state.blockedSince = Date()
+              try saveUploadState(state)
+            }
+            throw PushIssue.needsPull("node \(node.id) is being moved by another device")
           }
-          throw PushIssue.needsPull("node \(node.id) is being moved by another device")
-        }
-        // A first upload meeting the node's own cloudID can only be this device's write.
-        guard case .ifMatch = condition else { return nil }
-        try beforeOverwritingRemoteRcrd(node: node, loc: loc)
-        // The local attributes win, with the size of the DATA there (see `dataSize(of:loc:)`).
-        let size = try dataSize(of: node, loc: loc)
-        guard size != node.dataSize else { return nil }
-        var n = node
-        n.dataSize = size
-        written = n
-        return n
-      })
+          // A first upload meeting the node's own cloudID can only be this device's write.
+          guard case .ifMatch = condition else { return nil }
+          try beforeOverwritingRemoteRcrd(node: node, loc: loc)
+          // The local attributes win, with the size of the DATA there (see `dataSize(of:loc:)`).
+          let size = try dataSize(of: node, loc: loc)
+          guard size != node.dataSize else { return nil }
+          var n = node
+          n.dataSize = size
+          written = n
+          return n
+        })
+    } catch is NodeDeletedMeanwhile {
+      return try completeOrphan()
+    }
     switch result {
     case .pathConflict:
       try resolvePathConflict(node)
@@ -266,6 +278,9 @@ struct PushExecutor {
       }
     }
   }
+
+  /// A node deleted here after its RCRD upload was taken.
+  private struct NodeDeletedMeanwhile: Error {}
 
   /// While a DATA upload of the node is outstanding (one that does not itself wait for this
   /// operation, as a first upload's does), the RCRD upload waits for it: the RCRD's size
