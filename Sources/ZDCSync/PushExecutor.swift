@@ -850,6 +850,48 @@ struct PushExecutor {
 
   // MARK: Delete
 
+  /// A node this delete keeps for a remote RCRD change stands beside DATA this device knows:
+  /// when that RCRD describes another size (it was written over an earlier DATA version, which
+  /// this device's last upload replaced), it is rewritten with the size of the DATA there (read
+  /// from its header), so the node does not come back with a size its content does not have.
+  /// Returns the change-log entry of the rewrite.
+  private func describeKeptData(_ ref: CloudObjectRef, data: ObjectInfo) throws -> ChangeLogEntry? {
+    guard let r = try context.fetchRcrd(ref.rcrdKey), let decoded = r.decoded,
+      decoded.cloudID == ref.cloudID, !decoded.meta.moving, !decoded.meta.arriving
+    else { return nil }
+    let store = self.store
+    let key = ref.dataKey
+    let size: UInt64
+    do {
+      size =
+        try CloudFileReader(
+          key: decoded.nodeKey, ciphertextSize: data.size,
+          fetch: { try store.get(key: key, range: $0) }
+        ).sizes.dataSize
+    } catch let e as StoreError {
+      throw e
+    } catch {
+      context.logger.error(
+        "delete: the DATA of a node kept cannot be read", metadata: ["cloudID": "\(ref.cloudID)"])
+      return nil
+    }
+    guard size != decoded.meta.dataSize else { return nil }
+    let body = try MoveRun.reencode(
+      decoded, publicKeys: context.publicKeys, userID: context.userID, moving: false,
+      dataSize: size)
+    let eTag: String
+    do {
+      eTag = try store.put(key: ref.rcrdKey, body: .data(body), condition: .ifMatch(r.info.eTag))
+    } catch StoreError.preconditionFailed {
+      return nil  // changed again meanwhile: its writer describes its own DATA
+    }
+    context.logger.info(
+      "delete: the RCRD of a node kept now describes the DATA beside it",
+      metadata: ["cloudID": "\(ref.cloudID)"])
+    return ChangeLogEntry(
+      cloudID: ref.cloudID, kind: .put, rcrd: ref.rcrdKey, data: ref.dataKey, eTagRcrd: eTag)
+  }
+
   private func delete() throws {
     var logged: [ChangeLogEntry] = []
     var kept = false
@@ -876,6 +918,13 @@ struct PushExecutor {
           context.logger.info(
             "delete skipped: node changed remotely", metadata: ["cloudID": "\(ref.cloudID)"])
           kept = true
+          // The DATA there is the version this device knows (its own last write, perhaps):
+          // the RCRD changed elsewhere may describe another one.
+          if let data, let eTag = ref.eTagData, data.eTag == eTag,
+            let entry = try describeKeptData(ref, data: data)
+          {
+            logged.append(entry)
+          }
           continue
         }
         removedRcrd = true

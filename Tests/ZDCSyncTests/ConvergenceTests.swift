@@ -340,6 +340,36 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
     try s.expectConverged(["/g.txt": "file:other"])
   }
 
+  /// Alpha's edit of a file lands (DATA) while its RCRD upload waits; beta changes the file's
+  /// mode meanwhile (its RCRD still gives the former size); alpha then deletes the file. The
+  /// delete keeps the node for beta's RCRD change, which used to leave that RCRD — the former
+  /// size — beside alpha's DATA, on both devices (randomized seed 173 with faults).
+  @Test func nodeKeptByADeleteForARemoteRcrdChangeDescribesItsData() throws {
+    let s = try Scene("delete-kept-size")
+    try s.alpha.create("f.txt", "base")
+    try s.syncBoth()
+    let alphaEdit = "alpha's much longer edit"
+    s.gated.holdNextPut(ofKeysEndingWith: ".rcrd")
+    try s.alpha.write("f.txt", alphaEdit)
+    #expect(s.gated.waitForHeldPut())
+    try s.beta.catalog.write(s.user.userID) { tx in
+      var n = try #require(try tx.node(path: try s.beta.path("f.txt")))
+      n.mode = 0o600
+      try tx.updateNode(n)
+    }
+    try s.beta.sync()
+    try s.alpha.delete("f.txt")
+    s.gated.release()
+    try s.alpha.sync()
+    try s.beta.sync()
+    try s.alpha.sync()
+    try s.expectConverged(["/f.txt": "file:\(alphaEdit)"])
+    for d in [s.alpha, s.beta] {
+      #expect(try d.node("f.txt")?.dataSize == UInt64(alphaEdit.utf8.count), "\(d.name)")
+      #expect(try d.node("f.txt")?.mode == 0o600, "\(d.name)")
+    }
+  }
+
   /// Beta pulls a new file of alpha's between its RCRD upload and its DATA upload; alpha then
   /// deletes the file while beta moves it. The delete reaches beta as a remote delete of a
   /// node with a change outstanding: the node is kept and uploaded again. It used to be
