@@ -141,6 +141,11 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
     if ta != tb {
       for k in Set(ta.keys).union(tb.keys).sorted() where ta[k] != tb[k] {
         print("differs \(k): alpha \(ta[k] ?? "-") beta \(tb[k] ?? "-")")
+        for v in [ta[k], tb[k]] {
+          guard let v, let r = v.range(of: "cid=") else { continue }
+          print("store calls for \(v[r.lowerBound...]):")
+          for l in trace.lines(forCloudID: String(v[r.upperBound...])) { print("  \(l)") }
+        }
         let name = String(k.split(separator: "/").last!)
         for d in devices {
           for e in d.delegate.events where e.contains(name) { print("  \(d.name): \(e)") }
@@ -152,7 +157,7 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
     for d in devices {
       for p in try d.tree(withContent: false).filter({ $0.value == "file" }).map(\.key) {
         let n = try #require(try d.node(String(p.dropFirst())))
-        let content = try d.cloudContent(n)
+        let content = try? d.cloudContent(n)  // undecryptable: shown by the trees above
         #expect(n.dataSize == UInt64(content?.count ?? 0), "\(d.name): size of \(p)")
         if n.dataSize != UInt64(content?.count ?? 0), d === devices[0] {
           print("store calls for \(p) (cid=\(n.cloudID.prefix(6))):")
