@@ -133,7 +133,22 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
     }
     faulty.heal()
     for _ in 0..<3 {
-      for d in devices { try d.sync(faults ? 30 : 60) }
+      for d in devices {
+        do {
+          try d.sync(faults ? 30 : 60)
+        } catch let e as SyncTimeout {
+          // The store calls about the nodes whose operations never completed.
+          let stuck = try d.catalog.read(user.userID) { tx in
+            try Set(tx.allOperations().compactMap(\.cloudID))
+          }
+          for c in stuck where !c.isEmpty {
+            print("store calls for cid=\(c.prefix(6)) (stuck on \(d.name)):")
+            for l in trace.lines(forCloudID: c) { print("  \(l)") }
+          }
+          for a in actions { print("  act \(a)") }
+          throw e
+        }
+      }
     }
     let ta = try devices[0].tree()
     let tb = try devices[1].tree()
