@@ -139,7 +139,11 @@ final class MoveRun {
     // 4. The origin's DATA goes (copied again if it changed meanwhile), and the target's RCRD
     // loses its `arriving` mark: it is the node's place now.
     try finishData(origin: origin.dataKey, target: target.dataKey)
-    try complete(eTagRcrd: try settle(target.rcrdKey), eTagData: try dataETag())
+    let eTagData = try dataETag()
+    let carried = try carriedData(eTag: eTagData, at: target.dataKey)
+    try complete(
+      eTagRcrd: try settle(target.rcrdKey, dataSize: carried?.dataSize), eTagData: eTagData,
+      carried: carried)
   }
 
   // MARK: Steps
@@ -152,7 +156,7 @@ final class MoveRun {
       try x.resolveMovePathConflict(node)
       throw PushIssue.retryNow
     case .written(let e):
-      try complete(eTagRcrd: e, eTagData: node.eTagData)
+      try complete(eTagRcrd: e, eTagData: node.eTagData, carried: nil)
     }
   }
 
@@ -293,10 +297,12 @@ final class MoveRun {
       try yield("node \(node.id) left the origin of its move")
     }
     try finishData(origin: origin.dataKey, target: dataKey)
-    let settled = try settle(rcrdKey)
+    let eTagData = try context.headIfExists(dataKey)?.eTag
+    let carried = try carriedData(eTag: eTagData, at: dataKey)
+    let settled = try settle(rcrdKey, dataSize: carried?.dataSize)
     if rcrdKey == target.rcrdKey {
       try cleanUp(except: [target.rcrdKey])
-      return try complete(eTagRcrd: settled, eTagData: try dataETag())
+      return try complete(eTagRcrd: settled, eTagData: eTagData, carried: carried)
     }
     guard let parsed = context.layout.parse(key: rcrdKey) else {
       throw PushIssue.needsPull("the target of the move of node \(node.id) is not a node's key")
@@ -319,16 +325,20 @@ final class MoveRun {
   }
 
   /// Rewrites the committed target's RCRD without its `arriving` mark (the same content, freshly
-  /// encoded); returns its eTag.
-  private func settle(_ key: String) throws -> String {
+  /// encoded) and describing the DATA the move carried there (`dataSize`, when known: it was
+  /// written before the commit with the size the node knew, and another device's edit may
+  /// have landed at the origin and been carried since); returns its eTag.
+  private func settle(_ key: String, dataSize: UInt64?) throws -> String {
     guard let r = try context.fetchRcrd(key), let decoded = r.decoded,
       decoded.cloudID == node.cloudID
     else {
       throw PushIssue.needsPull("the target of the committed move of node \(node.id) vanished")
     }
-    guard decoded.meta.arriving else { return r.info.eTag }
+    let size = dataSize ?? decoded.meta.dataSize
+    guard decoded.meta.arriving || size != decoded.meta.dataSize else { return r.info.eTag }
     let body = try Self.reencode(
-      decoded, publicKeys: context.publicKeys, userID: node.localUserID, moving: false)
+      decoded, publicKeys: context.publicKeys, userID: node.localUserID, moving: false,
+      dataSize: size)
     MoveState.remember(BodyDigest.of(body), in: &state.bodies)
     try save()
     do {
@@ -362,17 +372,29 @@ final class MoveRun {
       ? node.eTagData : try context.headIfExists(target.dataKey)?.eTag
   }
 
-  private func complete(eTagRcrd: String, eTagData: String?) throws {
-    // The DATA carried is a version this device did not know (another device's edit landed at
-    // the origin meanwhile): the node takes that version, with its sizes (read from its
-    // header), and its RCRD is written again to describe it — unless a local DATA upload is
-    // outstanding, which must still meet that version as a remote edit (a data conflict).
-    var carried: CloudDataInfo? = nil
-    if let eTagData, let c = state.copies[target.dataKey], c.source != node.eTagData,
-      origin.dataKey != target.dataKey
+  /// The DATA a move carried to `key` (a copy this move made of the origin's), with its sizes:
+  /// known here when it is the version the node knows and has read or uploaded, else read from
+  /// its header. Nil without a copy there, or when it cannot be read as the node's.
+  private func carriedData(eTag: String?, at key: String) throws -> CloudDataInfo? {
+    guard let eTag, key != origin.dataKey, let c = state.copies[key] else { return nil }
+    if c.eTag == eTag, c.source == node.eTagData, let info = node.cloudDataInfo,
+      info.eTag == c.source
     {
-      carried = try carriedVersion(eTag: eTagData)
+      return CloudDataInfo(
+        metadataSize: info.metadataSize, thumbnailSize: info.thumbnailSize,
+        dataSize: info.dataSize, eTag: eTag, lastModified: info.lastModified)
     }
+    return try carriedVersion(eTag: eTag, at: key)
+  }
+
+  private func complete(eTagRcrd: String, eTagData: String?, carried data: CloudDataInfo?) throws {
+    // The node takes the DATA carried, with its sizes (the target's RCRD was settled describing
+    // it): it may be a version this device did not know (another device's edit landed at the
+    // origin meanwhile) — unless a local DATA upload is outstanding, which must still meet that
+    // version as a remote edit (a data conflict).
+    var carried: CloudDataInfo? = nil
+    let unknown = state.copies[target.dataKey].map { $0.source != node.eTagData } ?? false
+    if let data, origin.dataKey != target.dataKey { carried = data }
     try x.write { tx in
       if let cur = try tx.node(id: node.id) {
         let editing = try tx.outstandingKinds(ofNodeID: node.id).contains(.putData)
@@ -382,19 +404,27 @@ final class MoveRun {
             eTagData: carried.eTag, lastModifiedData: carried.lastModified,
             cloudDataInfo: carried)
           var n = try tx.existingNode(id: node.id)
-          if n.dataSize != carried.dataSize {
-            n.dataSize = carried.dataSize
-            n = try tx.updateNode(n)
+          if n.dataSize != carried.dataSize || unknown {
+            if n.dataSize != carried.dataSize {
+              n.dataSize = carried.dataSize
+              n = try tx.updateNode(n)
+            }
+            context.delegate.didDiscoverModifiedNode(
+              n, change: .data, at: try tx.path(of: node.id), transaction: tx)
           }
-          context.delegate.didDiscoverModifiedNode(
-            n, change: .data, at: try tx.path(of: node.id), transaction: tx)
         } else {
           try tx.setCloudState(
             nodeID: node.id, eTagRcrd: eTagRcrd, lastModifiedRcrd: Date(),
-            eTagData: carried != nil ? cur.eTagData : eTagData ?? cur.eTagData,
+            eTagData: carried != nil && unknown ? cur.eTagData : eTagData ?? cur.eTagData,
             lastModifiedData: cur.lastModifiedData, cloudDataInfo: cur.cloudDataInfo)
         }
       }
+      // A move or delete queued while this move ran starts from its target: it learns the
+      // eTags written there (else it would take this device's own write for a remote edit).
+      try tx.updateMoveOriginETags(
+        nodeID: node.id, rcrdKey: target.rcrdKey, eTagRcrd: eTagRcrd, eTagData: eTagData)
+      try tx.updateDeleteETags(
+        cloudID: node.cloudID, rcrdKey: target.rcrdKey, eTagRcrd: eTagRcrd, eTagData: eTagData)
       try tx.completeOperation(id: opID)
       try x.manager.log(
         [
@@ -406,9 +436,8 @@ final class MoveRun {
   }
 
   /// The DATA at the target, with its sizes, or nil when it cannot be read as the node's.
-  private func carriedVersion(eTag: String) throws -> CloudDataInfo? {
+  private func carriedVersion(eTag: String, at key: String) throws -> CloudDataInfo? {
     let store = self.store
-    let key = target.dataKey
     guard let info = try context.headIfExists(key), info.eTag == eTag else { return nil }
     do {
       let sizes = try CloudFileReader(
@@ -518,14 +547,15 @@ final class MoveRun {
   /// A fresh encoding of an RCRD as found in the store (same content, new random nonces, so
   /// its bytes are this device's own), marked as a claim or not, never as arriving.
   static func reencode(
-    _ r: DecodedRcrd, publicKeys: [String: Data], userID: String, moving: Bool
+    _ r: DecodedRcrd, publicKeys: [String: Data], userID: String, moving: Bool,
+    dataSize: UInt64? = nil
   ) throws -> Data {
     let n = Node(
       uuid: "", localUserID: userID, parentID: nil, name: r.meta.name, kind: r.meta.kind,
       shareList: r.shareList, burnDate: r.burnDate, encryptionKey: r.nodeKey,
       dirSalt: r.meta.dirSalt, dirPrefix: r.dirPrefix, cloudID: r.cloudID, mode: r.meta.mode,
       mtime: r.meta.mtime, xattrs: r.meta.xattrs, symlinkTarget: r.meta.symlinkTarget,
-      dataSize: r.meta.dataSize)
+      dataSize: dataSize ?? r.meta.dataSize)
     return try Rcrd.encode(node: n, publicKeys: publicKeys, moving: moving)
   }
 }

@@ -340,6 +340,7 @@ public final class PullManager: @unchecked Sendable {
     }
     let preferred = context.delegate.preferredNodeIDsForPulling()
     var seen = Set<String>()
+    var rescan = false
     var level = index.filter { $0.trunk != nil }.sorted { $0.trunk! < $1.trunk! }.map(\.dirPrefix)
     var visitedPrefixes = Set(level)
     while !level.isEmpty {
@@ -368,8 +369,19 @@ public final class PullManager: @unchecked Sendable {
           toFetch.append((c.key, c.data, false))
         }
       }
-      let (fetched, undecodable) = try self.items(fetch(toFetch), result: &result)
+      let raw = fetch(toFetch)
+      let (fetched, undecodable) = try self.items(raw, result: &result)
       result.fetchedRcrds += toFetch.count
+      // Listed, then gone when fetched: the listing is older than that change (e.g. a move
+      // elsewhere released its origin, and its target was written after the listing). A node
+      // known there is not taken for deleted by this scan; another one follows.
+      for case .missing(let key) in raw {
+        var known = byKey[key].map { [$0.cloudID] } ?? []
+        known += homeOf.filter { $0.value.key == key }.map(\.key)
+        guard !known.isEmpty else { continue }
+        seen.formUnion(known)
+        rescan = true
+      }
       // A node still found, unchanged, where this device knows it is not moved to another RCRD
       // of it: that one is a move under way elsewhere (written before the move commits), which
       // its change-log entry announces once done.
@@ -413,12 +425,13 @@ public final class PullManager: @unchecked Sendable {
     // Nodes that were in the cloud and are no longer anywhere in it.
     let gone = index.filter { $0.trunk == nil && $0.eTagRcrd != nil && !seen.contains($0.cloudID) }
     try applyDeletions(gone.map(\.cloudID), listed: listedRcrds, result: &result)
+    if rescan { cond.withLock { forceFull = true } }
     try context.catalog.write(context.userID) { tx in
       try tx.setSyncValue(newCursor ?? "", forKey: Self.cursorKey)
       try tx.setSyncValue(
         newCursor.flatMap { recentJSON(logKeys, cursor: $0) }, forKey: Self.recentKey)
       try tx.setSyncValue("\(Date().timeIntervalSince1970)", forKey: Self.lastFullScanKey)
-      try tx.setSyncValue(nil, forKey: Self.needsFullScanKey)
+      try tx.setSyncValue(rescan ? "1" : nil, forKey: Self.needsFullScanKey)
     }
     return result
   }
@@ -777,7 +790,20 @@ public final class PullManager: @unchecked Sendable {
     for id in existingData.keys {
       if let n = try tx.node(id: id) { before[id] = n.eTagData }
     }
+    // A kept file whose DATA this device never knew (none was in the store when it pulled the
+    // node) and has no upload of has its content uploaded too — whatever the delegate has, if
+    // only nothing: its RCRD alone would describe a size no DATA has.
+    var withoutData: [NodeID] = []
+    for id in keep where existingData[id] == nil {
+      guard let n = try tx.node(id: id), n.kind == .file, n.eTagData == nil, n.dataSize > 0,
+        try !tx.outstandingKinds(ofNodeID: id).contains(.putData)
+      else { continue }
+      withoutData.append(id)
+    }
     try tx.reuploadSubtree(root, existingData: existingData)
+    for id in withoutData where try tx.node(id: id) != nil {
+      try tx.queueDataUpload(nodeID: id)
+    }
     // A node that keeps DATA found at its keys now stands for that version.
     for (id, old) in before {
       guard let n = try tx.node(id: id), n.eTagData != nil, n.eTagData != old else { continue }

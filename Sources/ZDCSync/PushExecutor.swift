@@ -193,43 +193,55 @@ struct PushExecutor {
         throw PushIssue.needsPull("first upload of node \(node.id) may have landed before")
       }
     }
-    let result = try putRcrd(
-      node: node, key: loc.rcrdKey, condition: condition,
-      remember: { body in
-        state.remember(BodyDigest.of(body))
-        try saveUploadState(state)
-      },
-      isOurs: { state.bodies.contains(BodyDigest.of($0)) },
-      foreign: { info, remote -> Node? in
-        if remote.meta.moving {
-          // Another device's move of the node is committing: this upload goes where the move
-          // takes the node (a pull tells), unless the claim is older than the claim lease.
-          if state.blockedETag == info.eTag, let since = state.blockedSince,
-            Date().timeIntervalSince(since) >= manager.config.moveClaimLease
-          {
-            context.logger.warning(
-              "RCRD upload: a move's claim was never released; overwriting it",
-              metadata: ["node": "\(node.id)"])
-            return nil
+    let result: RcrdPutResult
+    do {
+      result = try putRcrd(
+        node: node, key: loc.rcrdKey, condition: condition,
+        remember: { body in
+          state.remember(BodyDigest.of(body))
+          try saveUploadState(state)
+          // Deleted here since the operation was taken (checked after the digest is recorded,
+          // just before the put): its DATA upload went with it, so the RCRD would describe a
+          // version that is never uploaded. The delete that waits for this operation removes
+          // what earlier attempts wrote.
+          if try context.catalog.read(context.userID, { try $0.node(id: node.id) }) == nil {
+            throw NodeDeletedMeanwhile()
           }
-          if state.blockedETag != info.eTag {
-            state.blockedETag = info.eTag
-            state.blockedSince = Date()
-            try saveUploadState(state)
+        },
+        isOurs: { state.bodies.contains(BodyDigest.of($0)) },
+        foreign: { info, remote -> Node? in
+          if remote.meta.moving {
+            // Another device's move of the node is committing: this upload goes where the move
+            // takes the node (a pull tells), unless the claim is older than the claim lease.
+            if state.blockedETag == info.eTag, let since = state.blockedSince,
+              Date().timeIntervalSince(since) >= manager.config.moveClaimLease
+            {
+              context.logger.warning(
+                "RCRD upload: a move's claim was never released; overwriting it",
+                metadata: ["node": "\(node.id)"])
+              return nil
+            }
+            if state.blockedETag != info.eTag {
+              state.blockedETag = info.eTag
+              state.blockedSince = Date()
+              try saveUploadState(state)
+            }
+            throw PushIssue.needsPull("node \(node.id) is being moved by another device")
           }
-          throw PushIssue.needsPull("node \(node.id) is being moved by another device")
-        }
-        // A first upload meeting the node's own cloudID can only be this device's write.
-        guard case .ifMatch = condition else { return nil }
-        try beforeOverwritingRemoteRcrd(node: node, loc: loc)
-        // The local attributes win, with the size of the DATA there (see `dataSize(of:loc:)`).
-        let size = try dataSize(of: node, loc: loc)
-        guard size != node.dataSize else { return nil }
-        var n = node
-        n.dataSize = size
-        written = n
-        return n
-      })
+          // A first upload meeting the node's own cloudID can only be this device's write.
+          guard case .ifMatch = condition else { return nil }
+          try beforeOverwritingRemoteRcrd(node: node, loc: loc)
+          // The local attributes win, with the size of the DATA there (see `dataSize(of:loc:)`).
+          let size = try dataSize(of: node, loc: loc)
+          guard size != node.dataSize else { return nil }
+          var n = node
+          n.dataSize = size
+          written = n
+          return n
+        })
+    } catch is NodeDeletedMeanwhile {
+      return try completeOrphan()
+    }
     switch result {
     case .pathConflict:
       try resolvePathConflict(node)
@@ -266,6 +278,9 @@ struct PushExecutor {
       }
     }
   }
+
+  /// A node deleted here after its RCRD upload was taken.
+  private struct NodeDeletedMeanwhile: Error {}
 
   /// While a DATA upload of the node is outstanding (one that does not itself wait for this
   /// operation, as a first upload's does), the RCRD upload waits for it: the RCRD's size
@@ -835,6 +850,48 @@ struct PushExecutor {
 
   // MARK: Delete
 
+  /// A node this delete keeps for a remote RCRD change stands beside DATA this device knows:
+  /// when that RCRD describes another size (it was written over an earlier DATA version, which
+  /// this device's last upload replaced), it is rewritten with the size of the DATA there (read
+  /// from its header), so the node does not come back with a size its content does not have.
+  /// Returns the change-log entry of the rewrite.
+  private func describeKeptData(_ ref: CloudObjectRef, data: ObjectInfo) throws -> ChangeLogEntry? {
+    guard let r = try context.fetchRcrd(ref.rcrdKey), let decoded = r.decoded,
+      decoded.cloudID == ref.cloudID, !decoded.meta.moving, !decoded.meta.arriving
+    else { return nil }
+    let store = self.store
+    let key = ref.dataKey
+    let size: UInt64
+    do {
+      size =
+        try CloudFileReader(
+          key: decoded.nodeKey, ciphertextSize: data.size,
+          fetch: { try store.get(key: key, range: $0) }
+        ).sizes.dataSize
+    } catch let e as StoreError {
+      throw e
+    } catch {
+      context.logger.error(
+        "delete: the DATA of a node kept cannot be read", metadata: ["cloudID": "\(ref.cloudID)"])
+      return nil
+    }
+    guard size != decoded.meta.dataSize else { return nil }
+    let body = try MoveRun.reencode(
+      decoded, publicKeys: context.publicKeys, userID: context.userID, moving: false,
+      dataSize: size)
+    let eTag: String
+    do {
+      eTag = try store.put(key: ref.rcrdKey, body: .data(body), condition: .ifMatch(r.info.eTag))
+    } catch StoreError.preconditionFailed {
+      return nil  // changed again meanwhile: its writer describes its own DATA
+    }
+    context.logger.info(
+      "delete: the RCRD of a node kept now describes the DATA beside it",
+      metadata: ["cloudID": "\(ref.cloudID)"])
+    return ChangeLogEntry(
+      cloudID: ref.cloudID, kind: .put, rcrd: ref.rcrdKey, data: ref.dataKey, eTagRcrd: eTag)
+  }
+
   private func delete() throws {
     var logged: [ChangeLogEntry] = []
     var kept = false
@@ -861,6 +918,13 @@ struct PushExecutor {
           context.logger.info(
             "delete skipped: node changed remotely", metadata: ["cloudID": "\(ref.cloudID)"])
           kept = true
+          // The DATA there is the version this device knows (its own last write, perhaps):
+          // the RCRD changed elsewhere may describe another one.
+          if let data, let eTag = ref.eTagData, data.eTag == eTag,
+            let entry = try describeKeptData(ref, data: data)
+          {
+            logged.append(entry)
+          }
           continue
         }
         removedRcrd = true

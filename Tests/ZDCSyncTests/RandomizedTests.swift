@@ -8,8 +8,13 @@ import ZDCSync
 import ZDCTestSupport
 
 /// The seeds of a randomized test: `first...first+count-1`, or, with `ZDC_RANDOM_SEEDS` set in
-/// the environment, that many (a number) or those (a comma-separated list, offset by `first-1`).
+/// the environment, that many (a number) or those (a comma-separated list, offset by `first-1`);
+/// with `ZDC_RANDOM_SEED` set, exactly those seeds (comma-separated, not offset) to replay a
+/// failure.
 func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
+  if let exact = ProcessInfo.processInfo.environment["ZDC_RANDOM_SEED"] {
+    return exact.split(separator: ",").compactMap { UInt64($0) }
+  }
   guard let spec = ProcessInfo.processInfo.environment["ZDC_RANDOM_SEEDS"] else {
     return Array(first..<first + count)
   }
@@ -35,8 +40,8 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
 
   /// The same with a store that fails, delays and answers spurious 412s meanwhile.
   ///
-  /// Known limitation (ZDCSync known limitations): about 1 run in 100 under these fault rates
-  /// ends with a size/content mismatch or an RCRD at two keys; recorded, not hidden.
+  /// Known limitation (ZDCSync known limitations): a few runs in a thousand under these fault
+  /// rates still end diverged (causes listed there); recorded, not hidden.
   @Test(arguments: randomSeeds(first: 101, count: 6))
   func twoDevicesConvergeAfterRandomEditsOnAFaultyStore(seed: UInt64) throws {
     withKnownIssue("rare residual divergence under heavy store faults", isIntermittent: true) {
@@ -55,11 +60,15 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
   func randomEdits(seed: UInt64, faults: Bool, kind: StoreKind = .local) throws {
     let backing = try kind.make("zdc-sync-random")
     let inner = backing.store
-    let faulty = FaultInjectingStore(inner, seed: seed)
-    let store: any CloudStore = faulty
     let user = try TestUser()
+    // Every call as it reached the store, and as each device saw it: printed for the nodes
+    // that diverge.
+    let trace = StoreTrace(user: user)
+    let faulty = FaultInjectingStore(
+      TracingStore(inner, device: "store", trace: trace), seed: seed)
     let devices = [
-      try Device("alpha", user: user, store: store), try Device("beta", user: user, store: store),
+      try Device("alpha", user: user, store: TracingStore(faulty, device: "alpha", trace: trace)),
+      try Device("beta", user: user, store: TracingStore(faulty, device: "beta", trace: trace)),
     ]
     for d in devices { try d.start() }
     try devices[0].create("shared", kind: .directory)
@@ -74,6 +83,7 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
     }
     var rng = SplitMix64(seed: seed)
     var actions: [String] = []
+    func act(_ s: String) { actions.append("\(Date().timeIntervalSince1970) \(s)") }
     func pick<T>(_ a: [T]) -> T? { a.isEmpty ? nil : a[Int(rng.next() % UInt64(a.count))] }
     for step in 0..<60 {
       let d = devices[Int(rng.next() % 2)]
@@ -86,28 +96,29 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
         switch roll {
         case 0..<25:
           let parent = pick(dirs)!
+          act("\(step) \(d.name) create \(parent)/\(d.name)-f\(step).txt")
           try d.create("\(parent)/\(d.name)-f\(step).txt".trimmingPrefixSlash, "v\(step)")
         case 25..<35:
           let parent = pick(dirs)!
           try d.create("\(parent)/\(d.name)-d\(step)".trimmingPrefixSlash, kind: .directory)
         case 35..<65:
           if let f = pick(files) {
-            actions.append("\(step) \(d.name) write \(f)")
+            act("\(step) \(d.name) write \(f)")
             try d.write(f.trimmingPrefixSlash, "\(d.name) edit \(step)")
           }
         case 65..<78:
           if let f = pick(files), let parent = pick(dirs) {
-            actions.append("\(step) \(d.name) move \(f) to \(parent)/\(d.name)-m\(step).txt")
+            act("\(step) \(d.name) move \(f) to \(parent)/\(d.name)-m\(step).txt")
             try d.move(
               f.trimmingPrefixSlash, to: "\(parent)/\(d.name)-m\(step).txt".trimmingPrefixSlash)
           }
         case 78..<86:
           if let f = pick(files) {
-            actions.append("\(step) \(d.name) delete \(f)")
+            act("\(step) \(d.name) delete \(f)")
             try d.delete(f.trimmingPrefixSlash)
           }
         default:
-          actions.append("\(step) \(d.name) sync")
+          act("\(step) \(d.name) sync")
           if faults {
             _ = try? d.engine.pull.pull()
           } else {
@@ -122,7 +133,22 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
     }
     faulty.heal()
     for _ in 0..<3 {
-      for d in devices { try d.sync(faults ? 30 : 60) }
+      for d in devices {
+        do {
+          try d.sync(faults ? 30 : 60)
+        } catch let e as SyncTimeout {
+          // The store calls about the nodes whose operations never completed.
+          let stuck = try d.catalog.read(user.userID) { tx in
+            try Set(tx.allOperations().compactMap(\.cloudID))
+          }
+          for c in stuck where !c.isEmpty {
+            print("store calls for cid=\(c.prefix(6)) (stuck on \(d.name)):")
+            for l in trace.lines(forCloudID: c) { print("  \(l)") }
+          }
+          for a in actions { print("  act \(a)") }
+          throw e
+        }
+      }
     }
     let ta = try devices[0].tree()
     let tb = try devices[1].tree()
@@ -130,6 +156,11 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
     if ta != tb {
       for k in Set(ta.keys).union(tb.keys).sorted() where ta[k] != tb[k] {
         print("differs \(k): alpha \(ta[k] ?? "-") beta \(tb[k] ?? "-")")
+        for v in [ta[k], tb[k]] {
+          guard let v, let r = v.range(of: "cid=") else { continue }
+          print("store calls for \(v[r.lowerBound...]):")
+          for l in trace.lines(forCloudID: String(v[r.upperBound...])) { print("  \(l)") }
+        }
         let name = String(k.split(separator: "/").last!)
         for d in devices {
           for e in d.delegate.events where e.contains(name) { print("  \(d.name): \(e)") }
@@ -141,8 +172,13 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
     for d in devices {
       for p in try d.tree(withContent: false).filter({ $0.value == "file" }).map(\.key) {
         let n = try #require(try d.node(String(p.dropFirst())))
-        let content = try d.cloudContent(n)
+        let content = try? d.cloudContent(n)  // undecryptable: shown by the trees above
         #expect(n.dataSize == UInt64(content?.count ?? 0), "\(d.name): size of \(p)")
+        if n.dataSize != UInt64(content?.count ?? 0), d === devices[0] {
+          print("store calls for \(p) (cid=\(n.cloudID.prefix(6))):")
+          for l in trace.lines(forCloudID: n.cloudID) { print("  \(l)") }
+          for a in actions { print("  act \(a)") }
+        }
       }
     }
     let rcrds = try inner.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }
@@ -164,6 +200,8 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
             print("extra RCRD \(dec.meta.name) \(dec.cloudID.prefix(6)) on \(d.name): \(info)")
           }
         }
+        print("store calls for cid=\(dec.cloudID.prefix(6)):")
+        for l in trace.lines(forCloudID: dec.cloudID) { print("  \(l)") }
       }
       for a in actions { print("  act \(a)") }
     }

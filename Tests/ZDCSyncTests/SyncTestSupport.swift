@@ -304,7 +304,12 @@ final class Device: @unchecked Sendable {
     for (p, n) in nodes {
       var value = n.kind == .directory ? "dir" : n.kind.rawValue
       if withContent, n.kind != .directory {
-        value += ":" + (try cloudContent(n).map { String(decoding: $0, as: UTF8.self) } ?? "-")
+        do {
+          value += ":" + (try cloudContent(n).map { String(decoding: $0, as: UTF8.self) } ?? "-")
+        } catch is CryptoError {
+          // Not this node's DATA: shown (never expected) rather than thrown, to be explained.
+          value += ":undecryptable cid=\(n.cloudID.prefix(6))"
+        }
       }
       result[p] = value
     }
