@@ -227,6 +227,9 @@ public final class CryptoFile: @unchecked Sendable {
     let fd = try POSIXIO.open(path, O_RDWR)
     var scratch: UnsafeMutableRawBufferPointer? = allocateSlotScratch()
     defer { scratch?.deallocate() }
+    // Closed here until a CryptoFile owns it; from then on only the file closes it (a second
+    // close could hit a descriptor another thread has just opened under the same number).
+    var owned = false
     do {
       let buf = scratch!
       let physical = try POSIXIO.size(fd)
@@ -248,6 +251,7 @@ public final class CryptoFile: @unchecked Sendable {
         fd: fd, key: key, fileID: [UInt8](h[16..<32]), plaintextSize: size,
         physicalSize: physical, slot: buf)
       scratch = nil  // owned by the file now
+      owned = true
       if whole && got == want && lastIndex(size) == 0 {
         try file.takeChunk(0, slotAt: UnsafeRawBufferPointer(rebasing: buf[headerSize..<want]))
       } else {
@@ -255,7 +259,7 @@ public final class CryptoFile: @unchecked Sendable {
       }
       return file
     } catch {
-      Glibc.close(fd)
+      if !owned { Glibc.close(fd) }
       throw error
     }
   }

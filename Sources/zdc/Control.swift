@@ -11,8 +11,8 @@ import ZDCSync
 /// request per line (`{"command":"status"}`), one JSON answer per line. `sync` first answers
 /// with progress lines (`{"progress":…}`) while it runs.
 final class ControlServer: @unchecked Sendable {
-  // @unchecked: `fd` is set before the accept thread starts; `stopped` and `draining` are
-  // only touched under `lock`.
+  // @unchecked: `fd` is set before the accept thread starts; `stopped`, `draining` and
+  // `socketClosed` are only touched under `lock`.
   let path: String
   let mountpoint: String
   let fs: FileSystem
@@ -23,6 +23,8 @@ final class ControlServer: @unchecked Sendable {
   let lock = NSLock()
   var stopped = false
   var draining = false
+  /// Set when the accept loop has closed `fd`.
+  var socketClosed = false
 
   /// Reports the mount as gone from the kernel and waiting for uploads.
   func setDraining(_ on: Bool) { lock.withLock { draining = on } }
@@ -65,13 +67,22 @@ final class ControlServer: @unchecked Sendable {
   }
 
   func stop() {
-    lock.withLock { stopped = true }
     unlink(path)
-    shutdown(fd, Int32(SHUT_RDWR))
-    close(fd)
+    // Wakes the accept loop, which closes the socket: closing it here could let another
+    // thread open a file under its number before the loop calls `accept` again.
+    lock.withLock {
+      stopped = true
+      if !socketClosed { shutdown(fd, Int32(SHUT_RDWR)) }
+    }
   }
 
   func acceptLoop() {
+    defer {
+      lock.withLock {
+        socketClosed = true
+        close(fd)
+      }
+    }
     while true {
       let c = accept(fd, nil, nil)
       if c < 0 {

@@ -356,3 +356,58 @@ import ZDCCore
     try f.close()
   }
 }
+
+@Suite struct CryptoFileDescriptorTests {
+  /// An open that fails after the file took its descriptor (the last chunk fails
+  /// authentication) closes that descriptor once: a second close would close whatever another
+  /// thread opened under the same number meanwhile. A sentinel thread keeps opening a file and
+  /// checks that its descriptor stays open and names that file while opens fail beside it.
+  @Test func failedOpenClosesItsDescriptorOnce() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let url = dir.appendingPathComponent("f")
+    let f = try CryptoFile.create(at: url, key: SecureRandom.bytes(32))
+    try f.write(Data(repeating: 7, count: 1000), at: 0)
+    try f.close()
+    let sentinel = dir.appendingPathComponent("sentinel").path
+    #expect(FileManager.default.createFile(atPath: sentinel, contents: Data("s".utf8)))
+    var st = stat()
+    #expect(stat(sentinel, &st) == 0)
+    let inode = st.st_ino
+    let stop = Mutex(false)
+    let damage = Mutex<[String]>([])
+    let thread = Thread {
+      while !stop.withLock({ $0 }) {
+        let fd = open(sentinel, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { continue }
+        // Long enough for a stray close elsewhere to land while the descriptor is open.
+        for _ in 0..<4 {
+          var s = stat()
+          if fstat(fd, &s) != 0 {
+            damage.withLock { $0.append("fstat: errno \(errno)") }
+            return
+          }
+          if s.st_ino != inode {
+            damage.withLock { $0.append("descriptor now names another file") }
+            return
+          }
+        }
+        if close(fd) != 0 {
+          damage.withLock { $0.append("close: errno \(errno)") }
+          return
+        }
+      }
+    }
+    thread.start()
+    let wrongKey = SecureRandom.bytes(32)
+    var failures = 0
+    for _ in 0..<3000 {
+      if damage.withLock({ !$0.isEmpty }) { break }
+      do { _ = try CryptoFile.open(at: url, key: wrongKey) } catch { failures += 1 }
+    }
+    stop.withLock { $0 = true }
+    while !thread.isFinished { usleep(1000) }
+    #expect(failures > 0)
+    #expect(damage.withLock { $0 } == [])
+  }
+}

@@ -72,13 +72,15 @@ final class TestDelegate: SyncDelegate, @unchecked Sendable {
 }
 
 /// A store folder for sync tests: in /dev/shm when available (fsync is free there).
+///
+/// Never through the environment: `setenv` while other tests run would change the process's
+/// environment under threads reading it (libcurl reads the proxy variables on every request),
+/// which then read a freed array.
 func makeStoreDirectory(_ label: String) throws -> TemporaryDirectory {
   if FileManager.default.fileExists(atPath: "/dev/shm"),
     ProcessInfo.processInfo.environment["ZDC_TEST_TMPDIR"] == nil
   {
-    setenv("ZDC_TEST_TMPDIR", "/dev/shm", 0)
-    defer { unsetenv("ZDC_TEST_TMPDIR") }
-    return try TemporaryDirectory(label)
+    return try TemporaryDirectory(label, under: "/dev/shm")
   }
   return try TemporaryDirectory(label)
 }

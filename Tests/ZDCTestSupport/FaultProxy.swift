@@ -60,6 +60,8 @@ public final class FaultProxy: @unchecked Sendable {
   private var served = 0
   private var forwarded = 0
   private var stopped = false
+  /// Set when the accept loop has closed `listenFD`.
+  private var listenClosed = false
   private var connections = 0
   private var active = 0
   private var maxActive = 0
@@ -182,11 +184,12 @@ public final class FaultProxy: @unchecked Sendable {
 
   /// Stops accepting connections.
   public func stop() {
-    lock.lock()
-    stopped = true
-    lock.unlock()
-    shutdown(listenFD, Int32(SHUT_RDWR))
-    close(listenFD)
+    // Wakes the accept loop, which closes the socket: closing it here could let another
+    // thread open something under its number before the loop calls `accept` again.
+    lock.withLock {
+      stopped = true
+      if !listenClosed { shutdown(listenFD, Int32(SHUT_RDWR)) }
+    }
   }
 
   private func nextFault(method: String) -> Fault? {
@@ -205,6 +208,12 @@ public final class FaultProxy: @unchecked Sendable {
   }
 
   private func acceptLoop() {
+    defer {
+      lock.withLock {
+        listenClosed = true
+        close(listenFD)
+      }
+    }
     while true {
       let client = accept(listenFD, nil, nil)
       if client < 0 {

@@ -10,9 +10,11 @@ public final class TemporaryDirectory: @unchecked Sendable {
   /// The directory.
   public let url: URL
 
-  /// Creates a fresh directory under the system temp dir (or `$ZDC_TEST_TMPDIR`).
-  public init(_ label: String = "zdc") throws {
-    let base = ProcessInfo.processInfo.environment["ZDC_TEST_TMPDIR"] ?? NSTemporaryDirectory()
+  /// Creates a fresh directory under `base`, by default the system temp dir (or
+  /// `$ZDC_TEST_TMPDIR`).
+  public init(_ label: String = "zdc", under base: String? = nil) throws {
+    let base =
+      base ?? ProcessInfo.processInfo.environment["ZDC_TEST_TMPDIR"] ?? NSTemporaryDirectory()
     let url = URL(fileURLWithPath: base).appendingPathComponent(
       "\(label)-\(getpid())-\(UUID().uuidString.prefix(8))", isDirectory: true)
     try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
