@@ -282,14 +282,14 @@ public final class FileSystem: @unchecked Sendable {
       // The open writer first, then the latest commit: a commit records itself before it
       // drops the writer, so one of the two is always seen (whatever the snapshot's age).
       var fromWriter = false
-      if let c = lock.withLock({ contents[ContentKey(node.id, .data)] }) {
-        c.lock.withLock {
-          if let w = c.writer {
-            size = w.size
-            fromWriter = true
-            if let m = c.pendingMtime { mtime = m }
-          }
-        }
+      // Without the content's lock: a commit holds it while it writes the catalog, and this
+      // runs inside a catalog read (see `NodeContent.uncommitted`).
+      if let c = lock.withLock({ contents[ContentKey(node.id, .data)] }),
+        c.key.section == .data, let u = c.uncommitted()
+      {
+        size = u.size
+        fromWriter = true
+        if let m = u.mtime { mtime = m }
       }
       if !fromWriter, let recent = lock.withLock({ recentCommits[node.id] }) {
         size = recent.size
@@ -299,7 +299,7 @@ public final class FileSystem: @unchecked Sendable {
     if section == .meta || section == .thumb,
       let c = lock.withLock({ contents[ContentKey(node.id, section)] })
     {
-      c.lock.withLock { if let b = c.buffer { size = UInt64(b.count) } }
+      if let u = c.uncommitted() { size = u.size }
     }
     return Attributes(
       inode: inode, type: type, mode: mode, size: size, linkCount: links, mtime: mtime,

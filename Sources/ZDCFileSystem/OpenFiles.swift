@@ -130,13 +130,38 @@ final class NodeContent: @unchecked Sendable {
   var openCount = 0
   var writableCount = 0
   /// The uncommitted staging version writes go to (data section).
-  var writer: StagingFile?
+  var writer: StagingFile? {
+    get { infoLock.withLock { _writer } }
+    set { infoLock.withLock { _writer = newValue } }
+  }
   /// True when `writer` (or `buffer`) holds changes not yet committed.
   var dirty = false
   var reader: ReadSource?
-  var pendingMtime: FileTime?
+  var pendingMtime: FileTime? {
+    get { infoLock.withLock { _pendingMtime } }
+    set { infoLock.withLock { _pendingMtime = newValue } }
+  }
   /// The bytes of a metadata or thumbnail section being edited.
-  var buffer: Data?
+  var buffer: Data? {
+    get { infoLock.withLock { _buffer } }
+    set { infoLock.withLock { _buffer = newValue } }
+  }
+  /// Guards the three fields above (they change under `lock`, but `getattr` reads them with
+  /// `infoLock` alone: a commit holds `lock` while it writes the catalog, and `getattr` runs
+  /// inside a catalog read, so waiting for `lock` there would invert the lock order).
+  private let infoLock = NSLock()
+  private var _writer: StagingFile?
+  private var _pendingMtime: FileTime?
+  private var _buffer: Data?
+
+  /// What `getattr` shows of uncommitted changes: the open writer's size and pending mtime
+  /// (data section), or the edited bytes' count (small sections). Never takes `lock`.
+  func uncommitted() -> (size: UInt64, mtime: FileTime?)? {
+    let (w, m, b) = infoLock.withLock { (_writer, _pendingMtime, _buffer) }
+    if let w { return (w.size, m) }
+    if let b { return (UInt64(b.count), nil) }
+    return nil
+  }
   /// A node created empty by this open and not committed since: its first staging version
   /// starts empty, without looking for staged or cached content.
   var isNew = false

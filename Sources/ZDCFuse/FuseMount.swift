@@ -35,15 +35,56 @@ final class FuseContext: @unchecked Sendable {
   /// kernel, and a pull that changes what the kernel may hold invalidates it explicitly; the
   /// timeout bounds what a missed invalidation could cost.
   let timeout: Double = 5.0
-  /// Held while a chunk is checked and stored into the kernel's page cache (see
-  /// `FuseOperations.storeChunk`).
-  let storeLock = NSLock()
+  /// Page-cache stores run here, one at a time, never on a FUSE worker: a store waits for the
+  /// kernel's locks on the pages it fills, which a request in flight holds until a worker
+  /// answers it — with every worker waiting for stores, nothing would answer.
+  let storeQueue = DispatchQueue(label: "zdc.fuse.page-store")
+  // Guards `storing` and `queuedStores`; signalled when a store ends.
+  private let storeCondition = NSCondition()
+  /// Inodes with a store in progress, and whether a writer arrived meanwhile.
+  nonisolated(unsafe) private var storing: [fuse_ino_t: Bool] = [:]
+  nonisolated(unsafe) private var queuedStores = 0
+  /// Stores waiting beyond this many are skipped (they only save later reads a request).
+  static let maxQueuedStores = 8
 
-  /// Waits for the page-cache stores in progress: called after the engine took a writable
-  /// open or a size change into account, before the kernel is told.
-  func waitForStores() {
-    storeLock.lock()
-    storeLock.unlock()
+  /// Counts a store to queue; false when too many wait already.
+  func reserveStore() -> Bool {
+    storeCondition.withLock {
+      guard queuedStores < Self.maxQueuedStores else { return false }
+      queuedStores += 1
+      return true
+    }
+  }
+
+  /// A queued store of `ino` starts.
+  func beginStore(_ ino: fuse_ino_t) {
+    storeCondition.withLock {
+      queuedStores -= 1
+      storing[ino] = false
+    }
+  }
+
+  /// A store of `ino` ends; true when a writer arrived while it ran (what it stored may be
+  /// older than what the writer wrote: the caller drops it).
+  func endStore(_ ino: fuse_ino_t) -> Bool {
+    storeCondition.withLock {
+      let interrupted = storing.removeValue(forKey: ino) ?? false
+      storeCondition.broadcast()
+      return interrupted
+    }
+  }
+
+  /// Called after the engine counted a writable open or a size change of `ino`, before the
+  /// kernel hears of it: waits for a store of that inode in progress (a store that starts
+  /// later sees the writer and stores nothing). The wait is bounded; a store still running
+  /// then drops what it stored when it ends.
+  func waitForStores(_ ino: fuse_ino_t) {
+    storeCondition.withLock {
+      guard storing[ino] != nil else { return }
+      storing[ino] = true
+      let deadline = Date().addingTimeInterval(1)
+      while storing[ino] != nil, storeCondition.wait(until: deadline) {}
+    }
   }
 
   init(fs: FileSystem) { self.fs = fs }
@@ -71,6 +112,7 @@ public final class FuseMount: @unchecked Sendable {
   }
 
   deinit {
+    context.storeQueue.sync {}  // no store may use the session once destroyed
     if let s = context.session { fuse_session_destroy(s) }
     if let args { zdc_fuse_args_delete(args) }
   }
@@ -112,6 +154,7 @@ public final class FuseMount: @unchecked Sendable {
   public func run() throws {
     guard let se = context.session else { throw FuseMountError.session }
     let rc = zdc_fuse_session_loop_mt(se, 0, 10)
+    context.storeQueue.sync {}  // page-cache stores queued by the last reads
     fileSystem.notifier = nil
     fuse_remove_signal_handlers(se)
     fuse_session_unmount(se)

@@ -157,7 +157,7 @@ enum FuseOperations {
       let ctx = FuseOperations.context(req)
       FuseOperations.replyAttr(req) { fs in
         let a = try fs.setattr(Inode(ino), changes, handle: handle)
-        if changes.size != nil { ctx.waitForStores() }
+        if changes.size != nil { ctx.waitForStores(ino) }
         return a
       }
     }
@@ -209,7 +209,7 @@ enum FuseOperations {
         let ctx = FuseOperations.context(req)
         let flags = fi.pointee.flags
         let opened = try ctx.fs.open(Inode(ino), flags: flags)
-        if flags & O_ACCMODE != O_RDONLY { ctx.waitForStores() }
+        if flags & O_ACCMODE != O_RDONLY { ctx.waitForStores(ino) }
         fi.pointee.fh = UInt64(opened.handle)
         zdc_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
         // `flush` commits writes only: a read-only descriptor's close needs no round trip.
@@ -225,7 +225,7 @@ enum FuseOperations {
         let (attrs, opened) = try ctx.fs.create(
           parent: Inode(parent), name: n, mode: UInt32(mode), flags: fi.pointee.flags)
         // It may have opened an existing file (a name another device just created).
-        ctx.waitForStores()
+        ctx.waitForStores(fuse_ino_t(attrs.inode))
         fi.pointee.fh = UInt64(opened.handle)
         var e = FuseOperations.entry(attrs, ctx)
         fuse_reply_create(req, &e, fi)
@@ -340,13 +340,15 @@ enum FuseOperations {
   /// Puts the rest of the chunk a small read decrypted into the kernel's page cache, so that
   /// reads of its other pages (random reads) need no request.
   ///
-  /// Only after the read's reply, so that none of the pages it stores is locked by that read.
-  /// The check that the chunk is current (no writable handle, same version) and the store run
-  /// under `storeLock`; a writable open, or a size change, waits on that lock after the engine
-  /// counted it and before the kernel hears of it (`waitForStores`). So a store either ends
-  /// before the kernel can write or truncate those pages (a writable open then drops the
-  /// stored pages, as `keep_cache` is off for it), or sees the change and stores nothing: a
-  /// store never lands after a write or truncation put newer bytes there.
+  /// Only after the read's reply, so that none of the pages it stores is locked by that read,
+  /// and on the context's store queue, never on a worker (see `FuseContext.storeQueue`). A
+  /// store marks its inode, then checks that the chunk is current (no writable handle, same
+  /// version); a writable open, or a size change, waits for a marked store of its inode after
+  /// the engine counted it and before the kernel hears of it (`waitForStores`). So a store
+  /// either ends before the kernel can write or truncate those pages (a writable open then
+  /// drops the stored pages, as `keep_cache` is off for it), or sees the change and stores
+  /// nothing; if that wait gave up (a store stuck on page locks for over a second), the store
+  /// invalidates what it stored once it ends.
   static func storeChunk(
     _ ctx: FuseContext, _ ino: fuse_ino_t, _ h: FileHandleID, _ offset: UInt64, _ count: Int
   ) {
@@ -363,17 +365,37 @@ enum FuseOperations {
     // The pages before and after the read (the read's own pages are in place already).
     let readStart = max(start, offset & ~(page - 1))
     let readEnd = min(end, (offset + UInt64(count) + page - 1) & ~(page - 1))
-    ctx.storeLock.withLock {
-      guard ctx.fs.pageCacheChunkIsCurrent(h, chunk) else { return }
-      for (a, b) in [(start, readStart), (readEnd, end)] where b > a {
-        let rc = zdc_notify_store(
-          se, ino, off_t(a), buf.baseAddress! + Int(a - start), Int(b - a))
-        if rc != 0 {
-          ctx.log.debug("page cache store failed: \(rc)")
-          return
+    let pieces = [(start, readStart), (readEnd, end)].filter { $0.1 > $0.0 }
+    guard !pieces.isEmpty, ctx.reserveStore() else { return }
+    let bytes = Data(UnsafeRawBufferPointer(rebasing: buf[0..<chunk.count]))
+    let session = SessionRef(se)
+    ctx.storeQueue.async {
+      ctx.beginStore(ino)
+      var stored = false
+      if ctx.fs.pageCacheChunkIsCurrent(h, chunk) {
+        bytes.withUnsafeBytes { b in
+          for (a, e) in pieces {
+            let rc = zdc_notify_store(
+              session.pointer, ino, off_t(a), b.baseAddress! + Int(a - start), Int(e - a))
+            if rc != 0 {
+              ctx.log.debug("page cache store failed: \(rc)")
+              break
+            }
+            stored = true
+          }
         }
       }
+      if ctx.endStore(ino) && stored {
+        _ = fuse_lowlevel_notify_inval_inode(
+          session.pointer, ino, off_t(start), off_t(chunk.count))
+      }
     }
+  }
+
+  /// The session pointer, handed to the store queue (the session outlives the loop's work).
+  struct SessionRef: @unchecked Sendable {
+    let pointer: OpaquePointer
+    init(_ p: OpaquePointer) { pointer = p }
   }
 
   /// Replies to a size query (size 0) with the size, else with the bytes or ERANGE.
