@@ -129,7 +129,8 @@ let package = Package(
       name: "ZDCCryptoTests", dependencies: ["ZDCCore", "ZDCCrypto"],
       swiftSettings: strict),
     .testTarget(
-      name: "ZDCCatalogTests", dependencies: ["ZDCCore", "ZDCCrypto", "ZDCCatalog"],
+      name: "ZDCCatalogTests",
+      dependencies: ["ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCTestSupport"],
       swiftSettings: strict),
     .testTarget(
       name: "ZDCStoreTests",

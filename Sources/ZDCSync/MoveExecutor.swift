@@ -437,23 +437,18 @@ final class MoveRun {
 
   /// The DATA at the target, with its sizes, or nil when it cannot be read as the node's.
   private func carriedVersion(eTag: String, at key: String) throws -> CloudDataInfo? {
-    let store = self.store
     guard let info = try context.headIfExists(key), info.eTag == eTag else { return nil }
-    do {
-      let sizes = try CloudFileReader(
-        key: node.encryptionKey, ciphertextSize: info.size,
-        fetch: { try store.get(key: key, range: $0) }
-      ).sizes
-      return CloudDataInfo(
-        metadataSize: sizes.metadataSize, thumbnailSize: sizes.thumbnailSize,
-        dataSize: sizes.dataSize, eTag: info.eTag, lastModified: info.lastModified)
-    } catch let e as StoreError {
-      throw e
-    } catch {
+    guard
+      case .success(let sizes) = try store.cloudFileSizes(
+        key: key, nodeKey: node.encryptionKey, ciphertextSize: info.size)
+    else {
       context.logger.error(
         "move: the DATA carried cannot be read", metadata: ["node": "\(node.id)"])
       return nil
     }
+    return CloudDataInfo(
+      metadataSize: sizes.metadataSize, thumbnailSize: sizes.thumbnailSize,
+      dataSize: sizes.dataSize, eTag: info.eTag, lastModified: info.lastModified)
   }
 
   // MARK: Losing the race

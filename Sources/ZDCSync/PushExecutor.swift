@@ -334,21 +334,15 @@ struct PushExecutor {
     guard let head = try context.headIfExists(loc.dataKey), head.eTag == eTag else {
       return node.dataSize
     }
-    let store = self.store
-    let key = loc.dataKey
-    do {
-      return
-        try CloudFileReader(
-          key: node.encryptionKey, ciphertextSize: head.size,
-          fetch: { try store.get(key: key, range: $0) }
-        ).sizes.dataSize
-    } catch let e as StoreError {
-      throw e
-    } catch {
+    guard
+      case .success(let sizes) = try store.cloudFileSizes(
+        key: loc.dataKey, nodeKey: node.encryptionKey, ciphertextSize: head.size)
+    else {
       context.logger.error(
         "RCRD upload: the node's DATA cannot be read", metadata: ["node": "\(node.id)"])
       return node.dataSize
     }
+    return sizes.dataSize
   }
 
   /// An upload's state in its operation's `multipartState`; a fresh one when there is none.
@@ -719,17 +713,11 @@ struct PushExecutor {
     // The sizes of the version kept come from its own header (the RCRD beside it may describe
     // another version); a store failure is retried rather than guessed around.
     var sizes: CloudFileSizes? = nil
-    let store = self.store
-    let key = loc.dataKey
-    do {
-      sizes =
-        try CloudFileReader(
-          key: node.encryptionKey, ciphertextSize: dataInfo.size,
-          fetch: { try store.get(key: key, range: $0) }
-        ).sizes
-    } catch let e as StoreError {
-      throw e
-    } catch {
+    switch try store.cloudFileSizes(
+      key: loc.dataKey, nodeKey: node.encryptionKey, ciphertextSize: dataInfo.size)
+    {
+    case .success(let s): sizes = s
+    case .failure(let error):
       context.logger.error(
         "data conflict: the remote DATA cannot be read; its size is taken from its RCRD",
         metadata: ["node": "\(node.id)", "error": "\(error)"])
@@ -859,22 +847,15 @@ struct PushExecutor {
     guard let r = try context.fetchRcrd(ref.rcrdKey), let decoded = r.decoded,
       decoded.cloudID == ref.cloudID, !decoded.meta.moving, !decoded.meta.arriving
     else { return nil }
-    let store = self.store
-    let key = ref.dataKey
-    let size: UInt64
-    do {
-      size =
-        try CloudFileReader(
-          key: decoded.nodeKey, ciphertextSize: data.size,
-          fetch: { try store.get(key: key, range: $0) }
-        ).sizes.dataSize
-    } catch let e as StoreError {
-      throw e
-    } catch {
+    guard
+      case .success(let sizes) = try store.cloudFileSizes(
+        key: ref.dataKey, nodeKey: decoded.nodeKey, ciphertextSize: data.size)
+    else {
       context.logger.error(
         "delete: the DATA of a node kept cannot be read", metadata: ["cloudID": "\(ref.cloudID)"])
       return nil
     }
+    let size = sizes.dataSize
     guard size != decoded.meta.dataSize else { return nil }
     let body = try MoveRun.reencode(
       decoded, publicKeys: context.publicKeys, userID: context.userID, moving: false,

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import ZDCCore
+import ZDCTestSupport
 
 @testable import ZDCCatalog
 
@@ -9,7 +10,7 @@ import ZDCCore
   @Test func fastDecodeMatchesJSONDecoder() throws {
     let encoder = JSONEncoder()
     encoder.outputFormatting = .sortedKeys
-    var rng = Mix(state: 7)
+    var rng = SplitMix64(seed: 7)
     let eTags = [
       "\"d41d8cd98f00b204e9800998ecf8427e\"", "\"abc-12\"", "plain", "", "back\\slash",
       "sl/ash", "tab\tnew\nline", "ünï©ødé ✓", "\"q\"\"",
@@ -54,17 +55,5 @@ import ZDCCore
       #expect(CloudDataInfoCodec.fastDecode(bad) == nil, "\(bad)")
     }
     #expect(throws: (any Error).self) { try CloudDataInfoCodec.decode("{", JSONDecoder()) }
-  }
-}
-
-/// A small deterministic generator (SplitMix64).
-private struct Mix: RandomNumberGenerator {
-  var state: UInt64
-  mutating func next() -> UInt64 {
-    state &+= 0x9E37_79B9_7F4A_7C15
-    var z = state
-    z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-    z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-    return z ^ (z >> 31)
   }
 }
