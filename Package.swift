@@ -45,6 +45,7 @@ let package = Package(
       name: "ZDCCatalog",
       dependencies: [
         "ZDCCore", "ZDCCrypto", .product(name: "GRDB", package: "GRDB.swift"),
+        .product(name: "GRDBSQLite", package: "GRDB.swift"),
         .product(name: "Logging", package: "swift-log"),
       ],
       swiftSettings: strict),

@@ -1,4 +1,5 @@
 #include "cfuse.h"
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,3 +64,5 @@ int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, cons
   bufv.buf[0].mem = (void *)buf;
   return fuse_lowlevel_notify_store(se, ino, offset, &bufv, 0);
 }
+
+void zdc_malloc_keep_freed(int bytes) { mallopt(M_TRIM_THRESHOLD, bytes); }

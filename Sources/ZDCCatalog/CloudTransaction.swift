@@ -133,11 +133,13 @@ public final class CloudTransaction {
   }
 
   /// The first node a statement returns, decoded straight from the statement's columns.
-  func fetchNode(_ stmt: Statement, _ arguments: StatementArguments) throws -> Node? {
-    let cursor = try NodeCursor(stmt, arguments: arguments, tx: self)
-    guard let node = try cursor.next() else { return nil }
-    while try cursor.next() != nil {}  // step to the end: leaves the statement idle
-    sharedNodes?.put(node)
+  func fetchNode(_ sql: String, _ values: RawValues) throws -> Node? {
+    var node: Node?
+    try rawQuery(sql, values) { s in
+      node = try decodeNode(s)
+      return false
+    }
+    if let node { sharedNodes?.put(node) }
     return node
   }
 
@@ -184,7 +186,7 @@ public final class CloudTransaction {
       node.mtime.totalNanoseconds, node.xattrs.isEmpty ? nil : try json(node.xattrs),
       node.symlinkTarget, Int64(bitPattern: node.dataSize), node.nameKey.value, cloudName,
     ]
-    try stmt.execute(arguments: StatementArguments(args))
+    try rawExecute(stmt, args)
     return db.lastInsertedRowID
   }
 
@@ -205,14 +207,14 @@ public final class CloudTransaction {
     if let sharedNodes, let cached = sharedNodes.get(id), cached.localUserID == userID {
       #if DEBUG
         // Tests check that every change of a row dropped its cached node.
-        let stored = try fetchNode(try db.cachedStatement(sql: Self.nodeByIDSQL), [id, userID])
+        let stored = try fetchNode(Self.nodeByIDSQL, [id, userID])
         precondition(stored == cached, "stale cached node \(id)")
       #endif
       return cached
     }
     // A read-only transaction sees no change: nodes read once are kept for its duration.
     if isReadOnly, let cached = readCache[id] { return cached }
-    let node = try fetchNode(try db.cachedStatement(sql: Self.nodeByIDSQL), [id, userID])
+    let node = try fetchNode(Self.nodeByIDSQL, [id, userID])
     if isReadOnly { readCache[id] = node }
     return node
   }
@@ -234,37 +236,34 @@ public final class CloudTransaction {
 
   /// The node with this cloudID, or `nil`.
   public func node(cloudID: String) throws -> Node? {
-    let stmt = try db.cachedStatement(
-      sql: "SELECT \(Self.nodeColumns) FROM nodes WHERE cloudID = ? AND localUserID = ? LIMIT 1")
-    return try fetchNode(stmt, [cloudID, userID])
+    try fetchNode(
+      "SELECT \(Self.nodeColumns) FROM nodes WHERE cloudID = ? AND localUserID = ? LIMIT 1",
+      [cloudID, userID])
   }
 
   /// The node stored under a parent with `parentDirPrefix` as `cloudName`, or `nil`
   /// (pull side: object key → node).
   public func node(parentDirPrefix: String, cloudName: String) throws -> Node? {
-    let stmt = try db.cachedStatement(
-      sql: """
-        SELECT \(Self.nodeColumns) FROM nodes
-        WHERE parentID IN (SELECT id FROM nodes WHERE dirPrefix = ? AND localUserID = ?)
-          AND cloudName = ? LIMIT 1
-        """)
-    return try fetchNode(stmt, [parentDirPrefix, userID, cloudName])
+    try fetchNode(
+      """
+      SELECT \(Self.nodeColumns) FROM nodes
+      WHERE parentID IN (SELECT id FROM nodes WHERE dirPrefix = ? AND localUserID = ?)
+        AND cloudName = ? LIMIT 1
+      """, [parentDirPrefix, userID, cloudName])
   }
 
   /// The trunk node of one of the user's trunks.
   public func trunkNode(_ trunk: Trunk) throws -> Node? {
-    let stmt = try db.cachedStatement(
-      sql: """
-        SELECT \(Self.nodeColumns) FROM nodes
-        WHERE localUserID = ? AND trunk = ? AND parentID IS NULL
-        """)
-    return try fetchNode(stmt, [userID, trunk.rawValue])
+    try fetchNode(
+      """
+      SELECT \(Self.nodeColumns) FROM nodes
+      WHERE localUserID = ? AND trunk = ? AND parentID IS NULL
+      """, [userID, trunk.rawValue])
   }
 
   /// The child of `parentID` whose name has the same `NameKey` as `name`, or `nil`.
   public func child(of parentID: NodeID, named name: String) throws -> Node? {
-    let stmt = try db.cachedStatement(sql: Self.childByNameSQL)
-    return try fetchNode(stmt, [parentID, NameKey(name).value, userID])
+    try fetchNode(Self.childByNameSQL, [parentID, NameKey(name).value, userID])
   }
 
   /// The children of `parentID` in ascending id order (stable: readdir offsets may be ids),
@@ -294,8 +293,7 @@ public final class CloudTransaction {
 
   /// True when `parentID` has at least one child.
   public func hasChildren(_ parentID: NodeID) throws -> Bool {
-    let stmt = try db.cachedStatement(sql: "SELECT 1 FROM nodes WHERE parentID = ? LIMIT 1")
-    return try Int.fetchOne(stmt, arguments: [parentID]) != nil
+    try rawInt("SELECT 1 FROM nodes WHERE parentID = ? LIMIT 1", [parentID]) != nil
   }
 
   /// The number of children of `parentID`.
@@ -353,19 +351,24 @@ public final class CloudTransaction {
   /// Where a node's RCRD and DATA objects live now, with their last known eTags; `nil` for a
   /// trunk (trunks have no objects).
   public func objectLocation(of id: NodeID) throws -> CloudObjectRef? {
-    let stmt = try db.cachedStatement(
-      sql: """
-        SELECT n.cloudID, n.cloudName, n.eTagRcrd, n.eTagData, p.dirPrefix
-        FROM nodes n JOIN nodes p ON p.id = n.parentID
-        WHERE n.id = ? AND n.localUserID = ?
-        """)
-    guard let row = try Row.fetchOne(stmt, arguments: [id, userID]) else {
-      if try node(id: id) == nil { throw CatalogError.nodeNotFound(id) }
-      return nil
+    var ref: CloudObjectRef?
+    try rawQuery(
+      """
+      SELECT n.cloudID, n.cloudName, n.eTagRcrd, n.eTagData, p.dirPrefix
+      FROM nodes n JOIN nodes p ON p.id = n.parentID
+      WHERE n.id = ? AND n.localUserID = ?
+      """, [id, userID]
+    ) { s in
+      guard let cloudID = RawColumn.text(s, 0), let cloudName = RawColumn.text(s, 1),
+        let dirPrefix = RawColumn.text(s, 4)
+      else { throw CatalogError.corrupt("node \(id): no cloud name") }
+      ref = objectRef(
+        nodeID: id, cloudID: cloudID, dirPrefix: dirPrefix, cloudName: cloudName,
+        eTagRcrd: RawColumn.text(s, 2), eTagData: RawColumn.text(s, 3))
+      return false
     }
-    return objectRef(
-      nodeID: id, cloudID: row[0], dirPrefix: row[4], cloudName: row[1], eTagRcrd: row[2],
-      eTagData: row[3])
+    if ref == nil, try node(id: id) == nil { throw CatalogError.nodeNotFound(id) }
+    return ref
   }
 
   func objectRef(
@@ -464,9 +467,8 @@ public final class CloudTransaction {
   }
 
   func existingChildID(of parentID: NodeID, nameKey: String) throws -> NodeID? {
-    let stmt = try db.cachedStatement(
-      sql: "SELECT id FROM nodes WHERE parentID = ? AND nameKey = ?")
-    return try NodeID.fetchOne(stmt, arguments: [parentID, nameKey])
+    try rawInt(
+      "SELECT id FROM nodes WHERE parentID = ? AND nameKey = ?", [parentID, nameKey])
   }
 
   // MARK: Updating
@@ -512,7 +514,7 @@ public final class CloudTransaction {
           mode = ?, mtime = ?, xattrs = ?, symlinkTarget = ?, dataSize = ?
         WHERE id = ?
         """)
-    try stmt.execute(arguments: StatementArguments(try attributeArguments(node) + [node.id]))
+    try rawExecute(stmt, try attributeArguments(node) + [node.id])
     sharedNodes?.put(node)
     try check("updateNode.afterUpdate")
     if node.trunk == nil { try enqueuePutRcrd(node) }
@@ -532,11 +534,13 @@ public final class CloudTransaction {
           cloudDataInfo = ?
         WHERE id = ? AND localUserID = ?
         """)
-    try stmt.execute(arguments: [
-      eTagRcrd, lastModifiedRcrd?.timeIntervalSinceReferenceDate, eTagData,
-      lastModifiedData?.timeIntervalSinceReferenceDate, try cloudDataInfo.map { try json($0) },
-      nodeID, userID,
-    ])
+    try rawExecute(
+      stmt,
+      [
+        eTagRcrd, lastModifiedRcrd?.timeIntervalSinceReferenceDate, eTagData,
+        lastModifiedData?.timeIntervalSinceReferenceDate, try cloudDataInfo.map { try json($0) },
+        nodeID, userID,
+      ])
     rowChanged(nodeID)
     if db.changesCount == 0 { throw CatalogError.nodeNotFound(nodeID) }
   }
@@ -575,7 +579,7 @@ public final class CloudTransaction {
           explicitCloudName = NULL
         WHERE id = ?
         """)
-    try stmt.execute(arguments: [newParentID, newName, newKey, newCloudName, id])
+    try rawExecute(stmt, [newParentID, newName, newKey, newCloudName, id])
     rowChanged(id)
     try check("moveNode.afterUpdate")
     var moved = node
@@ -656,9 +660,9 @@ public final class CloudTransaction {
     let tags = try db.cachedStatement(sql: "DELETE FROM nodeTags WHERE nodeID = ?")
     let links = try db.cachedStatement(sql: "DELETE FROM nodeLinks WHERE nodeID = ?")
     for e in entries.reversed() {
-      try tags.execute(arguments: [e.id])
-      try links.execute(arguments: [e.id])
-      try stmt.execute(arguments: [e.id])
+      try rawExecute(tags, [e.id])
+      try rawExecute(links, [e.id])
+      try rawExecute(stmt, [e.id])
       rowChanged(e.id)
     }
   }

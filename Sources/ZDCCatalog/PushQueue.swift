@@ -33,19 +33,27 @@ extension CloudTransaction {
     var payload: String
   }
 
+  /// A node's outstanding operations, oldest first (the enqueue rules read them on every change).
+  @_spi(Testing) public static let nodeOperationsSQL = """
+    SELECT id, kind, state, payload FROM pushOperations
+    WHERE nodeID = ? AND +localUserID = ? ORDER BY id
+    """
+
+  /// A node's first RCRD upload still queued.
+  @_spi(Testing) public static let firstUploadSQL = """
+    SELECT id FROM pushOperations WHERE nodeID = ? AND kind = 'putRcrd' ORDER BY id LIMIT 1
+    """
+
   func outstandingOperations(ofNode id: NodeID) throws -> [NodeOp] {
-    let stmt = try db.cachedStatement(
-      sql: """
-        SELECT id, kind, state, payload FROM pushOperations
-        WHERE nodeID = ? AND +localUserID = ? ORDER BY id
-        """)
     var out: [NodeOp] = []
-    let cursor = try Row.fetchCursor(stmt, arguments: [id, userID])
-    while let row = try cursor.next() {
-      guard let kind = PushOperationKind(rawValue: row[1]),
-        let state = PushOperationState(rawValue: row[2])
-      else { throw CatalogError.corrupt("push operation \(row[0] as Int64)") }
-      out.append(NodeOp(id: row[0], kind: kind, state: state, payload: row[3]))
+    try rawQuery(Self.nodeOperationsSQL, [id, userID]) { s in
+      let opID = RawColumn.int(s, 0)
+      guard let kind = RawColumn.text(s, 1).flatMap(PushOperationKind.init(rawValue:)),
+        let state = RawColumn.text(s, 2).flatMap(PushOperationState.init(rawValue:)),
+        let payload = RawColumn.text(s, 3)
+      else { throw CatalogError.corrupt("push operation \(opID)") }
+      out.append(NodeOp(id: opID, kind: kind, state: state, payload: payload))
+      return true
     }
     return out
   }
@@ -61,9 +69,11 @@ extension CloudTransaction {
         VALUES (?, ?, ?, ?, ?, ?, ?)
         """)
     let now = Date().timeIntervalSinceReferenceDate
-    try stmt.execute(arguments: [
-      userID, kind.rawValue, nodeID, cloudID, try payload.map { try json($0) } ?? "{}", now, now,
-    ])
+    try rawExecute(
+      stmt,
+      [
+        userID, kind.rawValue, nodeID, cloudID, try payload.map { try json($0) } ?? "{}", now, now,
+      ])
     let id = db.lastInsertedRowID
     for dep in deps { try addDependency(id, dependsOn: dep) }
     return id
@@ -77,12 +87,12 @@ extension CloudTransaction {
         INSERT OR IGNORE INTO pushOperationDeps (opID, dependsOnOpID)
         SELECT ?, id FROM pushOperations WHERE id = ?
         """)
-    try stmt.execute(arguments: [opID, other])
+    try rawExecute(stmt, [opID, other])
   }
 
   func deleteOperation(_ id: Int64) throws {
     let stmt = try db.cachedStatement(sql: "DELETE FROM pushOperations WHERE id = ?")
-    try stmt.execute(arguments: [id])
+    try rawExecute(stmt, [id])
     try deleteDependencies(of: id)
   }
 
@@ -90,21 +100,17 @@ extension CloudTransaction {
   /// actions: see ``Catalog``): what waits for it is released.
   func deleteDependencies(of id: Int64) throws {
     let mine = try db.cachedStatement(sql: "DELETE FROM pushOperationDeps WHERE opID = ?")
-    try mine.execute(arguments: [id])
+    try rawExecute(mine, [id])
     let theirs = try db.cachedStatement(
       sql: "DELETE FROM pushOperationDeps WHERE dependsOnOpID = ?")
-    try theirs.execute(arguments: [id])
+    try rawExecute(theirs, [id])
   }
 
   /// The operation that first uploads `node`, while it has never been uploaded: its oldest
   /// outstanding `putRcrd`. `nil` for trunks and uploaded nodes.
   func firstUploadOperation(of node: Node) throws -> Int64? {
     guard node.trunk == nil, node.eTagRcrd == nil else { return nil }
-    let stmt = try db.cachedStatement(
-      sql: """
-        SELECT id FROM pushOperations WHERE nodeID = ? AND kind = 'putRcrd' ORDER BY id LIMIT 1
-        """)
-    return try Int64.fetchOne(stmt, arguments: [node.id])
+    return try rawInt(Self.firstUploadSQL, [node.id])
   }
 
   // MARK: Enqueue rules
@@ -137,7 +143,7 @@ extension CloudTransaction {
     if let pending = ops.first(where: { $0.kind == .putData && $0.state == .pending }) {
       let stmt = try db.cachedStatement(
         sql: "UPDATE pushOperations SET generation = generation + 1, createdAt = ? WHERE id = ?")
-      try stmt.execute(arguments: [Date().timeIntervalSinceReferenceDate, pending.id])
+      try rawExecute(stmt, [Date().timeIntervalSinceReferenceDate, pending.id])
       try check("queueDataUpload.afterEnqueue")
       return pending.id
     }
@@ -161,7 +167,7 @@ extension CloudTransaction {
         // Never uploaded: the pending first upload goes to the current location, and now
         // waits for the new parent's first upload instead of the old parent's.
         let stmt = try db.cachedStatement(sql: "DELETE FROM pushOperationDeps WHERE opID = ?")
-        try stmt.execute(arguments: [first.id])
+        try rawExecute(stmt, [first.id])
         if let parentUpload { try addDependency(first.id, dependsOn: parentUpload) }
         return
       }
@@ -329,7 +335,7 @@ extension CloudTransaction {
         UPDATE pushOperations SET state = 'inFlight'
         WHERE id = ? AND +localUserID = ? AND state = 'pending'
         """)
-    try stmt.execute(arguments: [id, userID])
+    try rawExecute(stmt, [id, userID])
     if db.changesCount == 0 { throw CatalogError.operationNotFound(id) }
   }
 
@@ -338,7 +344,7 @@ extension CloudTransaction {
     try requireWritable()
     let stmt = try db.cachedStatement(
       sql: "DELETE FROM pushOperations WHERE id = ? AND +localUserID = ?")
-    try stmt.execute(arguments: [id, userID])
+    try rawExecute(stmt, [id, userID])
     if db.changesCount == 0 { throw CatalogError.operationNotFound(id) }
     try deleteDependencies(of: id)
   }
@@ -358,7 +364,7 @@ extension CloudTransaction {
         UPDATE pushOperations SET state = 'pending', attempts = attempts + 1, nextAttemptAt = ?
         WHERE id = ?
         """)
-    try stmt.execute(arguments: [retryAt.timeIntervalSinceReferenceDate, id])
+    try rawExecute(stmt, [retryAt.timeIntervalSinceReferenceDate, id])
   }
 
   /// After a restart: returns every in-flight operation of the user to pending (dropping those
@@ -388,7 +394,7 @@ extension CloudTransaction {
     try requireWritable()
     let stmt = try db.cachedStatement(
       sql: "UPDATE pushOperations SET multipartState = ? WHERE id = ? AND +localUserID = ?")
-    try stmt.execute(arguments: [state.map { String(decoding: $0, as: UTF8.self) }, id, userID])
+    try rawExecute(stmt, [state.map { String(decoding: $0, as: UTF8.self) }, id, userID])
     if db.changesCount == 0 { throw CatalogError.operationNotFound(id) }
   }
 

@@ -8,6 +8,7 @@ enum Schema {
     m.registerMigration("v2") { db in try SyncSchema.v2(db) }
     m.registerMigration("v3") { db in try v3(db) }
     m.registerMigration("v4") { db in try v4(db) }
+    m.registerMigration("v5") { db in try v5(db) }
     return m
   }
 
@@ -27,6 +28,16 @@ enum Schema {
   /// id within a parent.
   private static func v4(_ db: Database) throws {
     try db.execute(sql: "CREATE INDEX nodes_parent_id ON nodes(parentID)")
+  }
+
+  /// A node's operations in id order without sorting them: every enqueue rule reads them, and
+  /// with `(nodeID, kind, state)` each read built a temporary b-tree to order a handful of rows.
+  private static func v5(_ db: Database) throws {
+    try db.execute(
+      sql: """
+        DROP INDEX pushOperations_node;
+        CREATE INDEX pushOperations_node ON pushOperations(nodeID);
+        """)
   }
 
   private static func v1(_ db: Database) throws {

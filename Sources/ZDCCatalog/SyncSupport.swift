@@ -76,11 +76,11 @@ extension CloudTransaction {
     if let value {
       let stmt = try db.cachedStatement(
         sql: "INSERT OR REPLACE INTO syncState (localUserID, key, value) VALUES (?, ?, ?)")
-      try stmt.execute(arguments: [userID, key, value])
+      try rawExecute(stmt, [userID, key, value])
     } else {
       let stmt = try db.cachedStatement(
         sql: "DELETE FROM syncState WHERE localUserID = ? AND key = ?")
-      try stmt.execute(arguments: [userID, key])
+      try rawExecute(stmt, [userID, key])
     }
   }
 
@@ -91,7 +91,7 @@ extension CloudTransaction {
     try requireWritable()
     let stmt = try db.cachedStatement(
       sql: "INSERT INTO changeLogPending (localUserID, entry) VALUES (?, ?)")
-    try stmt.execute(arguments: [userID, String(decoding: entry, as: UTF8.self)])
+    try rawExecute(stmt, [userID, String(decoding: entry, as: UTF8.self)])
   }
 
   /// The oldest pending change-log entries.
@@ -115,16 +115,16 @@ extension CloudTransaction {
     try requireWritable()
     let stmt = try db.cachedStatement(
       sql: "DELETE FROM changeLogPending WHERE id = ? AND localUserID = ?")
-    for id in ids { try stmt.execute(arguments: [id, userID]) }
+    for id in ids { try rawExecute(stmt, [id, userID]) }
   }
 
   // MARK: Queries for the pull side
 
   /// The node whose children live under `dirPrefix`, or `nil`.
   public func node(dirPrefix: String) throws -> Node? {
-    let stmt = try db.cachedStatement(
-      sql: "SELECT \(Self.nodeColumns) FROM nodes WHERE dirPrefix = ? AND localUserID = ? LIMIT 1")
-    return try fetchNode(stmt, [dirPrefix, userID])
+    try fetchNode(
+      "SELECT \(Self.nodeColumns) FROM nodes WHERE dirPrefix = ? AND localUserID = ? LIMIT 1",
+      [dirPrefix, userID])
   }
 
   /// Every node of the user, with where its objects live and their last known eTags.
@@ -225,7 +225,7 @@ extension CloudTransaction {
       node.xattrs.isEmpty ? nil : try json(node.xattrs), node.symlinkTarget,
       Int64(bitPattern: node.dataSize), node.id, userID,
     ]
-    try stmt.execute(arguments: StatementArguments(args))
+    try rawExecute(stmt, args)
     rowChanged(node.id)
   }
 
@@ -250,7 +250,7 @@ extension CloudTransaction {
         UPDATE nodes SET name = ?, nameKey = ?, cloudName = ?, explicitCloudName = NULL
         WHERE id = ?
         """)
-    try stmt.execute(arguments: [newName, NameKey(newName).value, cloudName, id])
+    try rawExecute(stmt, [newName, NameKey(newName).value, cloudName, id])
     rowChanged(id)
     node.name = newName
     node.explicitCloudName = nil
@@ -321,12 +321,14 @@ extension CloudTransaction {
     for e in entries {
       if hadData.contains(e.id), let kept = existing[e.id] {
         hadData.remove(e.id)
-        try keep.execute(arguments: [
-          kept.eTag, kept.lastModified?.timeIntervalSinceReferenceDate, try json(kept),
-          Int64(bitPattern: kept.dataSize), e.id,
-        ])
+        try rawExecute(
+          keep,
+          [
+            kept.eTag, kept.lastModified?.timeIntervalSinceReferenceDate, try json(kept),
+            Int64(bitPattern: kept.dataSize), e.id,
+          ])
       } else {
-        try clear.execute(arguments: [e.id])
+        try rawExecute(clear, [e.id])
       }
       rowChanged(e.id)
     }
@@ -413,7 +415,7 @@ extension CloudTransaction {
         if let eTagData { payload.objects![i].eTagData = eTagData }
         changed = true
       }
-      if changed { try stmt.execute(arguments: [try json(payload), op.id]) }
+      if changed { try rawExecute(stmt, [try json(payload), op.id]) }
     }
   }
 
@@ -429,7 +431,7 @@ extension CloudTransaction {
       payload.origin = origin
       payload.written?.removeAll { $0.rcrdKey == origin.rcrdKey }
       if payload.written?.isEmpty == true { payload.written = nil }
-      try stmt.execute(arguments: [try json(payload), op.id])
+      try rawExecute(stmt, [try json(payload), op.id])
     }
   }
 
@@ -447,7 +449,7 @@ extension CloudTransaction {
       if let eTagRcrd { origin.eTagRcrd = eTagRcrd }
       if let eTagData { origin.eTagData = eTagData }
       payload.origin = origin
-      try stmt.execute(arguments: [try json(payload), op.id])
+      try rawExecute(stmt, [try json(payload), op.id])
     }
   }
 
@@ -462,7 +464,7 @@ extension CloudTransaction {
     payload.written = written.isEmpty ? nil : written
     let stmt = try db.cachedStatement(
       sql: "UPDATE pushOperations SET payload = ? WHERE id = ? AND +localUserID = ?")
-    try stmt.execute(arguments: [try json(payload), id, userID])
+    try rawExecute(stmt, [try json(payload), id, userID])
   }
 
   /// Returns an operation taken by the push manager to the queue, to run again once `other`
@@ -476,7 +478,7 @@ extension CloudTransaction {
     try addDependency(id, dependsOn: other)
     let stmt = try db.cachedStatement(
       sql: "UPDATE pushOperations SET state = 'pending' WHERE id = ? AND +localUserID = ?")
-    try stmt.execute(arguments: [id, userID])
+    try rawExecute(stmt, [id, userID])
     return true
   }
 

@@ -17,11 +17,11 @@ extension CloudTransaction {
       case .int(let i): dbValue = i
       case .data(let d): dbValue = d
       }
-      try stmt.execute(arguments: [nodeID, identifier, dbValue])
+      try rawExecute(stmt, [nodeID, identifier, dbValue])
     } else {
       let stmt = try db.cachedStatement(
         sql: "DELETE FROM nodeTags WHERE nodeID = ? AND identifier = ?")
-      try stmt.execute(arguments: [nodeID, identifier])
+      try rawExecute(stmt, [nodeID, identifier])
     }
     try check("setTag.afterWrite")
   }
@@ -89,7 +89,7 @@ extension CloudTransaction {
     }
     let stmt = try db.cachedStatement(
       sql: "INSERT INTO nodeLinks (nodeID, localUserID, collection, key) VALUES (?, ?, ?, ?)")
-    try stmt.execute(arguments: [nodeID, userID, collection, key])
+    try rawExecute(stmt, [nodeID, userID, collection, key])
     try check("linkNode.afterWrite")
   }
 
@@ -98,7 +98,7 @@ extension CloudTransaction {
     try requireWritable()
     let stmt = try db.cachedStatement(
       sql: "DELETE FROM nodeLinks WHERE nodeID = ? AND localUserID = ?")
-    try stmt.execute(arguments: [nodeID, userID])
+    try rawExecute(stmt, [nodeID, userID])
   }
 
   /// The collection and key a node is linked to, or `nil`.

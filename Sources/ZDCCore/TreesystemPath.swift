@@ -110,7 +110,10 @@ public struct NameKey: Sendable, Hashable, Codable, CustomStringConvertible {
 
   /// The key of a node name.
   public init(_ name: String) {
-    value = name.lowercased().precomposedStringWithCanonicalMapping
+    let lower = name.lowercased()
+    // ASCII text is its own NFC form (and the normalisation is costly on every lookup).
+    value =
+      lower.utf8.allSatisfy { $0 < 0x80 } ? lower : lower.precomposedStringWithCanonicalMapping
   }
 
   public var description: String { value }

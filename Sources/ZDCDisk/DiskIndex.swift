@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import Synchronization
 import ZDCCore
 import ZDCCrypto
 
@@ -26,6 +27,9 @@ struct IndexRow: Sendable {
 final class DiskIndex: Sendable {
   let queue: DatabaseQueue
   let path: String
+  /// Rows whose deletion waits for the next write of the index (or ``flushDeletes()``): the
+  /// staged file of every deleted node would otherwise cost a transaction of its own.
+  private let pendingDeletes = Mutex<[Int64]>([])
 
   static var migrator: DatabaseMigrator {
     var m = DatabaseMigrator()
@@ -89,7 +93,7 @@ final class DiskIndex: Sendable {
 
   /// Inserts a row (its `id` is ignored) and returns the new id.
   func insert(_ row: IndexRow) throws -> Int64 {
-    try queue.write { db in
+    try write { db in
       try db.cachedStatement(
         sql: """
           INSERT INTO entries (pool, nodeID, version, cloudID, eTag, fileName, size, diskBytes,
@@ -108,7 +112,7 @@ final class DiskIndex: Sendable {
 
   /// Rewrites every column of an existing row.
   func update(_ row: IndexRow) throws {
-    try queue.write { db in
+    try write { db in
       try db.cachedStatement(
         sql: """
           UPDATE entries SET pool = ?, nodeID = ?, version = ?, cloudID = ?, eTag = ?,
@@ -127,16 +131,50 @@ final class DiskIndex: Sendable {
 
   func delete(ids: [Int64]) throws {
     guard !ids.isEmpty else { return }
-    try queue.write { db in
-      let stmt = try db.cachedStatement(sql: "DELETE FROM entries WHERE id = ?")
-      for id in ids { try stmt.execute(arguments: [id]) }
+    try queue.write { db in try deleteRows(ids, db) }
+  }
+
+  /// Deletes rows with the next write of the index. Until then a crash leaves them listed
+  /// (their files may be gone: the next start drops such rows).
+  func deleteSoon(ids: [Int64]) {
+    guard !ids.isEmpty else { return }
+    pendingDeletes.withLock { $0 += ids }
+  }
+
+  /// Deletes the rows ``deleteSoon(ids:)`` left now.
+  func flushDeletes() throws {
+    guard pendingDeletes.withLock({ !$0.isEmpty }) else { return }
+    try write { _ in }
+  }
+
+  /// One transaction: the deletions waiting, then `body`.
+  private func write<T>(_ body: (Database) throws -> T) throws -> T {
+    let ids = pendingDeletes.withLock { ids in
+      defer { ids.removeAll() }
+      return ids
     }
+    do {
+      return try queue.write { db in
+        try deleteRows(ids, db)
+        return try body(db)
+      }
+    } catch {
+      // Rolled back: the deletions wait for the next write.
+      pendingDeletes.withLock { $0 = ids + $0 }
+      throw error
+    }
+  }
+
+  private func deleteRows(_ ids: [Int64], _ db: Database) throws {
+    guard !ids.isEmpty else { return }
+    let stmt = try db.cachedStatement(sql: "DELETE FROM entries WHERE id = ?")
+    for id in ids { try stmt.execute(arguments: [id]) }
   }
 
   /// Stores a batch of access times in one transaction.
   func setLastAccess(_ ticks: [(Int64, Int64)]) throws {
-    guard !ticks.isEmpty else { return }
-    try queue.write { db in
+    guard !ticks.isEmpty else { return try flushDeletes() }
+    try write { db in
       let stmt = try db.cachedStatement(sql: "UPDATE entries SET lastAccess = ? WHERE id = ?")
       for (id, tick) in ticks { try stmt.execute(arguments: [tick, id]) }
     }

@@ -119,6 +119,9 @@ public final class FuseMount: @unchecked Sendable {
 
   /// Creates the session and mounts it; the mount is live when this returns.
   public func mount() throws {
+    // Memory SQLite and the file handles free is kept for the next request instead of being
+    // handed back to the kernel (and faulted in again) after nearly every file operation.
+    zdc_malloc_keep_freed(64 << 20)
     guard let a = zdc_fuse_args_new() else { throw FuseMountError.session }
     args = a
     var opts = ["default_permissions", "fsname=zdcfs", "subtype=zdc"]

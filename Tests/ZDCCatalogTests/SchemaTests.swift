@@ -11,11 +11,11 @@ import ZDCCore
     defer { try? FileManager.default.removeItem(at: dir) }
     let path = dir.appendingPathComponent("catalog.sqlite").path
 
-    #expect(Catalog.knownMigrations == ["v1", "v2", "v3", "v4"])
+    #expect(Catalog.knownMigrations == ["v1", "v2", "v3", "v4", "v5"])
     var nodeID: NodeID = 0
     do {
       let catalog = try Catalog(path: path)
-      #expect(try catalog.appliedMigrations() == ["v1", "v2", "v3", "v4"])
+      #expect(try catalog.appliedMigrations() == ["v1", "v2", "v3", "v4", "v5"])
       #expect(try catalog.pragma("journal_mode") == "wal")
       #expect(try catalog.pragma("synchronous") == "2")  // FULL
       // The catalog keeps references consistent itself (see `referencesStayConsistent`).
@@ -24,7 +24,7 @@ import ZDCCore
       nodeID = try catalog.write("alice") { try $0.createNode(path: p("a")).id }
     }
     let reopened = try Catalog(path: path)
-    #expect(try reopened.appliedMigrations() == ["v1", "v2", "v3", "v4"])
+    #expect(try reopened.appliedMigrations() == ["v1", "v2", "v3", "v4", "v5"])
     let node = try reopened.read("alice") { try $0.node(path: p("a")) }
     #expect(node?.id == nodeID)
     #expect(try reopened.read("alice") { try $0.operationCount() } == 1)
@@ -89,6 +89,15 @@ import ZDCCore
     let plan = try catalog.queryPlan(CloudTransaction.childrenSQL)
     #expect(plan.contains { $0.contains("USING INDEX nodes_parent_id") })
     #expect(!plan.contains { $0.contains("TEMP B-TREE") })
+  }
+
+  @Test func nodeOperationsNeedNoSort() throws {
+    let catalog = try Catalog.temporary()
+    for sql in [CloudTransaction.nodeOperationsSQL, CloudTransaction.firstUploadSQL] {
+      let plan = try catalog.queryPlan(sql)
+      #expect(plan.contains { $0.contains("INDEX pushOperations_node ") }, "\(plan)")
+      #expect(!plan.contains { $0.contains("TEMP B-TREE") }, "\(plan)")
+    }
   }
 
   @Test func inMemoryCatalogWorks() throws {

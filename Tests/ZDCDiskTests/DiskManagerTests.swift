@@ -170,6 +170,36 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     p.close()
   }
 
+  /// Rows of removed entries leave the index in batches: shortly after, and at the latest when
+  /// the manager goes; a restart then finds neither them nor anything lost.
+  @Test func removedEntriesLeaveTheIndex() throws {
+    let tmp = try TemporaryDirectory("disk")
+    func rows() throws -> Int {
+      try DiskIndex(path: tmp.path("state/disk.sqlite").path).allRows().count
+    }
+    do {
+      let disk = try makeDisk(tmp, key: key)
+      for node in [NodeID(1), 2] {
+        let s = try disk.stagingFile(forNode: node)
+        try s.write(marked("gone \(node)", count: 1000), at: 0)
+        try disk.commitStaging(s)
+        s.close()
+      }
+      #expect(try rows() == 2)
+      disk.remove(nodeID: 1)
+      #expect(disk.stagedData(forNode: 1) == nil)
+      // Shortly after, without any other write.
+      let deadline = Date().addingTimeInterval(10)
+      while try rows() != 1, Date() < deadline { Thread.sleep(forTimeInterval: 0.01) }
+      #expect(try rows() == 1)
+      disk.remove(nodeID: 2)
+    }
+    #expect(try rows() == 0)
+    let disk = try makeDisk(tmp, key: key)
+    #expect(disk.usage.entries == 0)
+    #expect(disk.lostStagedNodes.isEmpty)
+  }
+
   @Test func reconcilesStrayFilesAndMissingFiles() throws {
     let tmp = try TemporaryDirectory("disk")
     var lostURL: URL

@@ -36,6 +36,10 @@ int zdc_fuse_session_loop_mt(struct fuse_session *se, int clone_fd, unsigned int
 /// fuse_entry_param zeroed, so that Swift need not spell every field.
 struct fuse_entry_param zdc_fuse_entry_param_zero(void);
 
+/// Makes the allocator keep up to `bytes` of freed memory instead of returning it to the
+/// kernel (a FUSE server frees and reallocates the same buffers on every request).
+void zdc_malloc_keep_freed(int bytes);
+
 /// The `struct fuse_file_info` flags that are C bit-fields, readable and writable from Swift.
 void zdc_fi_set_direct_io(struct fuse_file_info *fi, int on);
 void zdc_fi_set_keep_cache(struct fuse_file_info *fi, int on);
