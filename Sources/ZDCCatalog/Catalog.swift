@@ -217,32 +217,41 @@ public final class Catalog: Sendable {
           if known == nil { layouts.value[userID] = layout }
           return result
         }
-        var result: T?
         if !db.isInsideTransaction {
           if commit == .now {
-            try db.inTransaction(.immediate) {
-              result = try unit()
-              return .commit
+            try control(db, "BEGIN IMMEDIATE TRANSACTION")
+            do {
+              let result = try unit()
+              try control(db, "COMMIT TRANSACTION")
+              return result
+            } catch {
+              if db.isInsideTransaction { try? control(db, "ROLLBACK TRANSACTION") }
+              nodes.removeAll()
+              throw error
             }
-            return result!
           }
-          try db.beginTransaction(.immediate)
+          try control(db, "BEGIN IMMEDIATE TRANSACTION")
           batchOpen.value = true
           scheduleBatchCommit()
         }
+        let result: T
         do {
-          try db.inSavepoint {
-            result = try unit()
-            return .commit
-          }
+          try control(db, "SAVEPOINT unit")
+          result = try unit()
+          try control(db, "RELEASE SAVEPOINT unit")
         } catch {
-          // A failed commit may have ended the transaction (SQLite rolls back on a full disk).
-          if !db.isInsideTransaction { batchOpen.value = false }
+          if db.isInsideTransaction {
+            try? control(db, "ROLLBACK TO SAVEPOINT unit")
+            try? control(db, "RELEASE SAVEPOINT unit")
+          } else {
+            // SQLite ended the transaction (it rolls back on a full disk).
+            batchOpen.value = false
+          }
           nodes.removeAll()
           throw error
         }
         if commit == .now { try commitBatch(db) }
-        return result!
+        return result
       }
     } catch let error as DatabaseError where error.resultCode == .SQLITE_FULL {
       throw CatalogError.outOfSpace
@@ -265,7 +274,7 @@ public final class Catalog: Sendable {
       return
     }
     do {
-      try db.commit()
+      try control(db, "COMMIT TRANSACTION")
       batchOpen.value = false
     } catch {
       nodes.removeAll()
@@ -273,13 +282,20 @@ public final class Catalog: Sendable {
         batchOpen.value = false
       } else {
         // Not committed and still open: give up on it rather than leave it half-done.
-        try? db.rollback()
+        try? control(db, "ROLLBACK TRANSACTION")
         batchOpen.value = false
       }
       logger.error(
         "catalog commit failed; metadata changes of the last moments are lost: \(error)")
       throw error
     }
+  }
+
+  /// Runs a transaction statement prepared once (GRDB's `inTransaction`, `inSavepoint` and
+  /// `commit` parse theirs again at every use: several per file operation). GRDB still sees it
+  /// run and keeps its transaction state and observers informed.
+  private func control(_ db: Database, _ sql: String) throws {
+    try db.cachedStatement(sql: sql).execute()
   }
 
   private func scheduleBatchCommit() {

@@ -154,9 +154,20 @@ final class DiskIndex: Sendable {
       return ids
     }
     do {
-      return try queue.write { db in
-        try deleteRows(ids, db)
-        return try body(db)
+      return try queue.writeWithoutTransaction { db in
+        // Transaction statements prepared once (`write` parses them again every time).
+        try db.cachedStatement(sql: "BEGIN IMMEDIATE TRANSACTION").execute()
+        do {
+          try deleteRows(ids, db)
+          let result = try body(db)
+          try db.cachedStatement(sql: "COMMIT TRANSACTION").execute()
+          return result
+        } catch {
+          if db.isInsideTransaction {
+            try? db.cachedStatement(sql: "ROLLBACK TRANSACTION").execute()
+          }
+          throw error
+        }
       }
     } catch {
       // Rolled back: the deletions wait for the next write.
