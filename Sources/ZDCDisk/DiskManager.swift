@@ -50,7 +50,7 @@ public final class DiskManager: @unchecked Sendable {
   private var flushScheduled = false
   private var deleteFlushScheduled = false
   /// The longest the index keeps rows of removed entries (deleted in batches).
-  static let deleteFlushDelay: Double = 0.05
+  public static let deleteFlushDelay: Double = 0.05
   /// Partial entries with chunks filled since the index last recorded them.
   private var unpersisted: [Int64: Entry] = [:]
   private var persistScheduled = false
