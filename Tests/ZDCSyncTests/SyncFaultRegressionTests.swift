@@ -35,6 +35,68 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
 /// Scripted interleavings behind the residual divergences of the randomized fault tests
 /// (issue 3, third round).
 @Suite(.serialized) struct SyncFaultRegressionTests {
+  /// A node kept after a remote delete (a local change outstanding) keeps the DATA found at its
+  /// keys, its content not being here; moved before its upload again, its first RCRD upload
+  /// went to the new place and the DATA stayed behind: the node showed no content there
+  /// (randomized seed 304 with faults). The first upload now carries that DATA.
+  @Test func nodeKeptWithTheDataAtItsKeysAndMovedCarriesTheData() throws {
+    let backing = try StoreKind.local.make("zdc-sync-carry")
+    let store = backing.store
+    let user = try TestUser()
+    let alpha = try Device("alpha", user: user, store: store)
+    try alpha.start()
+    try alpha.create("f.txt", "kept content")
+    try alpha.sync()
+    let n = try #require(try alpha.node("f.txt"))
+    let info = try #require(n.cloudDataInfo)
+    let former = try #require(
+      try alpha.catalog.read(user.userID) { try $0.objectLocation(of: n.id) })
+    // Another device deleted the node's RCRD; its DATA stayed (an edit landed meanwhile).
+    try store.delete(key: former.rcrdKey, condition: .ifMatch(try #require(n.eTagRcrd)))
+    // What a pull then does with a node whose attributes changed here — it is kept, with the
+    // DATA found at its keys — and a move before its upload runs (one transaction: the push
+    // cannot run in between).
+    try alpha.catalog.write(user.userID) { tx in
+      var changed = try tx.existingNode(id: n.id)
+      changed.mode = 0o600
+      try tx.updateNode(changed)
+      try tx.reuploadSubtree(n.id, existingData: [n.id: info])
+      let home = try #require(try tx.trunkNode(.home))
+      try tx.moveNode(n.id, toParent: home.id, name: "g.txt")
+    }
+    alpha.delegate.setContent(nil, for: n)  // the content is only in the store
+    try alpha.sync()
+    #expect(try alpha.tree() == ["/g.txt": "file:kept content"])
+    #expect(try alpha.node("g.txt")?.dataSize == UInt64("kept content".utf8.count))
+    #expect(throws: StoreError.self) { try store.head(key: former.dataKey) }
+    let beta = try Device("beta", user: user, store: store)
+    try beta.start()
+    try beta.sync()
+    #expect(try beta.tree() == ["/g.txt": "file:kept content"])
+    #expect(try alpha.operationCount() == 0)
+  }
+
+  /// A first RCRD upload in flight when its node was moved resumes at the move's origin (where
+  /// the node was when it started). Meeting another node there, it renamed its node — which
+  /// changed the move's target, not the origin's key — and met the other node again, for good
+  /// ("path conflict: node renamed" in a loop). The move, which has nothing to carry from
+  /// there, is now dropped and the upload goes to the node's current place.
+  @Test func firstUploadMeetingAnotherNodeAtItsMovesOriginConverges() throws {
+    let s = try Scene("first-upload-origin")
+    s.gated.holdNextPut(ofKeysEndingWith: ".rcrd")
+    try s.alpha.create("a.txt")
+    #expect(s.gated.waitForHeldPut())
+    // Beta takes the name first (one key: the trunk's children share their dirSalt).
+    try s.beta.create("a.txt", "beta's")
+    try s.beta.sync()
+    try s.alpha.move("a.txt", to: "b.txt")
+    s.gated.release()
+    try s.alpha.sync(30)
+    try s.syncBoth()
+    try s.expectConverged(["/a.txt": "file:beta's", "/b.txt": "file:-"])
+    #expect(!s.alpha.delegate.conflicts.contains { $0.0 == .path })
+  }
+
   /// A move whose release of its origin landed (the answer lost) runs again after another node
   /// took the origin's name and uploaded its DATA there: finishing, the move took that DATA for
   /// its node's, carried it to its target and deleted it at the origin — the other node lost
