@@ -181,6 +181,16 @@ struct PushExecutor {
     try deferUntilDataUploaded(node)
     var state = loadUploadState(RcrdUploadState.self)
     var written = node
+    if case .ifMatch = condition, node.eTagData != nil,
+      node.cloudDataInfo?.eTag != node.eTagData
+    {
+      // The DATA there is a version this device took from a pull, with the size of the RCRD
+      // it found beside it — which may have described an earlier version (its writer's RCRD
+      // upload follows its DATA upload), and a later pull does not bring the size to a node
+      // with an RCRD upload pending: the RCRD describes the DATA's own size (its header).
+      let size = try dataSize(of: node, loc: loc)
+      if size != node.dataSize { written.dataSize = size }
+    }
     if case .ifNoneMatch = condition, !state.bodies.isEmpty, manager.hasPullSide,
       try context.headIfExists(loc.rcrdKey) == nil
     {
@@ -200,7 +210,7 @@ struct PushExecutor {
     let result: RcrdPutResult
     do {
       result = try putRcrd(
-        node: node, key: loc.rcrdKey, condition: condition,
+        node: written, key: loc.rcrdKey, condition: condition,
         remember: { body in
           state.remember(BodyDigest.of(body))
           try saveUploadState(state)
@@ -237,8 +247,8 @@ struct PushExecutor {
           try beforeOverwritingRemoteRcrd(node: node, loc: loc)
           // The local attributes win, with the size of the DATA there (see `dataSize(of:loc:)`).
           let size = try dataSize(of: node, loc: loc)
-          guard size != node.dataSize else { return nil }
-          var n = node
+          guard size != written.dataSize else { return nil }
+          var n = written
           n.dataSize = size
           written = n
           return n

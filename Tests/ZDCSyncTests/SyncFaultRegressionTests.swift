@@ -135,4 +135,61 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
     #expect(try alpha.operationCount() == 0)
     #expect(try beta.operationCount() == 0)
   }
+
+  /// A pull took another device's DATA version while its writer's RCRD upload (which follows
+  /// the DATA upload) had not landed: the node got that version's eTag with the size of the
+  /// earlier RCRD. An attribute change here then kept that size (a later pull brings no size
+  /// to a node with an RCRD upload pending) and its RCRD upload, `If-Match` the newest RCRD,
+  /// wrote it over the other device's: both showed a size the content does not have
+  /// (randomized seed 383 with faults). The RCRD now describes the DATA's own size.
+  @Test func attributeChangeAfterPullingDataBeforeItsRcrdDescribesTheData() throws {
+    let backing = try StoreKind.local.make("zdc-sync-stale-size")
+    let store = backing.store
+    let gated = GatedStore(store)
+    let user = try TestUser()
+    let alpha = try Device("alpha", user: user, store: gated)
+    let beta = try Device("beta", user: user, store: store)
+    try alpha.start()
+    try alpha.create("f.txt", "one")
+    try alpha.sync()
+    _ = try beta.engine.pull.pull()  // beta's push does not run yet
+    let before = try #require(try beta.node("f.txt"))
+    // Beta changes the file's mode (an RCRD upload, waiting for beta's push).
+    try beta.catalog.write(user.userID) { tx in
+      var n = try tx.existingNode(id: before.id)
+      n.mode = 0o600
+      try tx.updateNode(n)
+    }
+    // Alpha's edit: its DATA lands, its RCRD upload is held; beta pulls in between.
+    gated.holdNextPut(ofKeysEndingWith: ".rcrd")
+    try alpha.write("f.txt", "longer content")
+    #expect(gated.waitForHeldPut())
+    try pullUntil(beta, "f.txt") { $0.eTagData != before.eTagData }
+    gated.release()
+    try alpha.sync()
+    try pullUntil(beta, "f.txt") { $0.eTagRcrd != before.eTagRcrd }
+    try beta.start()
+    try beta.sync()
+    try alpha.sync()
+    let size = UInt64("longer content".utf8.count)
+    for d in [alpha, beta] {
+      #expect(try d.tree() == ["/f.txt": "file:longer content"], "\(d.name)")
+      #expect(try d.node("f.txt")?.dataSize == size, "\(d.name)")
+    }
+    #expect(try beta.node("f.txt")?.mode == 0o600)
+    let key = try alpha.rcrdKey("f.txt")
+    let rcrd = try Rcrd.decode(store.get(key: key), userID: user.userID, keyPair: user.keys)
+    #expect(rcrd.meta.dataSize == size)
+  }
+
+  /// Pulls on `device` until its node at `path` satisfies `done` (or 20 s pass).
+  private func pullUntil(_ device: Device, _ path: String, _ done: (Node) -> Bool) throws {
+    let deadline = Date().addingTimeInterval(20)
+    while Date() < deadline {
+      _ = try? device.engine.pull.pull()
+      if let n = try device.node(path), done(n) { return }
+      Thread.sleep(forTimeInterval: 0.02)
+    }
+    Issue.record("\(device.name): \(path) never changed")
+  }
 }
