@@ -747,17 +747,15 @@ public final class PullManager: @unchecked Sendable {
     }
     let dirty = try tx.dirtyNodes(inSubtreeOf: c.id)
     let renamed = try tx.renameWithoutMove(c.id, to: free)
-    if dirty.isEmpty {
-      // Its object was replaced: it moved or was deleted elsewhere; a full scan will tell.
-      try tx.setSyncValue("1", forKey: Self.needsFullScanKey)
-      cond.withLock { forceFull = true }
-    } else {
-      try keepDirty(c.id, dirty: dirty, tx: tx)
-      let path = try tx.path(of: c.id)
-      context.delegate.didDiscoverDeletedDirtyNode(
-        renamed, dirtyDescendants: dirty, timestamp: nil, transaction: tx)
+    // Its object was replaced: it moved or was deleted elsewhere; a full scan will tell (it
+    // applies the move, or the delete — which keeps a node with local changes). Taking it for
+    // deleted here would upload a node with local changes again as new while it may only have
+    // moved (its target not announced yet): two RCRDs of one node.
+    try tx.setSyncValue("1", forKey: Self.needsFullScanKey)
+    cond.withLock { forceFull = true }
+    if !dirty.isEmpty {
       context.delegate.didDiscoverConflict(
-        .deletedWhileDirty, node: renamed, other: nil, at: path, transaction: tx)
+        .path, node: renamed, other: nil, at: try tx.path(of: c.id), transaction: tx)
     }
   }
 

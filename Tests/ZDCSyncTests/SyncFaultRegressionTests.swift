@@ -182,6 +182,57 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
     #expect(rcrd.meta.dataSize == size)
   }
 
+  /// A pull found a remote node at the key of a local node with changes outstanding, whose
+  /// move elsewhere was committed but not yet announced: the pull took the local node for
+  /// deleted, renamed it and uploaded it again as new — two RCRDs of one node, each device
+  /// showing the other's place (randomized seed 119 with faults, second form). The node is now
+  /// renamed aside and a full scan decides (it finds the node at its move's target).
+  @Test func nodeWhoseKeyIsTakenAfterAnUnannouncedMoveIsNotUploadedAgain() throws {
+    let backing = try StoreKind.local.make("zdc-sync-make-room")
+    let store = backing.store
+    let hooked = DeleteHookStore(store)
+    let user = try TestUser()
+    let alpha = try Device("alpha", user: user, store: hooked)
+    let beta = try Device("beta", user: user, store: store)
+    let gamma = try Device("gamma", user: user, store: store)
+    try alpha.start()
+    try alpha.create("a.txt")  // no DATA: nothing left at the origin for gamma's to meet
+    try alpha.sync()
+    _ = try beta.engine.pull.pull()  // beta's push does not run yet
+    // Beta changes the file's mode (an RCRD upload outstanding).
+    try beta.catalog.write(user.userID) { tx in
+      var n = try #require(try tx.node(path: try beta.path("a.txt")))
+      n.mode = 0o600
+      try tx.updateNode(n)
+    }
+    // Alpha moves the file; once the move released its origin, before it is announced, gamma
+    // (which never saw the file) creates that name, and beta pulls.
+    var failure: (any Error)? = nil
+    hooked.afterNextDelete(of: try alpha.rcrdKey("a.txt")) {
+      do {
+        try gamma.start()
+        try gamma.create("a.txt", "gamma's")
+        try gamma.sync()
+        _ = try beta.engine.pull.pull()
+      } catch { failure = error }
+    }
+    try alpha.move("a.txt", to: "b.txt")
+    try alpha.sync()
+    #expect(failure == nil)
+    try beta.start()
+    for _ in 0..<2 {
+      for d in [beta, gamma, alpha] { try d.sync() }
+    }
+    let expected = ["/a.txt": "file:gamma's", "/b.txt": "file:-"]
+    for d in [alpha, beta, gamma] {
+      #expect(try d.tree() == expected, "\(d.name)")
+      #expect(try d.operationCount() == 0, "\(d.name)")
+    }
+    #expect(try alpha.node("b.txt")?.mode == 0o600)
+    let rcrds = try store.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }
+    #expect(rcrds.count == expected.count)
+  }
+
   /// Pulls on `device` until its node at `path` satisfies `done` (or 20 s pass).
   private func pullUntil(_ device: Device, _ path: String, _ done: (Node) -> Bool) throws {
     let deadline = Date().addingTimeInterval(20)
