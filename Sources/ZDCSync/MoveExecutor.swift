@@ -358,6 +358,14 @@ final class MoveRun {
     guard let r = try context.fetchRcrd(key), let decoded = r.decoded,
       decoded.cloudID == node.cloudID
     else {
+      // Removed after the commit: another device moved the node on or deleted it there (it
+      // saw the target once settled, an answer of which was lost here). Its change-log entry
+      // may never name this place, so a full scan decides — without seeing this move's
+      // other writes, which would count as the node's presence: those go first (their DATA
+      // copies stay, as for a lost race). The scan points the move at the node's new place, or
+      // applies the delete (which keeps the node: a move is outstanding).
+      for ref in written where ref.rcrdKey != key { try undo(ref, keepingData: true) }
+      try x.write { tx in try tx.setSyncValue("1", forKey: PullManager.needsFullScanKey) }
       throw PushIssue.needsPull("the target of the committed move of node \(node.id) vanished")
     }
     let size = dataSize ?? decoded.meta.dataSize
