@@ -460,6 +460,20 @@ final class MoveRun {
       try tx.updateDeleteETags(
         cloudID: node.cloudID, rcrdKey: target.rcrdKey, eTagRcrd: eTagRcrd, eTagData: eTagData)
       try tx.completeOperation(id: opID)
+      // A move queued while this one ran started from the target this one had then; this one
+      // may have run again since towards the node's newer place (its target is the node's
+      // place when taken), and ended here: the node is here now, and that move starts here
+      // (else it waits at a key the node never reached, and a pull that checks the node there
+      // takes it for deleted — uploaded again as new beside this RCRD: two RCRDs of one node).
+      if try tx.pendingOperations(forNodeID: node.id).contains(where: {
+        $0.kind == .move && $0.payload.origin?.rcrdKey != target.rcrdKey
+      }) {
+        try tx.setMoveOrigin(
+          CloudObjectRef(
+            nodeID: node.id, cloudID: node.cloudID, dirPrefix: target.dirPrefix,
+            cloudName: target.cloudName, rcrdKey: target.rcrdKey, dataKey: target.dataKey,
+            eTagRcrd: eTagRcrd, eTagData: eTagData), forNodeID: node.id)
+      }
       try x.manager.log(
         [
           ChangeLogEntry(

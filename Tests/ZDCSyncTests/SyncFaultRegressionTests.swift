@@ -233,6 +233,38 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
     #expect(rcrds.count == expected.count)
   }
 
+  /// A move failed after writing its target; meanwhile the node moved on, which queued a second
+  /// move from that target (the first was in flight). The first move ran again towards the
+  /// node's newer place and completed there; the second still started from the first target,
+  /// where the node never settled: it waited for a pull that never told it anything, and a pull
+  /// checking the node there took it for deleted (randomized seeds 208, 573 with faults: the
+  /// node uploaded again as new beside its RCRD). A completed move now points the moves
+  /// queued meanwhile at its target. (Alone, this interleaving also converged before the fix,
+  /// through the full scan that a move waiting for pulls asks for; the harm needed another
+  /// device's delete entry read in that window, which this test does not script.)
+  @Test func moveQueuedWhileAnotherRetargetedStartsWhereThatOneEnded() throws {
+    let s = try Scene("move-queued-retarget")
+    try s.alpha.create("f.txt", "content")
+    try s.syncBoth()
+    let g = try s.alpha.rcrdKey("g.txt", parentOf: "f.txt")
+    s.gated.holdNextPut(ofKeysEndingWith: g)
+    s.gated.loseNextAnswer(forKey: g)
+    try s.alpha.move("f.txt", to: "g.txt")
+    #expect(s.gated.waitForHeldPut())
+    try s.alpha.move("g.txt", to: "h.txt")  // the first move is in flight: a second one queued
+    // The first move runs again, towards h; its target put is held while the node moves on to
+    // i (coalesced into the second move, which still starts from g).
+    let h = try s.alpha.rcrdKey("h.txt")
+    s.gated.holdNextPut(ofKeysEndingWith: h)
+    s.gated.release()
+    #expect(s.gated.waitForHeldPut())
+    try s.alpha.move("h.txt", to: "i.txt")
+    s.gated.release()
+    try s.alpha.sync(30)
+    try s.syncBoth()
+    try s.expectConverged(["/i.txt": "file:content"])
+  }
+
   /// Pulls on `device` until its node at `path` satisfies `done` (or 20 s pass).
   private func pullUntil(_ device: Device, _ path: String, _ done: (Node) -> Bool) throws {
     let deadline = Date().addingTimeInterval(20)
