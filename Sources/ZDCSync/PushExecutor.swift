@@ -12,6 +12,9 @@ struct DataUploadState: Codable {
   var headers: [String] = []
   /// An unfinished multipart upload.
   var multipart: MultipartState?
+  /// The eTag of an object at the node's DATA key that is not the node's DATA (another
+  /// node's, or corrupt): the upload replaces it (`If-Match`).
+  var overwrite: String?
 
   struct MultipartState: Codable {
     var uploadID: String
@@ -583,7 +586,8 @@ struct PushExecutor {
     let size = CloudFileEncoder.encodedSize(
       metadataSize: UInt64(content.metadata.count), thumbnailSize: UInt64(content.thumbnail.count),
       dataSize: content.dataSize)
-    var condition: WriteCondition = node.eTagData.map { .ifMatch($0) } ?? .ifNoneMatch
+    var condition: WriteCondition =
+      (state.overwrite ?? node.eTagData).map { .ifMatch($0) } ?? .ifNoneMatch
     let eTag: String
     if size < manager.config.multipartThreshold {
       var body = Data()
@@ -826,9 +830,17 @@ struct PushExecutor {
     {
     case .success(let s): sizes = s
     case .failure(let error):
-      context.logger.error(
-        "data conflict: the remote DATA cannot be read; its size is taken from its RCRD",
+      // Not a version of this node's DATA (its key does not open it): another node's, left
+      // under a name it held before — e.g. a node moved away whose move has not removed its
+      // DATA from there yet (it carried a copy before its commit) — or a corrupt object.
+      // There is no remote version of this node to keep: the local content goes over it.
+      context.logger.warning(
+        "DATA upload: the object at the node's key is not its DATA; overwriting it",
         metadata: ["node": "\(node.id)", "error": "\(error)"])
+      var state = try loadState()
+      state.overwrite = dataInfo.eTag
+      try saveState(state)
+      throw PushIssue.retryNow
     }
     let deviceName = context.account.deviceName
     try write { tx in

@@ -265,6 +265,44 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
     try s.expectConverged(["/i.txt": "file:content"])
   }
 
+  /// A new node took the name of a node moved away whose move had committed but not yet removed
+  /// its DATA from the origin: the new node's first DATA upload met that DATA (412), took it for
+  /// a remote version of itself (a data conflict: its content went to a conflicted copy), and
+  /// the move then removed it — the new node showed a size without content (randomized seed
+  /// 781 with faults). DATA the node's key does not open is now overwritten.
+  @Test func newNodeOverwritesTheDataAMovedNodeLeftAtItsKey() throws {
+    let backing = try StoreKind.local.make("zdc-sync-foreign-data")
+    let store = backing.store
+    let hooked = DeleteHookStore(store)
+    let user = try TestUser()
+    let alpha = try Device("alpha", user: user, store: hooked)
+    let beta = try Device("beta", user: user, store: store)
+    try alpha.start()
+    try beta.start()
+    try alpha.create("a.txt", "content")
+    try alpha.sync()
+    // Beta, which never heard of alpha's file, creates that name once alpha's move released
+    // the origin, before the move removes the origin's DATA.
+    var failure: (any Error)? = nil
+    hooked.afterNextDelete(of: try alpha.rcrdKey("a.txt")) {
+      do {
+        try beta.create("a.txt", "beta's content")
+        try beta.sync()
+      } catch { failure = error }
+    }
+    try alpha.move("a.txt", to: "b.txt")
+    try alpha.sync()
+    #expect(failure == nil)
+    try beta.sync()
+    try alpha.sync()
+    let expected = ["/a.txt": "file:beta's content", "/b.txt": "file:content"]
+    for d in [alpha, beta] {
+      #expect(try d.tree() == expected, "\(d.name)")
+      #expect(try d.operationCount() == 0, "\(d.name)")
+    }
+    #expect(!beta.delegate.conflicts.contains { $0.0 == .data })
+  }
+
   /// Pulls on `device` until its node at `path` satisfies `done` (or 20 s pass).
   private func pullUntil(_ device: Device, _ path: String, _ done: (Node) -> Bool) throws {
     let deadline = Date().addingTimeInterval(20)
