@@ -110,7 +110,6 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
     let alpha = try Device("alpha", user: user, store: hooked)
     let beta = try Device("beta", user: user, store: store)
     try alpha.start()
-    try beta.start()
     try alpha.create("a.txt")  // no DATA yet
     try alpha.sync()
     let origin = try alpha.rcrdKey("a.txt")
@@ -119,6 +118,8 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
     var created: (any Error)? = nil
     hooked.afterNextDelete(of: origin) {
       do {
+        // Started only now: a pull before the release would show it alpha's file.
+        try beta.start()
         try beta.create("a.txt", "beta's content")
         try beta.sync()
       } catch { created = error }
@@ -278,7 +279,6 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
     let alpha = try Device("alpha", user: user, store: hooked)
     let beta = try Device("beta", user: user, store: store)
     try alpha.start()
-    try beta.start()
     try alpha.create("a.txt", "content")
     try alpha.sync()
     // Beta, which never heard of alpha's file, creates that name once alpha's move released
@@ -286,6 +286,8 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
     var failure: (any Error)? = nil
     hooked.afterNextDelete(of: try alpha.rcrdKey("a.txt")) {
       do {
+        // Started only now: a pull before the release would show it alpha's file.
+        try beta.start()
         try beta.create("a.txt", "beta's content")
         try beta.sync()
       } catch { failure = error }
