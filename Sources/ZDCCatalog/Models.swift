@@ -86,7 +86,9 @@ public struct CloudObjectRef: Sendable, Hashable, Codable {
 
 /// The kind-specific arguments of a push operation, stored as JSON.
 public struct PushPayload: Sendable, Hashable, Codable {
-  /// For `move`: where the node's objects were before the first of the coalesced moves.
+  /// For `move`: where the node's objects were before the first of the coalesced moves. For a
+  /// first `putRcrd` of a node that keeps DATA found at its keys (uploaded again after a remote
+  /// delete) and was moved before the upload: where that DATA is, to be carried along.
   public var origin: CloudObjectRef?
   /// For `deleteLeaf` / `deleteNode`: every object of the deleted subtree known to be (or
   /// possibly be) in the cloud, root first.

@@ -169,6 +169,17 @@ extension CloudTransaction {
         let stmt = try db.cachedStatement(sql: "DELETE FROM pushOperationDeps WHERE opID = ?")
         try rawExecute(stmt, [first.id])
         if let parentUpload { try addDependency(first.id, dependsOn: parentUpload) }
+        // A node uploaded again after a remote delete may keep DATA found at its former keys
+        // (its content is not here to upload): the first upload carries it (`origin`).
+        var payload = try decodePayload(first.payload)
+        if node.eTagData != nil, payload.origin == nil,
+          !ops.contains(where: { $0.kind == .putData })
+        {
+          payload.origin = old
+          let update = try db.cachedStatement(
+            sql: "UPDATE pushOperations SET payload = ? WHERE id = ?")
+          try update.execute(arguments: [try json(payload), first.id])
+        }
         return
       }
       if ops.isEmpty { return }  // nothing in the cloud and nothing on its way there

@@ -195,12 +195,20 @@ final class MoveRun {
     try copy(from: origin.dataKey, to: target.dataKey)
   }
 
-  private func copy(from source: String, to destination: String) throws {
-    guard source != destination else { return }
+  /// Copies the node's DATA at `source` to `destination` (unless the copy there is of that
+  /// version). Returns false, copying nothing, when the object at `source` is not the node's
+  /// DATA: its key was taken by another node since (a move that committed earlier, whose
+  /// origin's name another node took afterwards, must not carry that node's DATA away).
+  @discardableResult
+  private func copy(from source: String, to destination: String) throws -> Bool {
+    guard source != destination else { return true }
     for _ in 0..<3 {
-      guard let src = try context.headIfExists(source) else { return }  // nothing to copy
+      guard let src = try context.headIfExists(source) else { return true }  // nothing to copy
       let dst = try context.headIfExists(destination)
-      if let c = state.copies[destination], c.source == src.eTag, dst?.eTag == c.eTag { return }
+      if let c = state.copies[destination], c.source == src.eTag, dst?.eTag == c.eTag {
+        return true
+      }
+      guard try isNodeData(src, at: source) else { return false }
       // Recorded first: a copy whose answer is lost is still recognised as this move's.
       state.copies[destination] = MoveState.Copy(source: src.eTag, copy: nil)
       try save()
@@ -216,9 +224,27 @@ final class MoveRun {
       }
       state.copies[destination] = MoveState.Copy(source: src.eTag, copy: copied)
       try save()
-      return
+      return true
     }
     throw StoreError.transient("DATA of node \(node.id) kept changing during its move")
+  }
+
+  /// True when `info` at `key` is a version of the node's DATA: one this device knows, or one
+  /// its node key opens (another device's edit). Another node's DATA is not.
+  private func isNodeData(_ info: ObjectInfo, at key: String) throws -> Bool {
+    let known = Set(
+      [node.eTagData, origin.eTagData].compactMap { $0 } + state.copies.values.map(\.source))
+    if known.contains(info.eTag) { return true }
+    switch try store.cloudFileSizes(
+      key: key, nodeKey: node.encryptionKey, ciphertextSize: info.size)
+    {
+    case .success: return true
+    case .failure(let error):
+      context.logger.warning(
+        "move: the DATA at the origin is not the node's; left in place",
+        metadata: ["node": "\(node.id)", "error": "\(error)"])
+      return false
+    }
   }
 
   /// Claims the origin RCRD and deletes it. Throws (after yielding) when another device
@@ -332,6 +358,14 @@ final class MoveRun {
     guard let r = try context.fetchRcrd(key), let decoded = r.decoded,
       decoded.cloudID == node.cloudID
     else {
+      // Removed after the commit: another device moved the node on or deleted it there (it
+      // saw the target once settled, an answer of which was lost here). Its change-log entry
+      // may never name this place, so a full scan decides — without seeing this move's
+      // other writes, which would count as the node's presence: those go first (their DATA
+      // copies stay, as for a lost race). The scan points the move at the node's new place, or
+      // applies the delete (which keeps the node: a move is outstanding).
+      for ref in written where ref.rcrdKey != key { try undo(ref, keepingData: true) }
+      try x.write { tx in try tx.setSyncValue("1", forKey: PullManager.needsFullScanKey) }
       throw PushIssue.needsPull("the target of the committed move of node \(node.id) vanished")
     }
     let size = dataSize ?? decoded.meta.dataSize
@@ -352,7 +386,7 @@ final class MoveRun {
   private func finishData(origin source: String, target destination: String) throws {
     guard source != destination else { return }
     for _ in 0..<3 {
-      try copy(from: source, to: destination)
+      guard try copy(from: source, to: destination) else { return }  // another node's DATA
       guard let src = try context.headIfExists(source) else { return }
       guard state.copies[destination]?.source == src.eTag else { continue }
       do {
@@ -426,6 +460,20 @@ final class MoveRun {
       try tx.updateDeleteETags(
         cloudID: node.cloudID, rcrdKey: target.rcrdKey, eTagRcrd: eTagRcrd, eTagData: eTagData)
       try tx.completeOperation(id: opID)
+      // A move queued while this one ran started from the target this one had then; this one
+      // may have run again since towards the node's newer place (its target is the node's
+      // place when taken), and ended here: the node is here now, and that move starts here
+      // (else it waits at a key the node never reached, and a pull that checks the node there
+      // takes it for deleted — uploaded again as new beside this RCRD: two RCRDs of one node).
+      if try tx.pendingOperations(forNodeID: node.id).contains(where: {
+        $0.kind == .move && $0.payload.origin?.rcrdKey != target.rcrdKey
+      }) {
+        try tx.setMoveOrigin(
+          CloudObjectRef(
+            nodeID: node.id, cloudID: node.cloudID, dirPrefix: target.dirPrefix,
+            cloudName: target.cloudName, rcrdKey: target.rcrdKey, dataKey: target.dataKey,
+            eTagRcrd: eTagRcrd, eTagData: eTagData), forNodeID: node.id)
+      }
       try x.manager.log(
         [
           ChangeLogEntry(

@@ -499,19 +499,31 @@ public final class PullManager: @unchecked Sendable {
     result.fetchedRcrds = rcrdKeys.count
     let present = Set(items.map(\.rcrd.cloudID))
     // A deleted node is gone if its RCRD is no longer where this device knows it (for a node
-    // with a move outstanding: the move's origin, or the target it was committed to).
+    // with a move outstanding: the move's origin, or the target it was committed to) nor at a
+    // target its move wrote: the deleting device may have found nothing where it knew the
+    // node (this device's move took it elsewhere meanwhile), and this device's own knowledge
+    // of the origin may be older than its move's progress. A node left here by mistake is
+    // found missing by a full scan (which an operation waiting for a pull asks for).
     var gone: [String] = []
     for cloudID in Set(deleted) where !present.contains(cloudID) {
-      guard
-        let key = try context.catalog.read(
-          context.userID,
-          { tx -> String? in
-            guard let n = try tx.node(cloudID: cloudID) else { return nil }
-            return try Self.storeLocation(of: n.id, tx: tx)
-          })
-      else { continue }
-      let r = try context.fetchRcrd(key)
-      if r == nil || (r?.decoded != nil && r?.decoded?.cloudID != cloudID) { gone.append(cloudID) }
+      let keys = try context.catalog.read(context.userID) { tx -> [String] in
+        guard let n = try tx.node(cloudID: cloudID) else { return [] }
+        var keys = try Self.storeLocation(of: n.id, tx: tx).map { [$0] } ?? []
+        for move in try tx.pendingOperations(forNodeID: n.id) where move.kind == .move {
+          for ref in move.payload.written ?? [] where !keys.contains(ref.rcrdKey) {
+            keys.append(ref.rcrdKey)
+          }
+        }
+        return keys
+      }
+      guard !keys.isEmpty else { continue }
+      var found = false
+      for key in keys where !found {
+        if let r = try context.fetchRcrd(key), r.decoded == nil || r.decoded?.cloudID == cloudID {
+          found = true
+        }
+      }
+      if !found { gone.append(cloudID) }
     }
     try applyDeletions(gone, result: &result)
     // Parents first: apply what has a known parent, until nothing more can be applied.
@@ -747,17 +759,15 @@ public final class PullManager: @unchecked Sendable {
     }
     let dirty = try tx.dirtyNodes(inSubtreeOf: c.id)
     let renamed = try tx.renameWithoutMove(c.id, to: free)
-    if dirty.isEmpty {
-      // Its object was replaced: it moved or was deleted elsewhere; a full scan will tell.
-      try tx.setSyncValue("1", forKey: Self.needsFullScanKey)
-      cond.withLock { forceFull = true }
-    } else {
-      try keepDirty(c.id, dirty: dirty, tx: tx)
-      let path = try tx.path(of: c.id)
-      context.delegate.didDiscoverDeletedDirtyNode(
-        renamed, dirtyDescendants: dirty, timestamp: nil, transaction: tx)
+    // Its object was replaced: it moved or was deleted elsewhere; a full scan will tell (it
+    // applies the move, or the delete — which keeps a node with local changes). Taking it for
+    // deleted here would upload a node with local changes again as new while it may only have
+    // moved (its target not announced yet): two RCRDs of one node.
+    try tx.setSyncValue("1", forKey: Self.needsFullScanKey)
+    cond.withLock { forceFull = true }
+    if !dirty.isEmpty {
       context.delegate.didDiscoverConflict(
-        .deletedWhileDirty, node: renamed, other: nil, at: path, transaction: tx)
+        .path, node: renamed, other: nil, at: try tx.path(of: c.id), transaction: tx)
     }
   }
 

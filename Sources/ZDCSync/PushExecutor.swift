@@ -12,6 +12,9 @@ struct DataUploadState: Codable {
   var headers: [String] = []
   /// An unfinished multipart upload.
   var multipart: MultipartState?
+  /// The eTag of an object at the node's DATA key that is not the node's DATA (another
+  /// node's, or corrupt): the upload replaces it (`If-Match`).
+  var overwrite: String?
 
   struct MultipartState: Codable {
     var uploadID: String
@@ -42,6 +45,10 @@ struct RcrdUploadState: Codable, DefaultInitializable {
   var blockedSince: Date?
   /// When this first upload asked for a pull before writing again.
   var pullAskedAt: Date?
+  /// The eTag of the DATA this first upload is carrying from its payload's `origin` (recorded
+  /// before the copy), and the eTag of its copy beside the RCRD.
+  var carriedSource: String?
+  var carriedCopy: String?
 
   mutating func remember(_ digest: String) {
     bodies.append(digest)
@@ -177,6 +184,16 @@ struct PushExecutor {
     try deferUntilDataUploaded(node)
     var state = loadUploadState(RcrdUploadState.self)
     var written = node
+    if case .ifMatch = condition, node.eTagData != nil,
+      node.cloudDataInfo?.eTag != node.eTagData
+    {
+      // The DATA there is a version this device took from a pull, with the size of the RCRD
+      // it found beside it — which may have described an earlier version (its writer's RCRD
+      // upload follows its DATA upload), and a later pull does not bring the size to a node
+      // with an RCRD upload pending: the RCRD describes the DATA's own size (its header).
+      let size = try dataSize(of: node, loc: loc)
+      if size != node.dataSize { written.dataSize = size }
+    }
     if case .ifNoneMatch = condition, !state.bodies.isEmpty, manager.hasPullSide,
       try context.headIfExists(loc.rcrdKey) == nil
     {
@@ -196,7 +213,7 @@ struct PushExecutor {
     let result: RcrdPutResult
     do {
       result = try putRcrd(
-        node: node, key: loc.rcrdKey, condition: condition,
+        node: written, key: loc.rcrdKey, condition: condition,
         remember: { body in
           state.remember(BodyDigest.of(body))
           try saveUploadState(state)
@@ -233,8 +250,8 @@ struct PushExecutor {
           try beforeOverwritingRemoteRcrd(node: node, loc: loc)
           // The local attributes win, with the size of the DATA there (see `dataSize(of:loc:)`).
           let size = try dataSize(of: node, loc: loc)
-          guard size != node.dataSize else { return nil }
-          var n = node
+          guard size != written.dataSize else { return nil }
+          var n = written
           n.dataSize = size
           written = n
           return n
@@ -244,11 +261,22 @@ struct PushExecutor {
     }
     switch result {
     case .pathConflict:
+      if try abandonMoveFromTakenOrigin(node: node, loc: loc) { throw PushIssue.retryNow }
       try resolvePathConflict(node)
       throw PushIssue.retryNow
     case .written(let eTag):
+      let carried = try carryData(node: node, to: loc, state: &state)
       try write { tx in
         if var cur = try tx.node(id: node.id) {
+          if let carried, cur.eTagData == node.eTagData {
+            cur.eTagData = carried.eTag
+            cur.lastModifiedData = carried.lastModified
+            cur.cloudDataInfo = cur.cloudDataInfo.map {
+              CloudDataInfo(
+                metadataSize: $0.metadataSize, thumbnailSize: $0.thumbnailSize,
+                dataSize: $0.dataSize, eTag: carried.eTag, lastModified: carried.lastModified)
+            }
+          }
           try tx.setCloudState(
             nodeID: node.id, eTagRcrd: eTag, lastModifiedRcrd: Date(), eTagData: cur.eTagData,
             lastModifiedData: cur.lastModifiedData, cloudDataInfo: cur.cloudDataInfo)
@@ -281,6 +309,89 @@ struct PushExecutor {
 
   /// A node deleted here after its RCRD upload was taken.
   private struct NodeDeletedMeanwhile: Error {}
+
+  /// A first upload of a node that keeps DATA found at its former keys (uploaded again after a
+  /// remote delete, its content not here) and was moved since: once its RCRD is written, that
+  /// DATA is copied beside it (the copy's source recorded first, so a lost answer is
+  /// recognised) and then removed from the former keys. Returns the copy, or nil when there is
+  /// nothing to carry (no `origin`, the same keys, or no DATA of the node there any more).
+  private func carryData(node: Node, to loc: CloudObjectRef, state: inout RcrdUploadState)
+    throws -> ObjectInfo?
+  {
+    guard let origin = op.payload.origin, origin.dataKey != loc.dataKey,
+      let known = node.eTagData
+    else { return nil }
+    let dst = try context.headIfExists(loc.dataKey)
+    guard let src = try context.headIfExists(origin.dataKey) else {
+      // Copied by an earlier attempt, which then removed the source.
+      if let dst, state.carriedSource != nil, dst.eTag == state.carriedCopy ?? dst.eTag {
+        return dst
+      }
+      context.logger.error(
+        "first upload: the DATA the node kept is gone from its former keys",
+        metadata: ["node": "\(node.id)"])
+      return nil
+    }
+    if src.eTag != known, src.eTag != state.carriedSource {
+      // Not the version the node kept: another node's DATA (its name taken since) is left alone.
+      guard
+        case .success = try store.cloudFileSizes(
+          key: origin.dataKey, nodeKey: node.encryptionKey, ciphertextSize: src.size)
+      else {
+        context.logger.error(
+          "first upload: the DATA at the node's former keys is not the node's",
+          metadata: ["node": "\(node.id)"])
+        return nil
+      }
+    }
+    state.carriedSource = src.eTag
+    state.carriedCopy = nil
+    try saveUploadState(state)
+    let copied: String
+    do {
+      copied = try store.copy(
+        from: origin.dataKey, to: loc.dataKey,
+        condition: dst.map { .ifMatch($0.eTag) } ?? .ifNoneMatch)
+    } catch StoreError.preconditionFailed, StoreError.notFound {
+      throw StoreError.transient("DATA changed while a first upload carried it")
+    }
+    state.carriedCopy = copied
+    try saveUploadState(state)
+    do {
+      try store.delete(key: origin.dataKey, condition: .ifMatch(src.eTag))
+    } catch StoreError.preconditionFailed, StoreError.notFound {
+      // Changed or gone meanwhile: left to its writer.
+    }
+    return try context.headIfExists(loc.dataKey)
+      ?? ObjectInfo(
+        key: loc.dataKey, size: src.size, eTag: copied, lastModified: Date())
+  }
+
+  /// A first upload resumed at the origin of a move queued since it started (it writes where
+  /// the node was then) met another node there: the node never landed at that origin, so the
+  /// move, which has not run (it waits for this upload) and wrote nothing, has nothing to carry
+  /// and is dropped; the upload then goes to the node's current place, after what the move
+  /// waited for (its new parent's first upload). Renaming the node, as for a path conflict at
+  /// its own place, would change the move's target, not this key: the upload would meet the
+  /// other node again, rename again, and so on for good. Returns whether the move was dropped.
+  private func abandonMoveFromTakenOrigin(node: Node, loc: CloudObjectRef) throws -> Bool {
+    try write { tx in
+      guard try tx.operation(id: op.id) != nil,
+        let current = try tx.objectLocation(of: node.id), current.rcrdKey != loc.rcrdKey
+      else { return false }
+      let moves = try tx.pendingOperations(forNodeID: node.id).filter { $0.kind == .move }
+      guard moves.count == 1, let move = moves.first, move.state == .pending,
+        move.payload.origin?.rcrdKey == loc.rcrdKey, (move.payload.written ?? []).isEmpty
+      else { return false }
+      let waitedFor = try tx.dependencies(ofOperation: move.id).filter { $0 != op.id }
+      try tx.dropOperations(ofNodeID: node.id, kind: .move)
+      for other in waitedFor { _ = try tx.deferOperation(id: op.id, until: other) }
+      context.logger.info(
+        "first upload: the origin of the node's move holds another node; the move is dropped",
+        metadata: ["node": "\(node.id)"])
+      return true
+    }
+  }
 
   /// While a DATA upload of the node is outstanding (one that does not itself wait for this
   /// operation, as a first upload's does), the RCRD upload waits for it: the RCRD's size
@@ -475,7 +586,8 @@ struct PushExecutor {
     let size = CloudFileEncoder.encodedSize(
       metadataSize: UInt64(content.metadata.count), thumbnailSize: UInt64(content.thumbnail.count),
       dataSize: content.dataSize)
-    var condition: WriteCondition = node.eTagData.map { .ifMatch($0) } ?? .ifNoneMatch
+    var condition: WriteCondition =
+      (state.overwrite ?? node.eTagData).map { .ifMatch($0) } ?? .ifNoneMatch
     let eTag: String
     if size < manager.config.multipartThreshold {
       var body = Data()
@@ -718,9 +830,17 @@ struct PushExecutor {
     {
     case .success(let s): sizes = s
     case .failure(let error):
-      context.logger.error(
-        "data conflict: the remote DATA cannot be read; its size is taken from its RCRD",
+      // Not a version of this node's DATA (its key does not open it): another node's, left
+      // under a name it held before — e.g. a node moved away whose move has not removed its
+      // DATA from there yet (it carried a copy before its commit) — or a corrupt object.
+      // There is no remote version of this node to keep: the local content goes over it.
+      context.logger.warning(
+        "DATA upload: the object at the node's key is not its DATA; overwriting it",
         metadata: ["node": "\(node.id)", "error": "\(error)"])
+      var state = try loadState()
+      state.overwrite = dataInfo.eTag
+      try saveState(state)
+      throw PushIssue.retryNow
     }
     let deviceName = context.account.deviceName
     try write { tx in

@@ -40,8 +40,8 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
 
   /// The same with a store that fails, delays and answers spurious 412s meanwhile.
   ///
-  /// Known limitation (ZDCSync known limitations): a few runs in a thousand under these fault
-  /// rates still end diverged (causes listed there); recorded, not hidden.
+  /// Known limitation (ZDCSync known limitations): about four runs in a thousand under these
+  /// fault rates still end diverged (causes listed there); recorded, not hidden.
   @Test(arguments: randomSeeds(first: 101, count: 6))
   func twoDevicesConvergeAfterRandomEditsOnAFaultyStore(seed: UInt64) throws {
     withKnownIssue("rare residual divergence under heavy store faults", isIntermittent: true) {
