@@ -103,38 +103,17 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
   /// its content, and the moved one showed DATA its key could not decrypt (randomized seed 119
   /// with faults). DATA its node key does not open is now left in place.
   @Test func committedMoveLeavesAnotherNodesDataAtItsOrigin() throws {
-    let backing = try StoreKind.local.make("zdc-sync-origin-taken")
-    let store = backing.store
-    let hooked = DeleteHookStore(store)
-    let user = try TestUser()
-    let alpha = try Device("alpha", user: user, store: hooked)
-    let beta = try Device("beta", user: user, store: store)
-    try alpha.start()
-    try alpha.create("a.txt")  // no DATA yet
-    try alpha.sync()
-    let origin = try alpha.rcrdKey("a.txt")
-    // Beta, which never heard of alpha's node, creates a node of that name once alpha's move
-    // released the origin, before the move finishes.
-    var created: (any Error)? = nil
-    hooked.afterNextDelete(of: origin) {
-      do {
-        // Started only now: a pull before the release would show it alpha's file.
-        try beta.start()
-        try beta.create("a.txt", "beta's content")
-        try beta.sync()
-      } catch { created = error }
-    }
-    try alpha.move("a.txt", to: "b.txt")
-    try alpha.sync()
-    #expect(created == nil)
+    let (store, alpha, beta) = try nameTakenDuringAMove(
+      "zdc-sync-origin-taken", alphaContent: nil)
+    defer { withExtendedLifetime(store) {} }
     try alpha.sync()
     try beta.sync()
     try alpha.sync()
     let expected = ["/a.txt": "file:beta's content", "/b.txt": "file:-"]
-    #expect(try alpha.tree() == expected)
-    #expect(try beta.tree() == expected)
-    #expect(try alpha.operationCount() == 0)
-    #expect(try beta.operationCount() == 0)
+    for d in [alpha, beta] {
+      #expect(try d.tree() == expected, "\(d.name)")
+      #expect(try d.operationCount() == 0, "\(d.name)")
+    }
   }
 
   /// A pull took another device's DATA version while its writer's RCRD upload (which follows
@@ -272,17 +251,33 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
   /// the move then removed it — the new node showed a size without content (randomized seed
   /// 781 with faults). DATA the node's key does not open is now overwritten.
   @Test func newNodeOverwritesTheDataAMovedNodeLeftAtItsKey() throws {
-    let backing = try StoreKind.local.make("zdc-sync-foreign-data")
-    let store = backing.store
-    let hooked = DeleteHookStore(store)
+    let (store, alpha, beta) = try nameTakenDuringAMove(
+      "zdc-sync-foreign-data", alphaContent: "content")
+    defer { withExtendedLifetime(store) {} }
+    try beta.sync()
+    try alpha.sync()
+    let expected = ["/a.txt": "file:beta's content", "/b.txt": "file:content"]
+    for d in [alpha, beta] {
+      #expect(try d.tree() == expected, "\(d.name)")
+      #expect(try d.operationCount() == 0, "\(d.name)")
+    }
+    #expect(!beta.delegate.conflicts.contains { $0.0 == .data })
+  }
+
+  /// Alpha creates `a.txt` (with `alphaContent`; `nil`: no DATA yet) and moves it to `b.txt`;
+  /// beta, which never heard of alpha's file, creates an `a.txt` of its own once the move
+  /// released the origin, before the move finishes. Returns with alpha's move synced.
+  private func nameTakenDuringAMove(_ label: String, alphaContent: String?) throws -> (
+    TestStore, Device, Device
+  ) {
+    let backing = try StoreKind.local.make(label)
+    let hooked = DeleteHookStore(backing.store)
     let user = try TestUser()
     let alpha = try Device("alpha", user: user, store: hooked)
-    let beta = try Device("beta", user: user, store: store)
+    let beta = try Device("beta", user: user, store: backing.store)
     try alpha.start()
-    try alpha.create("a.txt", "content")
+    try alpha.create("a.txt", alphaContent)
     try alpha.sync()
-    // Beta, which never heard of alpha's file, creates that name once alpha's move released
-    // the origin, before the move removes the origin's DATA.
     var failure: (any Error)? = nil
     hooked.afterNextDelete(of: try alpha.rcrdKey("a.txt")) {
       do {
@@ -295,14 +290,7 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
     try alpha.move("a.txt", to: "b.txt")
     try alpha.sync()
     #expect(failure == nil)
-    try beta.sync()
-    try alpha.sync()
-    let expected = ["/a.txt": "file:beta's content", "/b.txt": "file:content"]
-    for d in [alpha, beta] {
-      #expect(try d.tree() == expected, "\(d.name)")
-      #expect(try d.operationCount() == 0, "\(d.name)")
-    }
-    #expect(!beta.delegate.conflicts.contains { $0.0 == .data })
+    return (backing, alpha, beta)
   }
 
   /// Pulls on `device` until its node at `path` satisfies `done` (or 20 s pass).
