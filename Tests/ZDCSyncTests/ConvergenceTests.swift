@@ -72,22 +72,30 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
   }
 }
 
-/// A store wrapper that runs a closure once, before the first read (HEAD or GET) of a key: to
-/// change the store between a listing and the fetches that follow it.
-final class ReadHookStore: ForwardingStore, @unchecked Sendable {
-  // Safe: `hooks` is only touched under `lock`.
+/// A store wrapper that runs a closure once at a chosen call about a key: before its next read
+/// (HEAD or GET), to change the store between a listing and the fetches that follow it; or right
+/// after its next delete landed, answering that delete with a transient failure (its answer
+/// lost), to change the store while the operation that sent it waits to run again.
+final class HookStore: ForwardingStore, @unchecked Sendable {
+  // Safe: the hooks are only touched under `lock`.
   let inner: any CloudStore
   private let lock = NSLock()
-  private var hooks: [String: () -> Void] = [:]
+  private var beforeRead: [String: () -> Void] = [:]
+  private var afterDelete: [String: () -> Void] = [:]
 
   init(_ inner: any CloudStore) { self.inner = inner }
 
   /// Runs `body` before the next read of `key` (once).
   func beforeNextRead(of key: String, _ body: @escaping () -> Void) {
-    lock.withLock { hooks[key] = body }
+    lock.withLock { beforeRead[key] = body }
   }
 
-  private func fire(_ key: String) { lock.withLock { hooks.removeValue(forKey: key) }?() }
+  /// After the next delete of `key` lands, runs `body`, then reports a transient failure (once).
+  func afterNextDelete(of key: String, _ body: @escaping () -> Void) {
+    lock.withLock { afterDelete[key] = body }
+  }
+
+  private func fire(_ key: String) { lock.withLock { beforeRead.removeValue(forKey: key) }?() }
 
   func head(key: String) throws -> ObjectInfo {
     fire(key)
@@ -102,6 +110,14 @@ final class ReadHookStore: ForwardingStore, @unchecked Sendable {
   func getWithInfo(key: String) throws -> (data: Data, info: ObjectInfo) {
     fire(key)
     return try inner.getWithInfo(key: key)
+  }
+
+  func delete(key: String, condition: WriteCondition) throws {
+    try inner.delete(key: key, condition: condition)
+    if let hook = lock.withLock({ afterDelete.removeValue(forKey: key) }) {
+      hook()
+      throw StoreError.transient("scripted: answer lost")
+    }
   }
 }
 
@@ -412,7 +428,7 @@ final class ReadHookStore: ForwardingStore, @unchecked Sendable {
   @Test func fullScanRacingAMoveElsewhereDoesNotTakeTheNodeForDeleted() throws {
     let backing = try StoreKind.local.make("zdc-sync-conv-scan-race")
     let store = backing.store
-    let hooked = ReadHookStore(store)
+    let hooked = HookStore(store)
     let user = try TestUser()
     let alpha = try Device("alpha", user: user, store: store)
     // Beta's push side is not started: its move stays queued while its pulls run.

@@ -7,31 +7,6 @@ import ZDCLocalStore
 import ZDCSync
 import ZDCTestSupport
 
-/// A store wrapper that runs a closure once, right after a delete of a given key landed, and
-/// then answers that delete with a transient failure (its answer lost): to change the store
-/// while the operation that sent the delete waits to run again.
-final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
-  // Safe: `hooks` is only touched under `lock`.
-  let inner: any CloudStore
-  private let lock = NSLock()
-  private var hooks: [String: () -> Void] = [:]
-
-  init(_ inner: any CloudStore) { self.inner = inner }
-
-  /// After the next delete of `key` lands, runs `body`, then reports a transient failure (once).
-  func afterNextDelete(of key: String, _ body: @escaping () -> Void) {
-    lock.withLock { hooks[key] = body }
-  }
-
-  func delete(key: String, condition: WriteCondition) throws {
-    try inner.delete(key: key, condition: condition)
-    if let hook = lock.withLock({ hooks.removeValue(forKey: key) }) {
-      hook()
-      throw StoreError.transient("scripted: answer lost")
-    }
-  }
-}
-
 /// Scripted interleavings behind the residual divergences of the randomized fault tests
 /// (issue 3, third round).
 @Suite(.serialized) struct SyncFaultRegressionTests {
@@ -170,7 +145,7 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
   @Test func nodeWhoseKeyIsTakenAfterAnUnannouncedMoveIsNotUploadedAgain() throws {
     let backing = try StoreKind.local.make("zdc-sync-make-room")
     let store = backing.store
-    let hooked = DeleteHookStore(store)
+    let hooked = HookStore(store)
     let user = try TestUser()
     let alpha = try Device("alpha", user: user, store: hooked)
     let beta = try Device("beta", user: user, store: store)
@@ -271,7 +246,7 @@ final class DeleteHookStore: ForwardingStore, @unchecked Sendable {
     TestStore, Device, Device
   ) {
     let backing = try StoreKind.local.make(label)
-    let hooked = DeleteHookStore(backing.store)
+    let hooked = HookStore(backing.store)
     let user = try TestUser()
     let alpha = try Device("alpha", user: user, store: hooked)
     let beta = try Device("beta", user: user, store: backing.store)
