@@ -24,11 +24,6 @@ extension CloudTransaction {
     try run(try db.cachedStatement(sql: sql), values, row: row)
   }
 
-  /// Runs a statement that returns no rows (see ``rawQuery(_:_:row:)``).
-  func rawExecute(_ sql: String, _ values: RawValues) throws {
-    try run(try db.cachedStatement(sql: sql), values) { _ in false }
-  }
-
   /// Runs a prepared statement that returns no rows (see ``rawQuery(_:_:row:)``).
   func rawExecute(_ statement: Statement, _ values: RawValues) throws {
     try run(statement, values) { _ in false }

@@ -2,6 +2,23 @@ import Foundation
 import ZDCCore
 import ZDCCrypto
 
+extension CloudDataInfo {
+  /// The section sizes read from the header of the DATA object with `eTag`.
+  init(_ sizes: CloudFileSizes, eTag: String, lastModified: Date?) {
+    self.init(
+      metadataSize: sizes.metadataSize, thumbnailSize: sizes.thumbnailSize,
+      dataSize: sizes.dataSize, eTag: eTag, lastModified: lastModified)
+  }
+
+  /// These sizes, for another object with the same content (a copy of it).
+  func copied(eTag: String, lastModified: Date?) -> CloudDataInfo {
+    var info = self
+    info.eTag = eTag
+    info.lastModified = lastModified
+    return info
+  }
+}
+
 extension CloudStore {
   /// The section sizes of the CloudFile stored at `key` (`ciphertextSize` bytes, sealed with
   /// `nodeKey`), read from its first chunks only. A store failure is thrown (retried rather

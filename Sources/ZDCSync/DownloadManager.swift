@@ -210,9 +210,7 @@ public final class DownloadManager: @unchecked Sendable {
     let t = try target(nodeID)
     if let info = t.knownInfo { return info }
     let (reader, eTag) = try reader(for: t)
-    return CloudDataInfo(
-      metadataSize: reader.sizes.metadataSize, thumbnailSize: reader.sizes.thumbnailSize,
-      dataSize: reader.sizes.dataSize, eTag: eTag)
+    return CloudDataInfo(reader.sizes, eTag: eTag, lastModified: nil)
   }
 
   // MARK: Steps
@@ -436,8 +434,7 @@ public final class DownloadManager: @unchecked Sendable {
   /// Records the object's section sizes on the node, if they are news and still current.
   private func record(_ t: Target, sizes: CloudFileSizes, eTag: String, lastModified: Date?) {
     let info = CloudDataInfo(
-      metadataSize: sizes.metadataSize, thumbnailSize: sizes.thumbnailSize,
-      dataSize: sizes.dataSize, eTag: eTag, lastModified: lastModified ?? t.node.lastModifiedData)
+      sizes, eTag: eTag, lastModified: lastModified ?? t.node.lastModifiedData)
     if let old = t.node.cloudDataInfo, old.eTag == eTag, old.metadataSize == info.metadataSize,
       old.thumbnailSize == info.thumbnailSize, old.dataSize == info.dataSize
     {

@@ -414,9 +414,7 @@ final class MoveRun {
     if c.eTag == eTag, c.source == node.eTagData, let info = node.cloudDataInfo,
       info.eTag == c.source
     {
-      return CloudDataInfo(
-        metadataSize: info.metadataSize, thumbnailSize: info.thumbnailSize,
-        dataSize: info.dataSize, eTag: eTag, lastModified: info.lastModified)
+      return info.copied(eTag: eTag, lastModified: info.lastModified)
     }
     return try carriedVersion(eTag: eTag, at: key)
   }
@@ -494,9 +492,7 @@ final class MoveRun {
         "move: the DATA carried cannot be read", metadata: ["node": "\(node.id)"])
       return nil
     }
-    return CloudDataInfo(
-      metadataSize: sizes.metadataSize, thumbnailSize: sizes.thumbnailSize,
-      dataSize: sizes.dataSize, eTag: info.eTag, lastModified: info.lastModified)
+    return CloudDataInfo(sizes, eTag: info.eTag, lastModified: info.lastModified)
   }
 
   // MARK: Losing the race

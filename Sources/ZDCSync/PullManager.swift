@@ -826,18 +826,17 @@ public final class PullManager: @unchecked Sendable {
   /// cannot be read as a CloudFile of the node.
   private func existingDataInfo(key: String, nodeKey: Data) throws -> CloudDataInfo? {
     guard let info = try context.headIfExists(key) else { return nil }
-    let store = context.store
+    let result: Result<CloudFileSizes, any Error>
     do {
-      let sizes = try CloudFileReader(
-        key: nodeKey, ciphertextSize: info.size, fetch: { try store.get(key: key, range: $0) }
-      ).sizes
-      return CloudDataInfo(
-        metadataSize: sizes.metadataSize, thumbnailSize: sizes.thumbnailSize,
-        dataSize: sizes.dataSize, eTag: info.eTag, lastModified: info.lastModified)
-    } catch let e as StoreError {
-      if case .notFound = e { return nil }
-      throw e
-    } catch {
+      result = try context.store.cloudFileSizes(
+        key: key, nodeKey: nodeKey, ciphertextSize: info.size)
+    } catch StoreError.notFound {
+      return nil
+    }
+    switch result {
+    case .success(let sizes):
+      return CloudDataInfo(sizes, eTag: info.eTag, lastModified: info.lastModified)
+    case .failure(let error):
       context.logger.error(
         "DATA kept by a node deleted remotely cannot be read; uploaded again",
         metadata: ["key": "\(key)", "error": "\(error)"])

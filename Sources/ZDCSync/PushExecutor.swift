@@ -271,11 +271,8 @@ struct PushExecutor {
           if let carried, cur.eTagData == node.eTagData {
             cur.eTagData = carried.eTag
             cur.lastModifiedData = carried.lastModified
-            cur.cloudDataInfo = cur.cloudDataInfo.map {
-              CloudDataInfo(
-                metadataSize: $0.metadataSize, thumbnailSize: $0.thumbnailSize,
-                dataSize: $0.dataSize, eTag: carried.eTag, lastModified: carried.lastModified)
-            }
+            cur.cloudDataInfo = cur.cloudDataInfo?.copied(
+              eTag: carried.eTag, lastModified: carried.lastModified)
           }
           try tx.setCloudState(
             nodeID: node.id, eTagRcrd: eTag, lastModifiedRcrd: Date(), eTagData: cur.eTagData,
@@ -880,9 +877,7 @@ struct PushExecutor {
       cur.eTagData = dataInfo.eTag
       cur.lastModifiedData = dataInfo.lastModified
       cur.cloudDataInfo = sizes.map {
-        CloudDataInfo(
-          metadataSize: $0.metadataSize, thumbnailSize: $0.thumbnailSize, dataSize: $0.dataSize,
-          eTag: dataInfo.eTag, lastModified: dataInfo.lastModified)
+        CloudDataInfo($0, eTag: dataInfo.eTag, lastModified: dataInfo.lastModified)
       }
       if let s = sizes { cur.dataSize = s.dataSize }
       try tx.applyRemoteNode(cur, cloudName: try tx.cloudName(of: cur.id))
