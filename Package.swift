@@ -131,7 +131,10 @@ let package = Package(
       swiftSettings: strict),
     .testTarget(
       name: "ZDCCatalogTests",
-      dependencies: ["ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCTestSupport"],
+      dependencies: [
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCTestSupport",
+        .product(name: "GRDB", package: "GRDB.swift"),
+      ],
       swiftSettings: strict),
     .testTarget(
       name: "ZDCStoreTests",

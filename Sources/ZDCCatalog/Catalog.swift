@@ -25,10 +25,16 @@ public final class Catalog: Sendable {
     public var durability: Durability
     /// How long a writer waits for a lock held by another process, in seconds.
     public var busyTimeout: Double
+    /// The longest a ``Commit/soon`` write waits for its commit, in seconds.
+    public var batchWindow: Double
 
-    public init(durability: Durability = .full, busyTimeout: Double = 10) {
+    public init(
+      durability: Durability = .full, busyTimeout: Double = 10,
+      batchWindow: Double = Catalog.batchWindow
+    ) {
       self.durability = durability
       self.busyTimeout = busyTimeout
+      self.batchWindow = batchWindow
     }
   }
 
@@ -47,10 +53,13 @@ public final class Catalog: Sendable {
   /// The names of the schema migrations this build knows, in order.
   public static var knownMigrations: [String] { Schema.migrator.migrations }
 
-  /// Opens (creating if needed) the catalog at `path`, in WAL mode, and migrates it.
+  /// Opens (creating if needed) the catalog at `path`, in WAL mode, and migrates it. Changes
+  /// of ``Commit/soon`` writes a crash left uncommitted are made again from the redo journal
+  /// (`path` + `.redo`, see ``replayedJournalEntries``).
   public convenience init(path: String, options: Options = Options()) throws {
     let pool = try DatabasePool(path: path, configuration: Self.configuration(options))
-    try self.init(writer: pool, path: path, temporaryDirectory: nil)
+    try self.init(
+      writer: pool, path: path, temporaryDirectory: nil, batchWindow: options.batchWindow)
   }
 
   /// A catalog in a fresh temporary directory, removed when the catalog is released (tests).
@@ -60,22 +69,41 @@ public final class Catalog: Sendable {
     try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
     let path = dir.appendingPathComponent("catalog.sqlite").path
     let pool = try DatabasePool(path: path, configuration: configuration(options))
-    return try Catalog(writer: pool, path: path, temporaryDirectory: dir)
+    return try Catalog(
+      writer: pool, path: path, temporaryDirectory: dir, batchWindow: options.batchWindow)
   }
 
   /// A catalog in memory (tests): one connection, nothing on disk.
   public static func inMemory() throws -> Catalog {
     let queue = try DatabaseQueue(configuration: configuration(Options(durability: .normal)))
-    return try Catalog(writer: queue, path: nil, temporaryDirectory: nil)
+    return try Catalog(
+      writer: queue, path: nil, temporaryDirectory: nil, batchWindow: Catalog.batchWindow)
   }
 
-  private init(writer: any DatabaseWriter, path: String?, temporaryDirectory: URL?) throws {
+  private init(
+    writer: any DatabaseWriter, path: String?, temporaryDirectory: URL?, batchWindow: Double
+  ) throws {
     self.writer = writer
+    self.batchWindowSeconds = batchWindow
     self.path = path
     self.temporaryDirectory = temporaryDirectory
     self.commitHooks = CommitHooks(nodes: nodes)
     try Schema.migrator.migrate(writer)
     writer.add(transactionObserver: commitHooks, extent: .databaseLifetime)
+    if let path {
+      do {
+        journal = try RedoJournal(path: path + ".redo")
+        batchesAllowed = true
+      } catch RedoJournal.Failure.busy {
+        // Another process writes this catalog and holds its journal: no batches here.
+        journal = nil
+        batchesAllowed = false
+      }
+      try replayJournal()
+    } else {
+      journal = nil
+      batchesAllowed = true
+    }
   }
 
   deinit {
@@ -169,15 +197,32 @@ public final class Catalog: Sendable {
     /// Committed before ``Catalog/write(_:commit:_:)`` returns: it survives a crash of the
     /// process from then on.
     case now
-    /// Committed within ``Catalog/batchWindow`` seconds, with the writes around it, or earlier
+    /// Committed within ``Options/batchWindow`` seconds, with the writes around it, or earlier
     /// by the next ``now`` write or ``Catalog/commitPending()``. Seen at once by every read and
-    /// write of this catalog; a crash before the commit loses it. For changes no one was
-    /// promised would survive a crash (a file system's metadata changes, until `fsync`).
+    /// write of this catalog. Survives a crash of the process once the write returns: its
+    /// changes are in the catalog's redo journal (see ``replayedJournalEntries``), made again
+    /// at the next open if the commit did not happen. Not yet power-loss safe (like
+    /// ``Durability/normal``; ``makeDurable()`` makes it so).
     case soon
   }
 
-  /// The longest a ``Commit/soon`` write waits for its commit, in seconds.
+  /// The longest a ``Commit/soon`` write waits for its commit by default, in seconds.
   public static let batchWindow: Double = 0.02
+  private let batchWindowSeconds: Double
+
+  /// The redo journal of ``Commit/soon`` writes (`nil` in memory, or when another process holds
+  /// it: ``Commit/soon`` then commits at once).
+  private let journal: RedoJournal?
+  /// False when `.soon` writes must commit at once (no journal for a catalog on disk).
+  private let batchesAllowed: Bool
+  /// The last journal entry of the open batch, and the last one a commit covered. Touched
+  /// only on the writer connection.
+  nonisolated(unsafe) private var batchJournalSeq: UInt64 = 0
+  nonisolated(unsafe) private var committedJournalSeq: UInt64 = 0
+  /// How many journal entries the opening of this catalog made again (a crash had left them
+  /// uncommitted), and how many of those failed (logged, skipped).
+  nonisolated(unsafe) public private(set) var replayedJournalEntries = 0
+  nonisolated(unsafe) public private(set) var failedJournalEntries = 0
 
   /// True while ``Commit/soon`` writes wait for their commit (an open SQLite transaction on
   /// the writer connection).
@@ -200,18 +245,34 @@ public final class Catalog: Sendable {
   ) throws -> T {
     let failpoint = failpointBox.value
     let known = layouts.value[userID]
+    let commit: Commit = batchesAllowed ? commit : .now
     do {
       return try writer.writeWithoutTransaction { db in
-        func unit() throws -> T {
+        // Set by a `.soon` unit that could not be journaled: it commits before returning.
+        var commitNow = false
+        func unit(journaled: Bool) throws -> T {
           let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
           let tx = CloudTransaction(
             db: db, layout: layout, readOnly: false, failpoint: failpoint,
             shareLists: shareLists, nodes: nodes)
+          if journaled { tx.journalRecords = [] }
           let result: T
           do { result = try body(tx) } catch {
             // Its changes are rolled back: nodes read after them may be cached.
             nodes.removeAll()
             throw error
+          }
+          if journaled, let journal {
+            if tx.needsCommit {
+              commitNow = true
+            } else if let records = tx.journalRecords, !records.isEmpty {
+              do {
+                batchJournalSeq = try journal.append(userID: userID, records: records)
+              } catch {
+                logger.error("catalog journal: \(error); committing at once")
+                commitNow = true
+              }
+            }
           }
           commitHooks.append(tx.commitHooks)
           if known == nil { layouts.value[userID] = layout }
@@ -221,7 +282,7 @@ public final class Catalog: Sendable {
           if commit == .now {
             try control(db, "BEGIN IMMEDIATE TRANSACTION")
             do {
-              let result = try unit()
+              let result = try unit(journaled: false)
               try control(db, "COMMIT TRANSACTION")
               return result
             } catch {
@@ -237,7 +298,7 @@ public final class Catalog: Sendable {
         let result: T
         do {
           try control(db, "SAVEPOINT unit")
-          result = try unit()
+          result = try unit(journaled: commit == .soon && journal != nil)
           try control(db, "RELEASE SAVEPOINT unit")
         } catch {
           if db.isInsideTransaction {
@@ -250,7 +311,7 @@ public final class Catalog: Sendable {
           nodes.removeAll()
           throw error
         }
-        if commit == .now { try commitBatch(db) }
+        if commit == .now || commitNow { try commitBatch(db) }
         return result
       }
     } catch let error as DatabaseError where error.resultCode == .SQLITE_FULL {
@@ -274,8 +335,20 @@ public final class Catalog: Sendable {
       return
     }
     do {
+      if batchJournalSeq > committedJournalSeq {
+        // The journal entries this commit makes redundant.
+        try db.cachedStatement(sql: "UPDATE journalState SET seq = ? WHERE id = 1").execute(
+          arguments: [Int64(bitPattern: batchJournalSeq)])
+      }
       try control(db, "COMMIT TRANSACTION")
       batchOpen.value = false
+      committedJournalSeq = batchJournalSeq
+      if let journal, journal.size >= RedoJournal.truncateThreshold {
+        // Every entry is committed now (entries are appended on this connection only).
+        do { try journal.truncate() } catch {
+          logger.error("catalog journal: \(error)")
+        }
+      }
     } catch {
       nodes.removeAll()
       if !db.isInsideTransaction {
@@ -285,10 +358,73 @@ public final class Catalog: Sendable {
         try? control(db, "ROLLBACK TRANSACTION")
         batchOpen.value = false
       }
+      // The batch's journal entries describe changes the catalog no longer holds; replaying
+      // them at the next open would bring back, on a later state, what this process has
+      // dropped: they go too.
+      if let journal, batchJournalSeq > committedJournalSeq {
+        try? journal.truncate()
+        committedJournalSeq = batchJournalSeq
+      }
       logger.error(
         "catalog commit failed; metadata changes of the last moments are lost: \(error)")
       throw error
     }
+  }
+
+  /// Makes again the journal entries a crash left uncommitted (at open, before any other
+  /// write), one savepoint each; an entry that fails is logged and skipped. Then empties the
+  /// journal.
+  private func replayJournal() throws {
+    guard let journal else { return }
+    let (entries, valid) = try journal.readAll()
+    if valid < journal.size {
+      logger.warning("catalog journal: a damaged tail of \(journal.size - valid) bytes dropped")
+    }
+    let applied = try writer.read { db in
+      try Int64.fetchOne(db, sql: "SELECT seq FROM journalState WHERE id = 1") ?? 0
+    }
+    var pending = entries.filter { $0.seq > UInt64(bitPattern: applied) }
+    if let first = pending.first, first.seq != UInt64(bitPattern: applied) + 1 {
+      // The entries do not continue the database's state (a power loss took commits of the
+      // database the journal had already been emptied of): replaying them would apply changes
+      // out of their context.
+      logger.error(
+        "catalog journal: entries \(first.seq)… do not follow the database's \(applied); not replayed"
+      )
+      pending = []
+    }
+    if !pending.isEmpty {
+      var failed = 0
+      try writer.write { db in
+        for entry in pending {
+          let layout = try CloudTransaction.layout(userID: entry.userID, db: db)
+          do {
+            try db.inSavepoint {
+              let tx = CloudTransaction(
+                db: db, layout: layout, readOnly: false, failpoint: nil,
+                shareLists: shareLists, nodes: nodes)
+              for record in entry.records { try tx.replay(record) }
+              commitHooks.append(tx.commitHooks)
+              return .commit
+            }
+          } catch {
+            nodes.removeAll()
+            failed += 1
+            logger.error("catalog journal: entry \(entry.seq) could not be made again: \(error)")
+          }
+        }
+        try db.execute(
+          sql: "UPDATE journalState SET seq = ? WHERE id = 1",
+          arguments: [Int64(bitPattern: pending.last!.seq)])
+      }
+      replayedJournalEntries = pending.count
+      failedJournalEntries = failed
+      logger.info(
+        "catalog journal: \(pending.count) uncommitted changes made again after a crash")
+    }
+    try journal.truncate()
+    batchJournalSeq = max(journal.lastSeq, UInt64(bitPattern: applied))
+    committedJournalSeq = batchJournalSeq
   }
 
   /// Runs a transaction statement prepared once (GRDB's `inTransaction`, `inSavepoint` and
@@ -299,7 +435,7 @@ public final class Catalog: Sendable {
   }
 
   private func scheduleBatchCommit() {
-    batchTimer.asyncAfter(deadline: .now() + Self.batchWindow) { [weak self] in
+    batchTimer.asyncAfter(deadline: .now() + batchWindowSeconds) { [weak self] in
       guard let self else { return }
       do { try self.commitPending() } catch {
         // Logged by commitBatch; the next write retries.
@@ -344,6 +480,14 @@ public final class Catalog: Sendable {
       }
     }
     return try writer.read { db in try unit(db, onWriter: false) }
+  }
+
+  /// Which of `ids` are nodes of any local user.
+  public func existingNodeIDs(among ids: [NodeID]) throws -> Set<NodeID> {
+    try writer.read { db in
+      let stmt = try db.cachedStatement(sql: "SELECT 1 FROM nodes WHERE id = ?")
+      return Set(try ids.filter { try Bool.fetchOne(stmt, arguments: [$0]) ?? false })
+    }
   }
 
   // MARK: Local users

@@ -70,7 +70,17 @@ public final class CloudTransaction {
 
   func requireWritable() throws {
     if isReadOnly { throw CatalogError.invalidOperation("read-only transaction") }
+    // A change the journal does not describe: the unit of work must commit before it returns.
+    if journalRecords != nil, journalDepth == 0 { needsCommit = true }
   }
+
+  /// The journal records of this unit of work, or `nil` when it is not journaled (see
+  /// ``RedoJournal``).
+  var journalRecords: [Data]?
+  /// Nesting of journaled mutations (only the outermost one is recorded).
+  var journalDepth = 0
+  /// True when a journaled unit of work made a change its records do not describe.
+  var needsCommit = false
 
   func check(_ point: String) throws {
     if let failpoint, failpoint == point { throw CatalogError.injectedFailure(point) }
@@ -165,14 +175,15 @@ public final class CloudTransaction {
     ]
   }
 
-  func insertNodeRow(_ node: Node, cloudName: String) throws -> NodeID {
+  /// Inserts a node's row; with `id`, under that row id (journal replay), else the next one.
+  func insertNodeRow(_ node: Node, cloudName: String, id: NodeID? = nil) throws -> NodeID {
     let stmt = try db.cachedStatement(
       sql: """
         INSERT INTO nodes (uuid, localUserID, parentID, name, kind, trunk, shareList, burnDate,
           encryptionKey, dirSalt, dirPrefix, cloudID, eTagRcrd, eTagData, lastModifiedRcrd,
           lastModifiedData, cloudDataInfo, explicitCloudName, anchor, pointeeID, mode, mtime,
-          xattrs, symlinkTarget, dataSize, nameKey, cloudName)
-        VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+          xattrs, symlinkTarget, dataSize, nameKey, cloudName, id)
+        VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
         """)
     let args: [(any DatabaseValueConvertible)?] = [
       node.uuid, node.localUserID, node.parentID, node.name, node.kind.rawValue,
@@ -184,7 +195,7 @@ public final class CloudTransaction {
       try node.cloudDataInfo.map { try json($0) }, node.explicitCloudName,
       try node.anchor.map { try json($0) }, node.pointeeID, Int64(node.mode),
       node.mtime.totalNanoseconds, node.xattrs.isEmpty ? nil : try json(node.xattrs),
-      node.symlinkTarget, Int64(bitPattern: node.dataSize), node.nameKey.value, cloudName,
+      node.symlinkTarget, Int64(bitPattern: node.dataSize), node.nameKey.value, cloudName, id,
     ]
     try rawExecute(stmt, args)
     return db.lastInsertedRowID
@@ -393,6 +404,16 @@ public final class CloudTransaction {
     path: TreesystemPath, kind: NodeKind = .file, mode: UInt32? = nil, mtime: FileTime? = nil,
     symlinkTarget: String? = nil
   ) throws -> Node {
+    try journaled(
+      {
+        try createNodeUnjournaled(
+          path: path, kind: kind, mode: mode, mtime: mtime, symlinkTarget: symlinkTarget)
+      }, { .create($0) })
+  }
+
+  private func createNodeUnjournaled(
+    path: TreesystemPath, kind: NodeKind, mode: UInt32?, mtime: FileTime?, symlinkTarget: String?
+  ) throws -> Node {
     try requireWritable()
     guard let name = path.name, let parentPath = path.parent else {
       throw CatalogError.invalidOperation("trunks are created with their local user")
@@ -415,10 +436,15 @@ public final class CloudTransaction {
   /// empty `localUserID`, and enqueues its upload. Returns the stored node.
   @discardableResult
   public func createNode(_ node: Node) throws -> Node {
-    try requireWritable()
     guard node.id == 0 else {
       throw CatalogError.invalidOperation("createNode needs a node with id 0")
     }
+    return try journaled({ try createNode(node, id: nil) }, { .create($0) })
+  }
+
+  /// ``createNode(_:)``, with the row id `id` when given (journal replay).
+  func createNode(_ node: Node, id: NodeID?) throws -> Node {
+    try requireWritable()
     guard let parentID = node.parentID else {
       throw CatalogError.invalidOperation("a new node needs a parentID")
     }
@@ -439,6 +465,7 @@ public final class CloudTransaction {
     if n.dirSalt.isEmpty { n.dirSalt = SecureRandom.dirSalt() }
     if n.dirPrefix.isEmpty { n.dirPrefix = SecureRandom.dirPrefix() }
     if n.cloudID.isEmpty { n.cloudID = SecureRandom.cloudID() }
+    n.id = id ?? 0
     return try insertNew(n, parent: parent)
   }
 
@@ -456,7 +483,7 @@ public final class CloudTransaction {
       try node.explicitCloudName
       ?? CloudName.compute(name: node.name, parentDirSalt: parent.dirSalt)
     var stored = node
-    stored.id = try insertNodeRow(node, cloudName: cloudName)
+    stored.id = try insertNodeRow(node, cloudName: cloudName, id: node.id == 0 ? nil : node.id)
     sharedNodes?.put(stored)
     try check("createNode.afterInsert")
     var deps: [Int64] = []
@@ -479,6 +506,10 @@ public final class CloudTransaction {
   /// ``moveNode(_:toParent:name:)`` and ``setCloudState(nodeID:eTagRcrd:lastModifiedRcrd:eTagData:lastModifiedData:cloudDataInfo:)``.
   @discardableResult
   public func updateNode(_ node: Node) throws -> Node {
+    try journaled({ try updateNodeUnjournaled(node) }, { .update($0) })
+  }
+
+  private func updateNodeUnjournaled(_ node: Node) throws -> Node {
     try requireWritable()
     let stored = try existingNode(id: node.id)
     // Plain comparisons (key paths here cost more than the update itself).
@@ -555,6 +586,14 @@ public final class CloudTransaction {
   public func moveNode(_ id: NodeID, toParent newParentID: NodeID, name newName: String) throws
     -> Node
   {
+    try journaled(
+      { try moveNodeUnjournaled(id, toParent: newParentID, name: newName) },
+      { _ in .move(id, parent: newParentID, name: newName) })
+  }
+
+  private func moveNodeUnjournaled(
+    _ id: NodeID, toParent newParentID: NodeID, name newName: String
+  ) throws -> Node {
     try requireWritable()
     try validateName(newName)
     let node = try existingNode(id: id)
@@ -675,6 +714,10 @@ public final class CloudTransaction {
   /// upload is in flight) in the cloud, one `deleteLeaf` or `deleteNode` operation is enqueued
   /// listing every object key to delete.
   public func deleteNode(_ id: NodeID) throws {
+    try journaled({ try deleteNodeUnjournaled(id) }, { .delete(id) })
+  }
+
+  private func deleteNodeUnjournaled(_ id: NodeID) throws {
     try requireWritable()
     let node = try existingNode(id: id)
     guard node.trunk == nil else { throw CatalogError.invalidOperation("trunks cannot be deleted") }

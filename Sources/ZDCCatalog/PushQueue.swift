@@ -136,6 +136,11 @@ extension CloudTransaction {
   /// moves of the node.
   @discardableResult
   public func queueDataUpload(nodeID: NodeID) throws -> Int64 {
+    try journaled(
+      { try queueDataUploadUnjournaled(nodeID: nodeID) }, { _ in .queueDataUpload(nodeID) })
+  }
+
+  private func queueDataUploadUnjournaled(nodeID: NodeID) throws -> Int64 {
     try requireWritable()
     let node = try existingNode(id: nodeID)
     guard node.trunk == nil else { throw CatalogError.invalidOperation("trunks have no data") }

@@ -9,7 +9,18 @@ enum Schema {
     m.registerMigration("v3") { db in try v3(db) }
     m.registerMigration("v4") { db in try v4(db) }
     m.registerMigration("v5") { db in try v5(db) }
+    m.registerMigration("v6") { db in try v6(db) }
     return m
+  }
+
+  /// The redo journal's mark: the sequence number of the last journal entry the database
+  /// holds (see `RedoJournal`).
+  private static func v6(_ db: Database) throws {
+    try db.execute(
+      sql: """
+        CREATE TABLE journalState (id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL);
+        INSERT INTO journalState (id, seq) VALUES (1, 0);
+        """)
   }
 
   /// Fewer index pages written per node change: `nodes_parent` duplicates the leading column

@@ -6,6 +6,14 @@ public import ZDCCore
 extension CloudTransaction {
   /// Sets (or with `nil`, removes) the tag `identifier` of a node.
   public func setTag(_ value: TagValue?, forNodeID nodeID: NodeID, identifier: String) throws {
+    try journaled(
+      { try setTagUnjournaled(value, forNodeID: nodeID, identifier: identifier) },
+      { .setTag(nodeID, identifier: identifier, value: value) })
+  }
+
+  private func setTagUnjournaled(_ value: TagValue?, forNodeID nodeID: NodeID, identifier: String)
+    throws
+  {
     try requireWritable()
     _ = try existingNode(id: nodeID)
     if let value {

@@ -110,6 +110,29 @@ final class DiskIndex: Sendable {
     }
   }
 
+  /// Inserts rows (their `id`s are ignored) in one transaction; returns their new ids.
+  func insert(_ rows: [IndexRow]) throws -> [Int64] {
+    try write { db in
+      let stmt = try db.cachedStatement(
+        sql: """
+          INSERT INTO entries (pool, nodeID, version, cloudID, eTag, fileName, size, diskBytes,
+            lastAccess, dirty, committed, complete, chunks)
+          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+          """)
+      var ids: [Int64] = []
+      for row in rows {
+        try stmt.execute(
+          arguments: [
+            row.pool.rawValue, row.nodeID, row.version, row.cloudID, row.eTag, row.fileName,
+            Int64(bitPattern: row.size), Int64(bitPattern: row.diskBytes), row.lastAccess,
+            row.dirty, row.committed, row.complete, row.chunks,
+          ])
+        ids.append(db.lastInsertedRowID)
+      }
+      return ids
+    }
+  }
+
   /// Rewrites every column of an existing row.
   func update(_ row: IndexRow) throws {
     try write { db in

@@ -56,6 +56,13 @@ public final class DiskManager: @unchecked Sendable {
   private var persistScheduled = false
   private var evictionScheduled = false
   private var lost: [NodeID] = []
+  /// Committed staging versions whose rows the index does not hold yet (their file names say
+  /// they are committed: see `committedName`); inserted in batches.
+  private var pendingInserts: [Entry] = []
+  private var insertFlushScheduled = false
+  /// The longest a committed staging version waits for its index row (its file name records
+  /// the commit meanwhile).
+  public let insertFlushDelay: Double
 
   struct CacheKey: Hashable {
     var cloudID: String
@@ -70,10 +77,12 @@ public final class DiskManager: @unchecked Sendable {
   /// ``defaultCap(for:holding:)`` of what the directory holds; with `automaticEviction` off,
   /// only ``evictIfNeeded()`` evicts.
   public init(
-    directory: URL, key: Data, capBytes: UInt64? = nil, automaticEviction: Bool = true
+    directory: URL, key: Data, capBytes: UInt64? = nil, automaticEviction: Bool = true,
+    insertFlushDelay: Double = 0.05
   ) throws {
     guard key.count == 32 else { throw DiskError.invalidKey }
     self.directory = directory
+    self.insertFlushDelay = insertFlushDelay
     self.key = key
     self.automaticEviction = automaticEviction
     cacheDirectory = directory.appendingPathComponent("cache", isDirectory: true)
@@ -220,10 +229,14 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
-  /// Writes pending access times and filled chunks to the index now.
+  /// Writes pending access times, filled chunks and committed staging versions to the index
+  /// now.
   public func flush() {
     persistFills()
     mutationLock.withLock {
+      do { try flushInsertsLocked() } catch {
+        logger.warning("could not record committed staging versions: \(error)")
+      }
       let ticks = stateLock.withLock { () -> [(Int64, Int64)] in
         flushScheduled = false
         defer { accessed.removeAll() }
@@ -264,6 +277,21 @@ public final class DiskManager: @unchecked Sendable {
 
   private static func randomName() -> String {
     Hex.encode(SecureRandom.bytes(16))
+  }
+
+  /// The name a staging file takes when its version is committed: `{random}.{nodeID}.{version}`.
+  /// The rename is the commit (it survives a crash of the process): start-up restores the row
+  /// of such a file if the index does not have it yet.
+  static func committedName(_ name: String, nodeID: NodeID, version: Int64) -> String {
+    "\(name).\(nodeID).\(version)"
+  }
+
+  /// The node and version a committed staging file's name records, or `nil`.
+  static func parseCommittedName(_ name: String) -> (NodeID, Int64)? {
+    let parts = name.split(separator: ".")
+    guard parts.count == 3, parts[0].count == 32, let n = NodeID(parts[1]), let v = Int64(parts[2])
+    else { return nil }
+    return (n, v)
   }
 
   private func unlink(_ url: URL) {
@@ -324,8 +352,26 @@ public final class DiskManager: @unchecked Sendable {
       lastTick = max(lastTick, r.lastAccess)
       keep.append(e)
     }
+    // Staging versions committed just before a crash, before the index recorded them.
+    var adopted = 0
+    for name in files[.staging] ?? [] {
+      guard let (nodeID, version) = Self.parseCommittedName(name) else { continue }
+      let path = url(pool: .staging, fileName: name)
+      guard let size = try? CryptoFile.plaintextSize(ofFileAt: path) else { continue }
+      var row = IndexRow(
+        id: 0, pool: .staging, nodeID: nodeID, version: version, cloudID: nil, eTag: nil,
+        fileName: name, size: size, diskBytes: Self.diskBytes(size: size, bitmap: nil),
+        lastAccess: 0, dirty: true, committed: true, complete: true, chunks: nil)
+      do { row.id = try index.insert(row) } catch { throw DiskError.from(error, "") }
+      files[.staging]?.remove(name)
+      keep.append(Entry(row: row))
+      adopted += 1
+    }
     for (pool, names) in files {
       for name in names { unlink(url(pool: pool, fileName: name)) }
+    }
+    if adopted > 0 {
+      logger.info("disk index: \(adopted) staged versions committed before a crash recorded")
     }
     do { try index.delete(ids: drop) } catch { throw DiskError.from(error, "") }
     stateLock.withLock { for e in keep { add(e) } }
@@ -407,6 +453,9 @@ public final class DiskManager: @unchecked Sendable {
     index.deleteSoon(ids: entries.map(\.id).filter { $0 > 0 })
     scheduleDeleteFlush()
     let unpinned = stateLock.withLock { () -> [URL] in
+      if !pendingInserts.isEmpty {
+        pendingInserts.removeAll { p in entries.contains { $0 === p } }
+      }
       var out: [URL] = []
       for e in entries where !e.removed {
         detach(e)
@@ -858,18 +907,79 @@ public final class DiskManager: @unchecked Sendable {
         r.lastAccess = nextTick()
         return r
       }
-      do {
-        if row.id < 0 { row.id = try index.insert(row) } else { try index.update(row) }
-      } catch { throw DiskError.from(error, "cannot commit") }
+      var deferred = false
+      if row.id < 0 {
+        // Committed by renaming the file (its row goes into the index with the next batch):
+        // an index transaction per closed file cost more than the rest of the commit.
+        let name = Self.committedName(row.fileName, nodeID: staging.nodeID, version: row.version)
+        try e.openLock.withLock {
+          guard Glibc.rename(stagingPath + "/" + row.fileName, stagingPath + "/" + name) == 0
+          else {
+            let code = errno
+            if code == ENOSPC || code == EDQUOT { throw DiskError.noSpace }
+            throw DiskError.io("rename of a committed staging file: errno \(code)")
+          }
+          row.fileName = name
+          stateLock.withLock {
+            replaceRow(e, row)
+            pendingInserts.append(e)
+          }
+        }
+        deferred = true
+      } else {
+        do { try index.update(row) } catch { throw DiskError.from(error, "cannot commit") }
+      }
       let older = stateLock.withLock { () -> [Entry] in
-        replaceRow(e, row)
+        if !deferred { replaceRow(e, row) }
         return (stagingEntries[staging.nodeID] ?? []).filter {
           $0 !== e && $0.row.committed && $0.row.version < row.version
         }
       }
       removeEntries(older)
+      if deferred { scheduleInsertFlush() }
     }
     scheduleEviction()
+  }
+
+  private func scheduleInsertFlush() {
+    let go = stateLock.withLock { () -> Bool in
+      defer { insertFlushScheduled = true }
+      return !insertFlushScheduled
+    }
+    guard go else { return }
+    background.asyncAfter(deadline: .now() + insertFlushDelay) { [weak self] in
+      guard let self else { return }
+      self.mutationLock.withLock {
+        self.stateLock.withLock { self.insertFlushScheduled = false }
+        do { try self.flushInsertsLocked() } catch {
+          self.logger.error("could not record committed staging versions: \(error)")
+        }
+      }
+    }
+  }
+
+  /// Inserts the rows of committed staging versions waiting for the index, in one transaction.
+  /// Caller holds `mutationLock`.
+  private func flushInsertsLocked() throws {
+    let waiting = stateLock.withLock { () -> [Entry] in
+      defer { pendingInserts.removeAll() }
+      return pendingInserts.filter { !$0.removed && $0.id < 0 }
+    }
+    guard !waiting.isEmpty else { return }
+    let rows = stateLock.withLock { waiting.map(\.row) }
+    let ids: [Int64]
+    do { ids = try index.insert(rows) } catch {
+      stateLock.withLock { pendingInserts = waiting + pendingInserts }
+      throw DiskError.from(error, "cannot record committed staging versions")
+    }
+    stateLock.withLock {
+      for (e, id) in zip(waiting, ids) {
+        var r = e.row
+        r.id = id
+        if accessed.remove(e.id) != nil { accessed.insert(id) }
+        replaceRow(e, r)
+      }
+    }
   }
 
   /// Throws a staging version away (committed or not) and closes the handle.
@@ -888,6 +998,7 @@ public final class DiskManager: @unchecked Sendable {
   /// Flushes a node's newest committed staged version, the staging directory's entries and the
   /// index to stable storage (what `fsync(2)` of the file promises).
   public func makeDurable(nodeID: NodeID) throws {
+    try mutationLock.withLock { try flushInsertsLocked() }
     if let staged = try openStaged(forNode: nodeID) {
       defer { staged.close() }
       try staged.file.sync()
@@ -926,6 +1037,11 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
+  /// The nodes that have staged content (committed or not).
+  public func stagedNodeIDs() -> [NodeID] {
+    stateLock.withLock { Array(stagingEntries.keys) }
+  }
+
   /// True when the node has committed staged content not yet uploaded.
   public func isDirty(nodeID: NodeID) -> Bool { stagedData(forNode: nodeID) != nil }
 
@@ -950,6 +1066,7 @@ public final class DiskManager: @unchecked Sendable {
       }
       removeEntries(older + stale)
       guard let e = target else { return false }
+      if stateLock.withLock({ e.id < 0 }) { try flushInsertsLocked() }
       let row = stateLock.withLock { () -> IndexRow in
         var r = e.row
         r.pool = .cache

@@ -93,6 +93,17 @@ public final class FileSystem: @unchecked Sendable {
       throw FileSystemError.io("no home trunk for the user")
     }
     homeID = home.id
+    // Staged content of nodes that are gone: deleted just before a crash, between the
+    // catalog's commit of the deletion (or its journal entry) and the removal of the content.
+    let staged = disk.stagedNodeIDs()
+    if !staged.isEmpty {
+      let present = try catalog.existingNodeIDs(among: staged)
+      let gone = staged.filter { !present.contains($0) }
+      for id in gone { disk.remove(nodeID: id) }
+      if !gone.isEmpty {
+        log.info("staged content of \(gone.count) deleted nodes removed")
+      }
+    }
   }
 
   // MARK: Inodes

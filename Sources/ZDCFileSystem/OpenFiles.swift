@@ -305,7 +305,9 @@ extension FileSystem {
       c.pendingMtime = nil
       c.resetReader()
     }
-    let stored = try write { tx -> Node? in
+    // `.soon`: journaled before this returns (so it survives a crash of the daemon, the
+    // promise of `close(2)`), committed with the writes around it.
+    let stored = try write(commit: .soon) { tx -> Node? in
       guard var n = try tx.node(id: c.key.nodeID) else { return nil }
       n.dataSize = size
       if let mtime { n.mtime = mtime }
@@ -526,9 +528,8 @@ extension FileSystem {
   public func flush(_ h: FileHandleID) throws {
     let oh = try handle(h)
     guard oh.writable else { return }
+    // The file's creation and attribute changes are in the catalog's journal already.
     try oh.content.lock.withLock { try commitLocked(oh.content) }
-    // The file's creation and attribute changes too (`touch f` closes nothing written).
-    do { try catalog.commitPending() } catch { throw Self.map(error) }
   }
 
   /// `fsync(2)`: commits the file's pending writes and makes them durable against power loss

@@ -1,0 +1,241 @@
+import Foundation
+import GRDB
+import Testing
+@_spi(Testing) import ZDCCatalog
+import ZDCCore
+import ZDCCrypto
+
+/// The redo journal: `.soon` writes survive a crash of the process before their batch commits.
+///
+/// A crash is simulated by copying the catalog's files (database, write-ahead log, journal) while
+/// a batch is still open — what a `kill -9` would leave on disk — and opening the copy.
+@Suite struct JournalTests {
+  let user = "alice"
+
+  func open(_ dir: URL) throws -> Catalog {
+    // Batches that only an explicit commit ends: the copy is taken with the batch open.
+    try Catalog(
+      path: dir.appendingPathComponent("catalog.sqlite").path,
+      options: Catalog.Options(durability: .normal, batchWindow: 3600))
+  }
+
+  func tempDir() throws -> URL {
+    let dir = FileManager.default.temporaryDirectory.appendingPathComponent(
+      "zdc-journal-\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+    return dir
+  }
+
+  /// The catalog's files as a crash would leave them (no shared-memory index: rebuilt on open).
+  func crashCopy(_ dir: URL) throws -> URL {
+    let copy = try tempDir()
+    for name in ["catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite.redo"] {
+      let from = dir.appendingPathComponent(name)
+      if FileManager.default.fileExists(atPath: from.path) {
+        try FileManager.default.copyItem(at: from, to: copy.appendingPathComponent(name))
+      }
+    }
+    return copy
+  }
+
+  struct Snapshot: Equatable {
+    var nodes: [Node]
+    var operations: [String]
+    var tags: [String]
+  }
+
+  /// Every node of the home tree, the push queue (kind and node of each operation, in order) and
+  /// the tags.
+  func snapshot(_ catalog: Catalog) throws -> Snapshot {
+    try catalog.read(user) { tx in
+      var nodes: [Node] = []
+      var stack = [try #require(try tx.trunkNode(.home)).id]
+      while let id = stack.popLast() {
+        for c in try tx.children(of: id) {
+          nodes.append(c)
+          stack.append(c.id)
+        }
+      }
+      nodes.sort { $0.id < $1.id }
+      var tags: [String] = []
+      for n in nodes {
+        for (k, v) in try tx.tags(forNodeID: n.id).sorted(by: { $0.key < $1.key }) {
+          tags.append("\(n.id) \(k) \(v)")
+        }
+      }
+      let ops = try tx.allOperations().map { "\($0.kind) \($0.nodeID ?? -1) \($0.state)" }
+      return Snapshot(nodes: nodes, operations: ops, tags: tags)
+    }
+  }
+
+  /// Makes changes of every journaled kind in `.soon` writes; returns how many writes.
+  func soonChanges(_ catalog: Catalog, tag: String) throws -> Int {
+    let d = try catalog.write(user) { try $0.createNode(path: p("d-\(tag)"), kind: .directory) }
+    var writes = 0
+    func soon(_ body: (CloudTransaction) throws -> Void) throws {
+      try catalog.write(user, commit: .soon, body)
+      writes += 1
+    }
+    var a = Node(
+      uuid: "", localUserID: user, parentID: d.id, name: "a \(tag).txt", kind: .file,
+      shareList: .owner(user), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "", cloudID: "",
+      mode: 0o640, mtime: FileTime(seconds: 1_700_000_000, nanoseconds: 7))
+    try soon { tx in a = try tx.createNode(a) }
+    try soon { tx in _ = try tx.createNode(path: p("d-\(tag)", "b"), kind: .symlink) }
+    try soon { tx in
+      var n = try tx.existingNode(id: a.id)
+      n.mode = 0o600
+      n.mtime = FileTime(seconds: 1_800_000_000, nanoseconds: 9)
+      n.xattrs["user.k"] = Data("v".utf8)
+      n.dataSize = 12345
+      try tx.updateNode(n)
+      try tx.queueDataUpload(nodeID: n.id)
+      try tx.setTag(.data(Data([1, 2, 3])), forNodeID: n.id, identifier: "zdcfs.meta")
+    }
+    try soon { tx in
+      let b = try #require(try tx.node(path: p("d-\(tag)", "b")))
+      try tx.moveNode(b.id, toParent: try #require(try tx.trunkNode(.home)).id, name: "c-\(tag)")
+    }
+    try soon { tx in
+      let x = try tx.createNode(path: p("d-\(tag)", "x"))
+      try tx.setTag(.string("s"), forNodeID: x.id, identifier: "t")
+      try tx.deleteNode(x.id)
+    }
+    try soon { tx in try tx.setTag(nil, forNodeID: a.id, identifier: "zdcfs.meta") }
+    return writes
+  }
+
+  @Test func soonWritesSurviveACrashBeforeTheirCommit() throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let catalog = try open(dir)
+    try catalog.createLocalUser(makeUser(user))
+    let writes = try soonChanges(catalog, tag: "1")
+    let expected = try snapshot(catalog)
+    #expect(expected.nodes.count == 3)
+    #expect(expected.operations.contains { $0.hasPrefix("putData") })
+
+    let copy = try crashCopy(dir)
+    defer { try? FileManager.default.removeItem(at: copy) }
+    do {
+      // Without the journal, the copy holds only what was committed.
+      let raw = try DatabaseQueue(path: copy.appendingPathComponent("catalog.sqlite").path)
+      #expect(try raw.read { try Int.fetchOne($0, sql: "SELECT COUNT(*) FROM nodes") } == 5)
+    }
+    do {
+      let reopened = try open(copy)
+      #expect(reopened.replayedJournalEntries == writes)
+      #expect(reopened.failedJournalEntries == 0)
+      // The same nodes (ids, keys, cloudIDs, attributes), the same push queue and tags.
+      #expect(try snapshot(reopened) == expected)
+    }
+    // Replayed once: the next open finds nothing to do.
+    let again = try open(copy)
+    #expect(again.replayedJournalEntries == 0)
+    #expect(try snapshot(again) == expected)
+  }
+
+  @Test func committedBatchesAreNotReplayed() throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let catalog = try open(dir)
+    try catalog.createLocalUser(makeUser(user))
+    _ = try soonChanges(catalog, tag: "1")
+    try catalog.commitPending()
+    let writes = try soonChanges(catalog, tag: "2")
+    let expected = try snapshot(catalog)
+    let copy = try crashCopy(dir)
+    defer { try? FileManager.default.removeItem(at: copy) }
+    let reopened = try open(copy)
+    #expect(reopened.replayedJournalEntries == writes)
+    #expect(try snapshot(reopened) == expected)
+  }
+
+  @Test func aTornLastEntryIsDropped() throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let catalog = try open(dir)
+    try catalog.createLocalUser(makeUser(user))
+    try catalog.write(user, commit: .soon) { tx in _ = try tx.createNode(path: p("kept")) }
+    try catalog.write(user, commit: .soon) { tx in _ = try tx.createNode(path: p("torn")) }
+    let copy = try crashCopy(dir)
+    defer { try? FileManager.default.removeItem(at: copy) }
+    let journal = copy.appendingPathComponent("catalog.sqlite.redo")
+    let bytes = try Data(contentsOf: journal)
+    try bytes.dropLast(5).write(to: journal)
+    let reopened = try open(copy)
+    #expect(reopened.replayedJournalEntries == 1)
+    try reopened.read(user) { (tx: CloudTransaction) throws in
+      #expect(try tx.node(path: p("kept")) != nil)
+      #expect(try tx.node(path: p("torn")) == nil)
+    }
+  }
+
+  @Test func aDamagedEntryStopsTheReplayThere() throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let catalog = try open(dir)
+    try catalog.createLocalUser(makeUser(user))
+    try catalog.write(user, commit: .soon) { tx in _ = try tx.createNode(path: p("one")) }
+    let firstEnd = try Data(
+      contentsOf: dir.appendingPathComponent("catalog.sqlite.redo")
+    ).count
+    try catalog.write(user, commit: .soon) { tx in _ = try tx.createNode(path: p("two")) }
+    try catalog.write(user, commit: .soon) { tx in _ = try tx.createNode(path: p("three")) }
+    let copy = try crashCopy(dir)
+    defer { try? FileManager.default.removeItem(at: copy) }
+    let journal = copy.appendingPathComponent("catalog.sqlite.redo")
+    var bytes = try Data(contentsOf: journal)
+    bytes[firstEnd + 20] ^= 0xFF  // inside the second entry
+    try bytes.write(to: journal)
+    let reopened = try open(copy)
+    #expect(reopened.replayedJournalEntries == 1)
+    try reopened.read(user) { (tx: CloudTransaction) throws in
+      #expect(try tx.node(path: p("one")) != nil)
+      #expect(try tx.node(path: p("two")) == nil)
+      #expect(try tx.node(path: p("three")) == nil)
+    }
+  }
+
+  @Test func aCatalogWhoseJournalIsHeldElsewhereCommitsAtOnce() throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let first = try open(dir)
+    try first.createLocalUser(makeUser(user))
+    // A second opener (as another process would be) cannot take the journal.
+    let second = try open(dir)
+    try second.write(user, commit: .soon) { tx in _ = try tx.createNode(path: p("now")) }
+    let raw = try DatabaseQueue(path: dir.appendingPathComponent("catalog.sqlite").path)
+    #expect(
+      try raw.read { try Int.fetchOne($0, sql: "SELECT COUNT(*) FROM nodes WHERE name = 'now'") }
+        == 1)
+  }
+
+  @Test func aFailedUnitLeavesNothingInTheJournal() throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let catalog = try open(dir)
+    try catalog.createLocalUser(makeUser(user))
+    struct Stop: Error {}
+    #expect(throws: Stop.self) {
+      try catalog.write(user, commit: .soon) { tx in
+        _ = try tx.createNode(path: p("rolled back"))
+        throw Stop()
+      }
+    }
+    // A mutator that failed inside a unit that went on is not recorded either.
+    try catalog.write(user, commit: .soon) { tx in
+      _ = try tx.createNode(path: p("x"))
+      #expect(throws: CatalogError.self) { try tx.createNode(path: p("X")) }
+    }
+    let copy = try crashCopy(dir)
+    defer { try? FileManager.default.removeItem(at: copy) }
+    let reopened = try open(copy)
+    #expect(reopened.replayedJournalEntries == 1)
+    #expect(reopened.failedJournalEntries == 0)
+    try reopened.read(user) { (tx: CloudTransaction) throws in
+      #expect(try tx.node(path: p("rolled back")) == nil)
+      #expect(try tx.node(path: p("x")) != nil)
+    }
+  }
+}
