@@ -602,7 +602,8 @@ public final class CloudTransaction {
     }
     let newParent = try existingNode(id: newParentID)
     if newParent.kind == .symlink { throw CatalogError.notADirectory(newParentID) }
-    if try isAncestor(id, of: newParentID) {
+    // (A rename in place cannot make a cycle.)
+    if newParentID != oldParentID, try isAncestor(id, of: newParentID) {
       throw CatalogError.cycle(nodeID: id, newParentID: newParentID)
     }
     if oldParentID == newParentID, Array(newName.utf8) == Array(node.name.utf8) { return node }
@@ -626,7 +627,7 @@ public final class CloudTransaction {
     moved.name = newName
     moved.explicitCloudName = nil
     sharedNodes?.put(moved)
-    try enqueueMove(moved, from: old, newParent: newParent)
+    try enqueueMove(moved, from: old, newParent: newParent, sameParent: newParentID == oldParentID)
     return moved
   }
 

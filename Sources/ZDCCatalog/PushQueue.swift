@@ -72,7 +72,8 @@ extension CloudTransaction {
     try rawExecute(
       stmt,
       [
-        userID, kind.rawValue, nodeID, cloudID, try payload.map { try json($0) } ?? "{}", now, now,
+        userID, kind.rawValue, nodeID, cloudID, payload.map(PushPayloadJSON.encode) ?? "{}", now,
+        now,
       ])
     let id = db.lastInsertedRowID
     for dep in deps { try addDependency(id, dependsOn: dep) }
@@ -163,8 +164,17 @@ extension CloudTransaction {
   }
 
   /// The move rules (see the module documentation).
-  func enqueueMove(_ node: Node, from old: CloudObjectRef, newParent: Node) throws {
+  func enqueueMove(_ node: Node, from old: CloudObjectRef, newParent: Node, sameParent: Bool)
+    throws
+  {
     let ops = try outstandingOperations(ofNode: node.id)
+    if node.eTagRcrd == nil, sameParent, node.eTagData == nil,
+      let first = ops.first(where: { $0.kind == .putRcrd }), first.state == .pending
+    {
+      // Never uploaded and renamed in place: its pending first upload goes to the new name
+      // and keeps waiting for the same parent.
+      return
+    }
     let parentUpload = try firstUploadOperation(of: newParent)
     guard let current = try objectLocation(of: node.id) else { return }
     if node.eTagRcrd == nil {
@@ -176,14 +186,13 @@ extension CloudTransaction {
         if let parentUpload { try addDependency(first.id, dependsOn: parentUpload) }
         // A node uploaded again after a remote delete may keep DATA found at its former keys
         // (its content is not here to upload): the first upload carries it (`origin`).
+        guard node.eTagData != nil else { return }
         var payload = try decodePayload(first.payload)
-        if node.eTagData != nil, payload.origin == nil,
-          !ops.contains(where: { $0.kind == .putData })
-        {
+        if payload.origin == nil, !ops.contains(where: { $0.kind == .putData }) {
           payload.origin = old
           let update = try db.cachedStatement(
             sql: "UPDATE pushOperations SET payload = ? WHERE id = ?")
-          try update.execute(arguments: [try json(payload), first.id])
+          try update.execute(arguments: [PushPayloadJSON.encode(payload), first.id])
         }
         return
       }

@@ -415,7 +415,7 @@ extension CloudTransaction {
         if let eTagData { payload.objects![i].eTagData = eTagData }
         changed = true
       }
-      if changed { try rawExecute(stmt, [try json(payload), op.id]) }
+      if changed { try rawExecute(stmt, [PushPayloadJSON.encode(payload), op.id]) }
     }
   }
 
@@ -431,7 +431,7 @@ extension CloudTransaction {
       payload.origin = origin
       payload.written?.removeAll { $0.rcrdKey == origin.rcrdKey }
       if payload.written?.isEmpty == true { payload.written = nil }
-      try rawExecute(stmt, [try json(payload), op.id])
+      try rawExecute(stmt, [PushPayloadJSON.encode(payload), op.id])
     }
   }
 
@@ -449,7 +449,7 @@ extension CloudTransaction {
       if let eTagRcrd { origin.eTagRcrd = eTagRcrd }
       if let eTagData { origin.eTagData = eTagData }
       payload.origin = origin
-      try rawExecute(stmt, [try json(payload), op.id])
+      try rawExecute(stmt, [PushPayloadJSON.encode(payload), op.id])
     }
   }
 
@@ -464,7 +464,7 @@ extension CloudTransaction {
     payload.written = written.isEmpty ? nil : written
     let stmt = try db.cachedStatement(
       sql: "UPDATE pushOperations SET payload = ? WHERE id = ? AND +localUserID = ?")
-    try rawExecute(stmt, [try json(payload), id, userID])
+    try rawExecute(stmt, [PushPayloadJSON.encode(payload), id, userID])
   }
 
   /// Returns an operation taken by the push manager to the queue, to run again once `other`

@@ -106,7 +106,58 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
-  deinit { flush() }
+  deinit {
+    flush()
+    // Spare staging files were never anyone's content.
+    let spares = spareLock.withLock { () -> [(String, CryptoFile)] in
+      defer { spareFiles.removeAll() }
+      return spareFiles
+    }
+    for (name, file) in spares {
+      try? file.close()
+      unlink(url(pool: .staging, fileName: name))
+    }
+  }
+
+  // MARK: Spare staging files
+
+  /// Empty staging files made ahead of need on the maintenance queue: creating a file costs
+  /// more than the rest of a small file's write path (the directory's inode allocation), so
+  /// `stagingFile` takes one made earlier. A crash leaves them as uncommitted files, which
+  /// start-up deletes.
+  private let spareLock = NSLock()
+  private var spareFiles: [(String, CryptoFile)] = []
+  private var spareRefillScheduled = false
+  /// How many spare files are kept ready.
+  static let spareTarget = 16
+
+  private func takeSpare() -> (String, CryptoFile)? {
+    let (spare, refill) = spareLock.withLock { () -> ((String, CryptoFile)?, Bool) in
+      let spare = spareFiles.popLast()
+      let refill = spareFiles.count < Self.spareTarget / 2 && !spareRefillScheduled
+      if refill { spareRefillScheduled = true }
+      return (spare, refill)
+    }
+    if refill {
+      background.async { [weak self] in self?.refillSpares() }
+    }
+    return spare
+  }
+
+  private func refillSpares() {
+    defer { spareLock.withLock { spareRefillScheduled = false } }
+    while spareLock.withLock({ spareFiles.count }) < Self.spareTarget {
+      let name = Self.randomName()
+      do {
+        let file = try CryptoFile.create(at: url(pool: .staging, fileName: name), key: key)
+        spareLock.withLock { spareFiles.append((name, file)) }
+      } catch {
+        // (A full disk: `stagingFile` creates its file itself and reports the error.)
+        unlink(url(pool: .staging, fileName: name))
+        return
+      }
+    }
+  }
 
   /// Half the space available to the cache on the filesystem holding `directory` — its free
   /// space plus the `holding` bytes the cache and staging already take there — and at least
@@ -809,9 +860,15 @@ public final class DiskManager: @unchecked Sendable {
       return open
     }
     // Build the new version outside the locks (copying may be long).
-    let name = Self.randomName()
+    let name: String
+    let file: CryptoFile
+    if let spare = takeSpare() {
+      (name, file) = spare
+    } else {
+      name = Self.randomName()
+      file = try CryptoFile.create(at: url(pool: .staging, fileName: name), key: key)
+    }
     let path = url(pool: .staging, fileName: name)
-    let file = try CryptoFile.create(at: path, key: key)
     do {
       if !truncate {
         // Pinned: an upload finishing meanwhile moves the entry to the cache, the handle stays.
