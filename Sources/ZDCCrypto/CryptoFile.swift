@@ -111,7 +111,7 @@ public final class CryptoFile: @unchecked Sendable {
       sodium_memzero(buffer.baseAddress, buffer.count)
       buffer.deallocate()
     }
-    slot.deallocate()
+    Self.releaseSlotScratch(slot)
     pthread_rwlock_destroy(gate)
     gate.deallocate()
   }
@@ -127,8 +127,19 @@ public final class CryptoFile: @unchecked Sendable {
     bufferExtent = 0
   }
 
+  /// Scratch space for a slot, reused from a closed file when one is free (freeing a block of
+  /// this size made malloc consolidate its free lists every time). It only ever holds
+  /// ciphertext and headers.
   static func allocateSlotScratch() -> UnsafeMutableRawBufferPointer {
-    .allocate(byteCount: headerSize + slotSize, alignment: 16)
+    let count = headerSize + slotSize
+    if let p = SlotScratchPool.take() {
+      return UnsafeMutableRawBufferPointer(start: p, count: count)
+    }
+    return .allocate(byteCount: count, alignment: 16)
+  }
+
+  static func releaseSlotScratch(_ slot: UnsafeMutableRawBufferPointer) {
+    if !SlotScratchPool.give(slot.baseAddress!) { slot.deallocate() }
   }
 
   /// Runs `body` holding `gate` exclusively, then `lock`.
@@ -232,7 +243,7 @@ public final class CryptoFile: @unchecked Sendable {
     }
     let fd = try POSIXIO.open(path, O_RDWR)
     var scratch: UnsafeMutableRawBufferPointer? = allocateSlotScratch()
-    defer { scratch?.deallocate() }
+    defer { if let scratch { releaseSlotScratch(scratch) } }
     // Closed here until a CryptoFile owns it; from then on only the file closes it (a second
     // close could hit a descriptor another thread has just opened under the same number).
     var owned = false
@@ -786,6 +797,24 @@ enum ChunkBufferPool {
       precondition(!bytes.contains { $0 != 0 }, "a CryptoFile buffer was not cleared")
     #endif
     return free.withLock {
+      guard $0.count < capacity else { return false }
+      $0.append(UInt(bitPattern: buffer))
+      return true
+    }
+  }
+}
+
+/// Slot scratch buffers of closed CryptoFiles (ciphertext only), for the next ones.
+enum SlotScratchPool {
+  private static let free = Mutex<[UInt]>([])
+  static let capacity = 64
+
+  static func take() -> UnsafeMutableRawPointer? {
+    free.withLock { $0.popLast() }.flatMap { UnsafeMutableRawPointer(bitPattern: $0) }
+  }
+
+  static func give(_ buffer: UnsafeMutableRawPointer) -> Bool {
+    free.withLock {
       guard $0.count < capacity else { return false }
       $0.append(UInt(bitPattern: buffer))
       return true

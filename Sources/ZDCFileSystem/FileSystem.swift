@@ -492,7 +492,7 @@ public final class FileSystem: @unchecked Sendable {
           uuid: "", localUserID: userID, parentID: p.id, name: name, kind: kind,
           shareList: .owner(userID), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "",
           cloudID: "", mode: mode & 0o7777, mtime: FileTime(Date()), symlinkTarget: target))
-      return (try attributes(of: node, .node, tx), node)
+      return (try attributes(of: node, .node, tx, hasChildren: false), node)
     }
     noteLookup(attrs.inode)
     return (attrs, node)
