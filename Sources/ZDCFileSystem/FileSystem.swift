@@ -161,9 +161,10 @@ public final class FileSystem: @unchecked Sendable {
     do { return try catalog.read(userID, onWriter: true, body) } catch { throw Self.map(error) }
   }
 
-  /// A catalog write. Metadata changes (names, modes, times, xattrs) commit `.soon`, in
-  /// batches: like a local file system's, they are durable once a file is closed or `fsync`
-  /// returns, or within ``Catalog/batchWindow``. Content commits are `.now`.
+  /// A catalog write. Metadata changes (names, modes, times, xattrs) and the catalog side of
+  /// content commits are `.soon`: in the catalog's redo journal when this returns (they
+  /// survive a crash of the daemon), committed in batches within ``Catalog/batchWindow`` or at
+  /// `fsync(2)`.
   ///
   /// Batching is off while the state directory's disk is nearly full: a batch whose commit
   /// fails is lost as a whole, so each change then commits (and fails) on its own.
