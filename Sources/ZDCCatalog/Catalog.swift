@@ -219,6 +219,9 @@ public final class Catalog: Sendable {
   /// only on the writer connection.
   nonisolated(unsafe) private var batchJournalSeq: UInt64 = 0
   nonisolated(unsafe) private var committedJournalSeq: UInt64 = 0
+  /// True when `.soon` writes go through the redo journal (false in memory, or when another
+  /// process holds this catalog's journal: they then commit at once).
+  public var isJournaled: Bool { journal != nil }
   /// How many journal entries the opening of this catalog made again (a crash had left them
   /// uncommitted), and how many of those failed (logged, skipped).
   nonisolated(unsafe) public private(set) var replayedJournalEntries = 0

@@ -108,6 +108,16 @@ public final class DiskManager: @unchecked Sendable {
 
   deinit {
     flush()
+    discardSpares(waiting: false)
+  }
+
+  /// Deletes the spare staging files made ahead of need (a process that exits without releasing
+  /// the manager calls this at its end; new ones are made when needed again).
+  public func discardSpares() { discardSpares(waiting: true) }
+
+  private func discardSpares(waiting: Bool) {
+    // A refill under way finishes first (its files are discarded with the rest).
+    if waiting { background.sync {} }
     // Spare staging files were never anyone's content.
     let spares = spareLock.withLock { () -> [(String, CryptoFile)] in
       defer { spareFiles.removeAll() }

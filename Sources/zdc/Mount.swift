@@ -180,6 +180,11 @@ extension ZDC {
           "the store does not honour conditional writes: changes made on two devices at once may overwrite each other"
         )
       }
+      if !account.catalog.isJournaled {
+        logger.warning(
+          "another process has this account's catalog open: every change commits at once (slower)"
+        )
+      }
       let cacheKey = try KeyDerivation.key(
         for: .localCache, secret: account.keys.keyPair.boxSecretKey)
       let disk = try DiskManager(directory: stateDirectory.url, key: cacheKey)
@@ -218,6 +223,7 @@ extension ZDC {
       if !drained { logger.info("uploads left queued for the next mount") }
       sync.stop()
       disk.flush()
+      disk.discardSpares()
       logger.info("unmounted")
     }
 
