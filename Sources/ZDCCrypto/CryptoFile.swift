@@ -199,7 +199,13 @@ public final class CryptoFile: @unchecked Sendable {
   // MARK: Opening
 
   /// Creates (or replaces) an empty CryptoFile, mode 0600, under a 32-byte key.
-  public static func create(at url: URL, key: Data) throws -> CryptoFile {
+  ///
+  /// With `deferringFirstChunk`, only the header is written now: the (empty) last chunk that
+  /// makes the file valid on disk is written by the first flush, sync or close, whatever was
+  /// written before (for files made ahead of need that may never be used).
+  public static func create(at url: URL, key: Data, deferringFirstChunk: Bool = false) throws
+    -> CryptoFile
+  {
     guard key.count == AEAD.keySize else {
       throw CryptoError.invalidKey("file key must be 32 bytes")
     }
@@ -226,7 +232,7 @@ public final class CryptoFile: @unchecked Sendable {
     file.bufferIndex = 0
     file.bufferLength = 0
     file.bufferDirty = true
-    try file.flush()
+    if !deferringFirstChunk { try file.flush() }
     return file
   }
 

@@ -159,7 +159,8 @@ public final class DiskManager: @unchecked Sendable {
     while spareLock.withLock({ spareFiles.count }) < Self.spareTarget {
       let name = Self.randomName()
       do {
-        let file = try CryptoFile.create(at: url(pool: .staging, fileName: name), key: key)
+        let file = try CryptoFile.create(
+          at: url(pool: .staging, fileName: name), key: key, deferringFirstChunk: true)
         spareLock.withLock { spareFiles.append((name, file)) }
       } catch {
         // (A full disk: `stagingFile` creates its file itself and reports the error.)

@@ -27,13 +27,14 @@ import ZDCCore
     #expect(throws: CryptoError.self) { try CryptoFile.open(at: url, key: SecureRandom.bytes(32)) }
   }
 
-  @Test func randomOperationsMatchModel() throws {
+  /// (Also for a file created with its first chunk deferred, as spare staging files are.)
+  @Test(arguments: [false, true]) func randomOperationsMatchModel(deferred: Bool) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
     for seed in UInt64(1)...4 {
       var rng = SplitMix64(seed: seed)
       let url = dir.appendingPathComponent("f\(seed)")
-      var f = try CryptoFile.create(at: url, key: key)
+      var f = try CryptoFile.create(at: url, key: key, deferringFirstChunk: deferred)
       var model = Data()
       for step in 0..<400 {
         switch Int.random(in: 0..<100, using: &rng) {
@@ -85,13 +86,13 @@ import ZDCCore
   /// Writes covering whole chunks take their own path (sealed from the caller's bytes, several
   /// at a time on two threads): mixed with partial writes, reads, truncations and reopenings,
   /// the content must match a plain model.
-  @Test func wholeChunkWritesMatchModel() throws {
+  @Test(arguments: [false, true]) func wholeChunkWritesMatchModel(deferred: Bool) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
     for seed in UInt64(11)...14 {
       var rng = SplitMix64(seed: seed)
       let url = dir.appendingPathComponent("w\(seed)")
-      var f = try CryptoFile.create(at: url, key: key)
+      var f = try CryptoFile.create(at: url, key: key, deferringFirstChunk: deferred)
       var model = Data()
       for step in 0..<150 {
         switch Int.random(in: 0..<100, using: &rng) {
