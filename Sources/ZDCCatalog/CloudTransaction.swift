@@ -117,13 +117,7 @@ public final class CloudTransaction {
       let dirPrefix = text(11), let cloudID = text(12), let mode = int(21), let mtime = int(22),
       let dataSize = int(25)
     else { throw CatalogError.corrupt("node row") }
-    let shareList: ShareList
-    if let cached = shareLists.decoded(shareJSON) {
-      shareList = cached
-    } else {
-      shareList = try decoder.decode(ShareList.self, from: Data(shareJSON.utf8))
-      shareLists.remember(shareList, json: shareJSON)
-    }
+    let shareList = try decodeShareList(shareJSON)
     var xattrs: [String: Data] = [:]
     if let json = text(23) {
       xattrs = try decoder.decode([String: Data].self, from: Data(json.utf8))
@@ -151,6 +145,14 @@ public final class CloudTransaction {
     }
     if let node { sharedNodes?.put(node) }
     return node
+  }
+
+  /// A share list from its JSON (decodings are cached, like encodings).
+  func decodeShareList(_ json: String) throws -> ShareList {
+    if let cached = shareLists.decoded(json) { return cached }
+    let list = try decoder.decode(ShareList.self, from: Data(json.utf8))
+    shareLists.remember(list, json: json)
+    return list
   }
 
   /// A share list's JSON; most nodes share a few lists, so the encoding is cached.

@@ -201,13 +201,7 @@ extension CloudTransaction {
     guard let symlinkTarget = r.optional({ $0.string() }), let dataSize = r.u64() else {
       throw bad()
     }
-    let shareList: ShareList
-    if let cached = shareLists.decoded(shareJSON) {
-      shareList = cached
-    } else {
-      shareList = try decoder.decode(ShareList.self, from: Data(shareJSON.utf8))
-      shareLists.remember(shareList, json: shareJSON)
-    }
+    let shareList = try decodeShareList(shareJSON)
     return Node(
       id: id, uuid: uuid, localUserID: localUserID, parentID: parentID, name: name, kind: kind,
       trunk: trunkRaw.flatMap(Trunk.init(rawValue:)), shareList: shareList, burnDate: burnDate,

@@ -79,7 +79,7 @@ public final class CryptoFile: @unchecked Sendable {
     // Buffers of closed files are reused (zeroed): mapping and unmapping one per file cost
     // page faults and TLB shootdowns that dominated opening a small file.
     let base =
-      ChunkBufferPool.take()
+      BlockPool.chunkBuffers.take()
       ?? mmap(nil, Self.chunkSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
     if let base, base != MAP_FAILED {
       buffer = UnsafeMutableRawBufferPointer(start: base, count: Self.chunkSize)
@@ -106,7 +106,13 @@ public final class CryptoFile: @unchecked Sendable {
     }
     if bufferIsMapped {
       zeroBuffer()
-      if !ChunkBufferPool.give(buffer.baseAddress!) { munmap(buffer.baseAddress, buffer.count) }
+      #if DEBUG
+        // Tests check that a file's buffer really is all zero when it is handed on.
+        precondition(!buffer.contains { $0 != 0 }, "a CryptoFile buffer was not cleared")
+      #endif
+      if !BlockPool.chunkBuffers.give(buffer.baseAddress!) {
+        munmap(buffer.baseAddress, buffer.count)
+      }
     } else {
       sodium_memzero(buffer.baseAddress, buffer.count)
       buffer.deallocate()
@@ -132,14 +138,14 @@ public final class CryptoFile: @unchecked Sendable {
   /// ciphertext and headers.
   static func allocateSlotScratch() -> UnsafeMutableRawBufferPointer {
     let count = headerSize + slotSize
-    if let p = SlotScratchPool.take() {
+    if let p = BlockPool.slotScratch.take() {
       return UnsafeMutableRawBufferPointer(start: p, count: count)
     }
     return .allocate(byteCount: count, alignment: 16)
   }
 
   static func releaseSlotScratch(_ slot: UnsafeMutableRawBufferPointer) {
-    if !SlotScratchPool.give(slot.baseAddress!) { slot.deallocate() }
+    if !BlockPool.slotScratch.give(slot.baseAddress!) { slot.deallocate() }
   }
 
   /// Runs `body` holding `gate` exclusively, then `lock`.
@@ -784,45 +790,28 @@ final class ScratchPool: @unchecked Sendable {
   }
 }
 
-/// Zeroed 64 KiB chunk buffers (anonymous mappings) of closed CryptoFiles, for the next ones.
-enum ChunkBufferPool {
-  /// Addresses of free buffers (every byte zero).
-  private static let free = Mutex<[UInt]>([])
-  /// Buffers kept at most (the rest are unmapped).
-  static let capacity = 64
+/// Fixed-size memory blocks of closed CryptoFiles kept for the next ones (a bounded stack of
+/// addresses): their 64 KiB chunk buffers (anonymous mappings, handed back all zero) and slot
+/// scratch (ciphertext only).
+final class BlockPool: Sendable {
+  private let free = Mutex<[UInt]>([])
+  /// Blocks kept at most (the caller releases the rest).
+  let capacity: Int
 
-  static func take() -> UnsafeMutableRawPointer? {
+  init(capacity: Int) { self.capacity = capacity }
+
+  static let chunkBuffers = BlockPool(capacity: 64)
+  static let slotScratch = BlockPool(capacity: 64)
+
+  func take() -> UnsafeMutableRawPointer? {
     free.withLock { $0.popLast() }.flatMap { UnsafeMutableRawPointer(bitPattern: $0) }
   }
 
-  /// Keeps a zeroed buffer; false when the pool is full (the caller unmaps it).
-  static func give(_ buffer: UnsafeMutableRawPointer) -> Bool {
-    #if DEBUG
-      // Tests check that a file's buffer really is all zero when it is handed on.
-      let bytes = UnsafeRawBufferPointer(start: buffer, count: CryptoFile.chunkSize)
-      precondition(!bytes.contains { $0 != 0 }, "a CryptoFile buffer was not cleared")
-    #endif
-    return free.withLock {
-      guard $0.count < capacity else { return false }
-      $0.append(UInt(bitPattern: buffer))
-      return true
-    }
-  }
-}
-
-/// Slot scratch buffers of closed CryptoFiles (ciphertext only), for the next ones.
-enum SlotScratchPool {
-  private static let free = Mutex<[UInt]>([])
-  static let capacity = 64
-
-  static func take() -> UnsafeMutableRawPointer? {
-    free.withLock { $0.popLast() }.flatMap { UnsafeMutableRawPointer(bitPattern: $0) }
-  }
-
-  static func give(_ buffer: UnsafeMutableRawPointer) -> Bool {
+  /// Keeps a block; false when the pool is full (the caller releases it).
+  func give(_ block: UnsafeMutableRawPointer) -> Bool {
     free.withLock {
       guard $0.count < capacity else { return false }
-      $0.append(UInt(bitPattern: buffer))
+      $0.append(UInt(bitPattern: block))
       return true
     }
   }

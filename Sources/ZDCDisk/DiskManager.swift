@@ -63,6 +63,11 @@ public final class DiskManager: @unchecked Sendable {
   /// The longest a committed staging version waits for its index row (its file name records
   /// the commit meanwhile).
   public let insertFlushDelay: Double
+  /// Empty staging files made ahead of need on the maintenance queue: creating a file costs
+  /// more than the rest of a small file's write path (the directory's inode allocation), so
+  /// `stagingFile` takes one made earlier. A crash leaves them as uncommitted files, which
+  /// start-up deletes.
+  private let spares: SpareStagingFiles
 
   struct CacheKey: Hashable {
     var cloudID: String
@@ -99,6 +104,8 @@ public final class DiskManager: @unchecked Sendable {
       throw DiskError.from(error, "cannot open the disk index")
     }
     totals.capBytes = capBytes ?? .max
+    spares = SpareStagingFiles(
+      directory: stagingPath, key: key, queue: background)
     try reconcile()
     if capBytes == nil {
       let held = stateLock.withLock { totals.bytes }
@@ -108,66 +115,13 @@ public final class DiskManager: @unchecked Sendable {
 
   deinit {
     flush()
-    discardSpares(waiting: false)
+    spares.discard()
   }
 
   /// Deletes the spare staging files made ahead of need (a process that exits without releasing
   /// the manager calls this at its end; new ones are made when needed again).
-  public func discardSpares() { discardSpares(waiting: true) }
-
-  private func discardSpares(waiting: Bool) {
-    // A refill under way finishes first (its files are discarded with the rest).
-    if waiting { background.sync {} }
-    // Spare staging files were never anyone's content.
-    let spares = spareLock.withLock { () -> [(String, CryptoFile)] in
-      defer { spareFiles.removeAll() }
-      return spareFiles
-    }
-    for (name, file) in spares {
-      try? file.close()
-      unlink(url(pool: .staging, fileName: name))
-    }
-  }
-
-  // MARK: Spare staging files
-
-  /// Empty staging files made ahead of need on the maintenance queue: creating a file costs
-  /// more than the rest of a small file's write path (the directory's inode allocation), so
-  /// `stagingFile` takes one made earlier. A crash leaves them as uncommitted files, which
-  /// start-up deletes.
-  private let spareLock = NSLock()
-  private var spareFiles: [(String, CryptoFile)] = []
-  private var spareRefillScheduled = false
-  /// How many spare files are kept ready.
-  static let spareTarget = 16
-
-  private func takeSpare() -> (String, CryptoFile)? {
-    let (spare, refill) = spareLock.withLock { () -> ((String, CryptoFile)?, Bool) in
-      let spare = spareFiles.popLast()
-      let refill = spareFiles.count < Self.spareTarget / 2 && !spareRefillScheduled
-      if refill { spareRefillScheduled = true }
-      return (spare, refill)
-    }
-    if refill {
-      background.async { [weak self] in self?.refillSpares() }
-    }
-    return spare
-  }
-
-  private func refillSpares() {
-    defer { spareLock.withLock { spareRefillScheduled = false } }
-    while spareLock.withLock({ spareFiles.count }) < Self.spareTarget {
-      let name = Self.randomName()
-      do {
-        let file = try CryptoFile.create(
-          at: url(pool: .staging, fileName: name), key: key, deferringFirstChunk: true)
-        spareLock.withLock { spareFiles.append((name, file)) }
-      } catch {
-        // (A full disk: `stagingFile` creates its file itself and reports the error.)
-        unlink(url(pool: .staging, fileName: name))
-        return
-      }
-    }
+  public func discardSpares() {
+    spares.discard(closing: false)
   }
 
   /// Half the space available to the cache on the filesystem holding `directory` — its free
@@ -873,7 +827,7 @@ public final class DiskManager: @unchecked Sendable {
     // Build the new version outside the locks (copying may be long).
     let name: String
     let file: CryptoFile
-    if let spare = takeSpare() {
+    if let spare = spares.take() {
       (name, file) = spare
     } else {
       name = Self.randomName()
@@ -1163,6 +1117,88 @@ public final class DiskManager: @unchecked Sendable {
       }
       scheduleEviction()
       return true
+    }
+  }
+}
+
+/// Spare empty staging files (see `DiskManager.spares`). Refills run on the manager's
+/// maintenance queue and hold only this object, so a released manager is never kept alive.
+final class SpareStagingFiles: @unchecked Sendable {
+  // @unchecked: `files`, `refilling` and `closed` are guarded by `lock`.
+  private let lock = NSLock()
+  private var files: [(String, CryptoFile)] = []
+  private var refilling = false
+  private var closed = false
+  let directory: String
+  let key: Data
+  let queue: DispatchQueue
+  /// How many spare files are kept ready.
+  static let target = 16
+
+  init(directory: String, key: Data, queue: DispatchQueue) {
+    self.directory = directory
+    self.key = key
+    self.queue = queue
+  }
+
+  /// A spare file (its name and open CryptoFile), or `nil`; starts a refill when running low.
+  func take() -> (String, CryptoFile)? {
+    let (spare, refill) = lock.withLock { () -> ((String, CryptoFile)?, Bool) in
+      let spare = files.popLast()
+      let refill = !closed && files.count < Self.target / 2 && !refilling
+      if refill { refilling = true }
+      return (spare, refill)
+    }
+    if refill {
+      queue.async {
+        while self.makeOne() {}
+        self.lock.withLock { self.refilling = false }
+      }
+    }
+    return spare
+  }
+
+  /// Makes one spare file unless enough are ready (or the pool was discarded); false when done.
+  private func makeOne() -> Bool {
+    guard lock.withLock({ !closed && files.count < Self.target }) else { return false }
+    let name = Hex.encode(SecureRandom.bytes(16))
+    let path = directory + "/" + name
+    do {
+      let file = try CryptoFile.create(
+        at: URL(fileURLWithPath: path, isDirectory: false), key: key, deferringFirstChunk: true)
+      let kept = lock.withLock { () -> Bool in
+        guard !closed else { return false }
+        files.append((name, file))
+        return true
+      }
+      if !kept {
+        try? file.close()
+        Glibc.unlink(path)
+      }
+      return kept
+    } catch {
+      // (A full disk: `stagingFile` creates its file itself and reports the error.)
+      Glibc.unlink(path)
+      return false
+    }
+  }
+
+  /// Deletes the spare files — spares were never anyone's content —; with `closing`, for good
+  /// (a refill under way deletes what it still makes), else new ones are made when needed.
+  func discard(closing: Bool = true) {
+    let spares = lock.withLock { () -> [(String, CryptoFile)] in
+      closed = true
+      defer { files.removeAll() }
+      return files
+    }
+    if !closing {
+      // A refill under way stops (it sees `closed`); then takes may refill again.
+      queue.sync {}
+      lock.withLock { closed = false }
+    }
+    for (name, file) in spares {
+      try? file.close()
+      Glibc.unlink(directory + "/" + name)
     }
   }
 }
