@@ -16,6 +16,7 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
   private let lock = NSLock()
   private var armed: String?
   private var armedAfter: String?
+  private var skipAfter = 0
   private var lost: Set<String> = []
   private let arrived = DispatchSemaphore(value: 0)
   private let released = DispatchSemaphore(value: 0)
@@ -24,10 +25,13 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
 
   /// Holds the next put of a key ending with `suffix` (once).
   func holdNextPut(ofKeysEndingWith suffix: String) { lock.withLock { armed = suffix } }
-  /// Holds the next put of a key ending with `suffix` (once) after it landed, before its
-  /// answer returns.
-  func holdAfterNextPut(ofKeysEndingWith suffix: String) {
-    lock.withLock { armedAfter = suffix }
+  /// Holds the next put of a key ending with `suffix` (once; after `skipping` such puts) after
+  /// it landed, before its answer returns.
+  func holdAfterNextPut(ofKeysEndingWith suffix: String, skipping: Int = 0) {
+    lock.withLock {
+      armedAfter = suffix
+      skipAfter = skipping
+    }
   }
   /// Waits until the held put has arrived.
   func waitForHeldPut(timeout: TimeInterval = 20) -> Bool {
@@ -55,6 +59,10 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
     let eTag = try inner.put(key: key, body: body, condition: condition)
     let holdAfter = lock.withLock { () -> Bool in
       guard let s = armedAfter, key.hasSuffix(s) else { return false }
+      if skipAfter > 0 {
+        skipAfter -= 1
+        return false
+      }
       armedAfter = nil
       return true
     }
@@ -593,11 +601,12 @@ final class HookStore: ForwardingStore, @unchecked Sendable {
 }
 
 /// Two devices on one store; alpha's calls (or beta's, with `gateBeta`) go through a
-/// `GatedStore`.
+/// `GatedStore`, behind a `HookStore`.
 struct Scene {
   let backing: TestStore
   var store: any CloudStore { backing.store }
   let gated: GatedStore
+  let hooked: HookStore
   let user: TestUser
   let alpha: Device
   let beta: Device
@@ -609,15 +618,16 @@ struct Scene {
     backing = try kind.make("zdc-sync-conv-\(label)")
     let store = backing.store
     gated = GatedStore(store)
+    hooked = HookStore(gated)
     user = try TestUser()
-    alpha = try Device("alpha", user: user, store: gateBeta ? store : gated) { push, _ in
+    alpha = try Device("alpha", user: user, store: gateBeta ? store : hooked) { push, _ in
       if let alphaRetry {
         push.retryBase = alphaRetry
         push.retryCap = alphaRetry
       }
       if let alphaLease { push.moveClaimLease = alphaLease }
     }
-    beta = try Device("beta", user: user, store: gateBeta ? gated : store)
+    beta = try Device("beta", user: user, store: gateBeta ? hooked : store)
     try alpha.start()
     try beta.start()
   }
@@ -676,6 +686,14 @@ extension Device {
       n.mode = mode
       try tx.updateNode(n)
       try tx.queueDataUpload(nodeID: n.id)
+    }
+  }
+
+  /// The DATA key of the node at `p`.
+  func dataKey(_ p: String) throws -> String {
+    try catalog.read(user.userID) { tx in
+      let n = try #require(try tx.node(path: try path(p)))
+      return try #require(try tx.objectLocation(of: n.id)).dataKey
     }
   }
 

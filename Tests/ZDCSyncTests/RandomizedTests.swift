@@ -156,10 +156,19 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
     if ta != tb {
       for k in Set(ta.keys).union(tb.keys).sorted() where ta[k] != tb[k] {
         print("differs \(k): alpha \(ta[k] ?? "-") beta \(tb[k] ?? "-")")
+        var cloudIDs: [String] = []
         for v in [ta[k], tb[k]] {
           guard let v, let r = v.range(of: "cid=") else { continue }
-          print("store calls for \(v[r.lowerBound...]):")
-          for l in trace.lines(forCloudID: String(v[r.upperBound...])) { print("  \(l)") }
+          cloudIDs.append(String(v[r.upperBound...]))
+        }
+        // A node one device has and the other has not (or shows without content): its calls.
+        for d in devices {
+          if let n = try d.node(String(k.dropFirst())) { cloudIDs.append(n.cloudID) }
+        }
+        var printed = Set<String>()
+        for c in cloudIDs where printed.insert(String(c.prefix(6))).inserted {
+          print("store calls for cid=\(c.prefix(6)):")
+          for l in trace.lines(forCloudID: c) { print("  \(l)") }
         }
         let name = String(k.split(separator: "/").last!)
         for d in devices {
