@@ -149,9 +149,14 @@ final class MoveRun {
   // MARK: Steps
 
   /// The target keys are the origin's (a case-only rename, a move back, or a move that ended
-  /// where another device put the node): only the RCRD is written.
+  /// where another device put the node): only the RCRD is written — `If-Match` the eTag known
+  /// there. The node must still be there: an RCRD gone from the origin means that another
+  /// device moved the node on or deleted it (a pull tells which); writing it `If-None-Match`
+  /// would bring it back beside the other device's RCRD of it (two RCRDs of one node).
   private func inPlace() throws {
-    switch try putTarget(node, markPeers: false, arriving: false) {
+    let condition: WriteCondition =
+      (origin.eTagRcrd ?? node.eTagRcrd).map { .ifMatch($0) } ?? .ifNoneMatch
+    switch try putTarget(node, markPeers: false, arriving: false, condition: condition) {
     case .pathConflict:
       try x.resolveMovePathConflict(node)
       throw PushIssue.retryNow
@@ -160,9 +165,9 @@ final class MoveRun {
     }
   }
 
-  private func putTarget(_ node: Node, markPeers: Bool, arriving: Bool) throws
-    -> PushExecutor.RcrdPutResult
-  {
+  private func putTarget(
+    _ node: Node, markPeers: Bool, arriving: Bool, condition: WriteCondition = .ifNoneMatch
+  ) throws -> PushExecutor.RcrdPutResult {
     if !written.contains(where: { $0.rcrdKey == target.rcrdKey }) {
       written.append(
         CloudObjectRef(
@@ -171,7 +176,7 @@ final class MoveRun {
     }
     let key = target.rcrdKey
     return try x.putRcrd(
-      node: node, key: key, condition: .ifNoneMatch, arriving: arriving,
+      node: node, key: key, condition: condition, arriving: arriving,
       remember: { body in
         MoveState.remember(BodyDigest.of(body), in: &state.bodies)
         try save()
@@ -471,6 +476,7 @@ final class MoveRun {
             nodeID: node.id, cloudID: node.cloudID, dirPrefix: target.dirPrefix,
             cloudName: target.cloudName, rcrdKey: target.rcrdKey, dataKey: target.dataKey,
             eTagRcrd: eTagRcrd, eTagData: eTagData), forNodeID: node.id)
+        try dropMovesEndingHere(tx)
       }
       try x.manager.log(
         [
@@ -479,6 +485,30 @@ final class MoveRun {
             fromRcrd: origin.rcrdKey, eTagRcrd: eTagRcrd, eTagData: eTagData)
         ], in: tx)
     }
+  }
+
+  /// A move queued while this one ran, now starting from this move's target, that never ran
+  /// and goes nowhere else (the node is here: this move ran again towards the node's newer
+  /// place and ended there) has nothing left to do: it is dropped, and the RCRD is uploaded
+  /// again only if the node's name changed since (in case only: the keys are the same).
+  /// Left queued, it would write the RCRD in place — after another device may have moved the
+  /// node on from here.
+  private func dropMovesEndingHere(_ tx: CloudTransaction) throws {
+    guard let cur = try tx.node(id: node.id),
+      try tx.objectLocation(of: node.id)?.rcrdKey == target.rcrdKey
+    else { return }
+    let idle = try tx.pendingOperations(forNodeID: node.id).filter { $0.kind == .move }
+    guard !idle.isEmpty,
+      idle.allSatisfy({
+        $0.state == .pending && $0.multipartState == nil && ($0.payload.written ?? []).isEmpty
+          && $0.payload.origin?.rcrdKey == target.rcrdKey
+      })
+    else { return }
+    try tx.dropOperations(ofNodeID: node.id, kind: .move)
+    if Array(cur.name.utf8) != Array(node.name.utf8) { try tx.queueRcrdUpload(nodeID: node.id) }
+    context.logger.info(
+      "move: a move queued meanwhile ends where this one did; dropped",
+      metadata: ["node": "\(node.id)"])
   }
 
   /// The DATA at the target, with its sizes, or nil when it cannot be read as the node's.
