@@ -419,6 +419,25 @@ extension CloudTransaction {
     }
   }
 
+  /// Adds to the outstanding delete operations listing `cloudID` the objects in `refs` they do
+  /// not list yet: places where a move of the node, in flight when the node was deleted here,
+  /// writes after the delete was planned (the delete waits for that move, then removes them).
+  public func addDeleteObjects(_ refs: [CloudObjectRef], cloudID: String) throws {
+    try requireWritable()
+    let stmt = try db.cachedStatement(sql: "UPDATE pushOperations SET payload = ? WHERE id = ?")
+    for op in try deleteOperations(referencing: cloudID) {
+      var payload = op.payload
+      var objects = payload.objects ?? []
+      let known = Set(objects.map(\.rcrdKey))
+      let added = refs.filter { $0.cloudID == cloudID && !known.contains($0.rcrdKey) }
+      guard !added.isEmpty else { continue }
+      // Listed first: a delete removes its objects in reverse order, a move's targets last.
+      objects.insert(contentsOf: added, at: 0)
+      payload.objects = objects
+      try rawExecute(stmt, [try json(payload), op.id])
+    }
+  }
+
   /// Points a node's outstanding `move` at a new origin (where the node's objects really are,
   /// after the cloud moved them too). What the move wrote so far (`written`) is kept; a target
   /// that is now the origin is no longer listed there.

@@ -85,12 +85,19 @@ final class MoveRun {
     written = x.op.payload.written ?? []
   }
 
-  /// Stores the state and the targets written, in one transaction.
+  /// Stores the state and the targets written, in one transaction. When the node was deleted
+  /// here meanwhile, the delete (planned with the targets written before it, and waiting for
+  /// this move) learns of the others too: whether this move completes or is dropped, nothing
+  /// it wrote is left behind (e.g. a target RCRD marked `arriving`, which no pull applies and no
+  /// delete of another device removes).
   func save() throws {
     let data = try JSONEncoder().encode(state)
     try x.write { tx in
       try tx.setMultipartState(data, forOperation: opID)
       try tx.setMoveWritten(written, forOperation: opID)
+      if try tx.node(id: node.id) == nil {
+        try tx.addDeleteObjects(written, cloudID: node.cloudID)
+      }
     }
   }
 
