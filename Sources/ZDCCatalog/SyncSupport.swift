@@ -281,8 +281,12 @@ extension CloudTransaction {
     var strays: [(cloudID: String, refs: [CloudObjectRef])] = []
     for e in entries {
       let ops = try outstandingOperations(ofNode: e.id)
-      // Only dirty nodes have content here worth uploading; clean ones' data was remote.
-      if !ops.isEmpty, e.eTagData != nil || ops.contains(where: { $0.kind == .putData }) {
+      // Only dirty nodes have content here worth uploading; clean ones' data was remote. A
+      // dirty node with DATA found at its keys keeps it even if it never knew a DATA version
+      // (it pulled the node before its DATA landed, and its move carried a copy of it).
+      if !ops.isEmpty,
+        e.eTagData != nil || existing[e.id] != nil || ops.contains(where: { $0.kind == .putData })
+      {
         hadData.insert(e.id)
       }
       if ops.contains(where: { $0.kind == .putData }) {

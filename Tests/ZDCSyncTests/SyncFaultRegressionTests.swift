@@ -109,6 +109,63 @@ import ZDCTestSupport
     try s.expectConverged([:])
   }
 
+  /// Beta pulled a new file before its DATA landed (the RCRD describing an earlier size), then
+  /// moved it: the move carried a copy of the DATA, now there, to its target, and lost the race
+  /// to alpha's delete. The node, kept for its move, did not adopt that copy — only a node that
+  /// had known a DATA version did — so its RCRD, uploaded again as new, described the size pulled
+  /// with the earlier RCRD beside the copy's content (randomized seed 1685 with faults). A node
+  /// kept with DATA found at its keys now adopts it, with its size.
+  @Test func nodeKeptWithACopyOfDataItNeverKnewAdoptsIt() throws {
+    let backing = try StoreKind.local.make("zdc-sync-adopt-copy")
+    let store = backing.store
+    let alphaGate = GatedStore(store)
+    let betaGate = GatedStore(store)
+    let betaHooks = HookStore(betaGate)
+    let user = try TestUser()
+    let alpha = try Device("alpha", user: user, store: alphaGate)
+    let beta = try Device("beta", user: user, store: betaHooks)
+    try alpha.start()
+    // Alpha's first DATA upload is held while beta pulls the node (its RCRD says 2 bytes).
+    alphaGate.holdNextPut(ofKeysEndingWith: ".data")
+    try alpha.create("f.txt", "v1")
+    #expect(alphaGate.waitForHeldPut())
+    _ = try beta.engine.pull.pull()  // beta does not pull again before its move
+    #expect(try beta.node("f.txt")?.dataSize == 2)
+    try alpha.write("f.txt", "longer content")
+    alphaGate.release()
+    try alpha.sync()
+    // Beta moves the node: the move copies the DATA there now, and alpha deletes the node before
+    // the move commits.
+    try beta.engine.push.start()
+    let f = try beta.rcrdKey("f.txt")
+    let g = try beta.rcrdKey("g.txt", parentOf: "f.txt")
+    betaGate.holdNextPut(ofKeysEndingWith: g)
+    try beta.move("f.txt", to: "g.txt")
+    #expect(betaGate.waitForHeldPut())
+    var failure: (any Error)? = nil
+    betaHooks.beforeNextRead(of: f) {
+      do {
+        try alpha.delete("f.txt")
+        try alpha.sync()
+      } catch { failure = error }
+    }
+    betaGate.release()
+    beta.engine.pull.start()
+    for _ in 0..<2 {
+      try beta.sync()
+      try alpha.sync()
+    }
+    #expect(failure == nil)
+    let size = UInt64("longer content".utf8.count)
+    for d in [alpha, beta] {
+      #expect(try d.tree() == ["/g.txt": "file:longer content"], "\(d.name)")
+      #expect(try d.node("g.txt")?.dataSize == size, "\(d.name)")
+      #expect(try d.operationCount() == 0, "\(d.name)")
+    }
+    let rcrds = try store.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }
+    #expect(rcrds.count == 1)
+  }
+
   /// A node kept after a remote delete (a local change outstanding) keeps the DATA found at its
   /// keys, its content not being here; moved before its upload again, its first RCRD upload
   /// went to the new place and the DATA stayed behind: the node showed no content there
