@@ -149,8 +149,9 @@ final class MoveRun {
     let eTagData = try dataETag()
     let carried = try carriedData(eTag: eTagData, at: target.dataKey)
     try complete(
-      eTagRcrd: try settle(target.rcrdKey, dataSize: carried?.dataSize), eTagData: eTagData,
-      carried: carried)
+      eTagRcrd: try settle(
+        target.rcrdKey, dataSize: describedSize(eTagData: eTagData, carried: carried)),
+      eTagData: eTagData, carried: carried)
   }
 
   // MARK: Steps
@@ -337,7 +338,8 @@ final class MoveRun {
     try finishData(origin: origin.dataKey, target: dataKey)
     let eTagData = try context.headIfExists(dataKey)?.eTag
     let carried = try carriedData(eTag: eTagData, at: dataKey)
-    let settled = try settle(rcrdKey, dataSize: carried?.dataSize)
+    let settled = try settle(
+      rcrdKey, dataSize: describedSize(eTagData: eTagData, carried: carried))
     if rcrdKey == target.rcrdKey {
       try cleanUp(except: [target.rcrdKey])
       return try complete(eTagRcrd: settled, eTagData: eTagData, carried: carried)
@@ -412,6 +414,16 @@ final class MoveRun {
     throw StoreError.transient("DATA of node \(node.id) kept changing during its move")
   }
 
+  /// The size the target's RCRD describes once settled: that of the DATA carried there; none
+  /// when the target holds no DATA of the node (there was none at the origin to carry — e.g. the
+  /// node was pulled before its creator's DATA upload landed, which then never did: an RCRD
+  /// describing a size would stand beside no content for good; a DATA upload still to come
+  /// describes its own size); nil when unknown (the size the RCRD has is kept).
+  private func describedSize(eTagData: String?, carried: CloudDataInfo?) -> UInt64? {
+    if let carried { return carried.dataSize }
+    return eTagData == nil ? 0 : nil
+  }
+
   /// The eTag of the DATA at the target after the move.
   private func dataETag() throws -> String? {
     origin.dataKey == target.dataKey
@@ -453,6 +465,18 @@ final class MoveRun {
               n.dataSize = carried.dataSize
               n = try tx.updateNode(n)
             }
+            context.delegate.didDiscoverModifiedNode(
+              n, change: .data, at: try tx.path(of: node.id), transaction: tx)
+          }
+        } else if eTagData == nil, origin.dataKey != target.dataKey, !editing {
+          // No DATA of the node was there to carry: it has none (the target's RCRD says so).
+          try tx.setCloudState(
+            nodeID: node.id, eTagRcrd: eTagRcrd, lastModifiedRcrd: Date(), eTagData: nil,
+            lastModifiedData: nil, cloudDataInfo: nil)
+          var n = try tx.existingNode(id: node.id)
+          if n.dataSize != 0 {
+            n.dataSize = 0
+            try tx.applyRemoteNode(n, cloudName: try tx.cloudName(of: node.id))
             context.delegate.didDiscoverModifiedNode(
               n, change: .data, at: try tx.path(of: node.id), transaction: tx)
           }
