@@ -665,8 +665,12 @@ public final class PullManager: @unchecked Sendable {
         if n.shareList.userIDs != r.shareList.userIDs { change.insert(.permissions) }
         if n.burnDate != r.burnDate { change.insert(.burnDate) }
         n.burnDate = r.burnDate
-        if n.dataSize != meta.dataSize { change.insert(.data) }
-        n.dataSize = meta.dataSize
+        // The size belongs to the DATA: with a local DATA upload outstanding, that upload's
+        // (the local content is not the remote version the RCRD describes).
+        if !kinds.contains(.putData) {
+          if n.dataSize != meta.dataSize { change.insert(.data) }
+          n.dataSize = meta.dataSize
+        }
       }
       n.eTagRcrd = item.rcrdInfo.eTag
       n.lastModifiedRcrd = item.rcrdInfo.lastModified

@@ -613,7 +613,12 @@ struct PushExecutor {
       eTag = e
     }
     let info = try? store.head(key: loc.dataKey)
-    let describe = try rcrdDescribesOtherSize(node: node, loc: loc, size: content.dataSize)
+    let beside = try context.fetchRcrd(loc.rcrdKey)
+    if beside == nil || (beside?.decoded.map { $0.cloudID != node.cloudID } ?? false) {
+      try removeDataWithoutItsNode(node: node, loc: loc, eTag: eTag)
+    }
+    let describe = try rcrdDescribesOtherSize(
+      node: node, rcrd: beside?.decoded, size: content.dataSize)
     try write { tx in
       guard let cur = try tx.node(id: node.id), let curOp = try tx.operation(id: op.id) else {
         try tx.updateDeleteETags(
@@ -661,20 +666,40 @@ struct PushExecutor {
     }
   }
 
-  /// After a DATA upload with no RCRD upload of the node pending: true when the RCRD in the
-  /// store describes another size (another device's RCRD landed over the one this device
-  /// knew, describing that device's DATA), so the node's RCRD must be uploaded again.
-  private func rcrdDescribesOtherSize(node: Node, loc: CloudObjectRef, size: UInt64) throws
+  /// A DATA upload landed where the node's RCRD no longer is: another device moved the node on
+  /// (after its move had carried the DATA there before) or deleted it, and another node may hold
+  /// the name now. The DATA just written is removed again (nobody would ever carry or delete
+  /// it: the node's RCRD elsewhere would describe content that is not beside it) and the upload
+  /// waits for a pull, which takes the node to its new place (the upload then runs there) or
+  /// applies the delete (which keeps the node, its content not uploaded yet, and uploads it
+  /// again as new).
+  private func removeDataWithoutItsNode(node: Node, loc: CloudObjectRef, eTag: String) throws
+    -> Never
+  {
+    do {
+      try store.delete(key: loc.dataKey, condition: .ifMatch(eTag))
+    } catch StoreError.preconditionFailed, StoreError.notFound {
+      // Carried away or replaced meanwhile: not this upload's to remove any more.
+    }
+    context.logger.info(
+      "DATA upload: the node's RCRD left its keys meanwhile; the DATA is uploaded again after a pull",
+      metadata: ["node": "\(node.id)"])
+    throw PushIssue.needsPull("the RCRD of node \(node.id) left the keys of its DATA upload")
+  }
+
+  /// After a DATA upload with no RCRD upload of the node pending: true when the node's RCRD in
+  /// the store (`rcrd`, found beside the DATA) describes another size (another device's RCRD
+  /// landed over the one this device knew, describing that device's DATA), so the node's RCRD
+  /// must be uploaded again.
+  private func rcrdDescribesOtherSize(node: Node, rcrd: DecodedRcrd?, size: UInt64) throws
     -> Bool
   {
     let pending = try context.catalog.read(context.userID) { tx in
       try tx.pendingOperations(forNodeID: node.id).contains { $0.kind == .putRcrd }
     }
     if pending { return false }
-    guard let r = try context.fetchRcrd(loc.rcrdKey), let decoded = r.decoded,
-      decoded.cloudID == node.cloudID
-    else { return false }  // moved or gone: a pull tells
-    return decoded.meta.dataSize != size
+    guard let rcrd, rcrd.cloudID == node.cloudID else { return false }
+    return rcrd.meta.dataSize != size
   }
 
   private func currentGeneration() throws -> Int64? {

@@ -130,6 +130,27 @@ import ZDCTestSupport
     for d in [s.alpha, s.beta] { #expect(try d.node("g.txt")?.dataSize == 0, "\(d.name)") }
   }
 
+  /// A new file's first DATA upload landed after another device, which had pulled the node
+  /// before, moved it away: the DATA stayed at the node's former keys beside no RCRD, and both
+  /// devices showed the file without its content (its creator's content lost; the same race as
+  /// above without the delete). A DATA upload that finds the node's RCRD gone from beside it now
+  /// removes what it wrote and runs again where a pull shows the node.
+  @Test func dataUploadLandingAfterTheNodeMovedAwayFollowsIt() throws {
+    let s = try Scene("data-after-move")
+    s.gated.holdNextPut(ofKeysEndingWith: ".data")
+    try s.alpha.create("f.txt", "content")
+    #expect(s.gated.waitForHeldPut())
+    let former = try s.alpha.dataKey("f.txt")
+    _ = try s.beta.engine.pull.pull(fullScan: true)
+    try s.beta.move("f.txt", to: "g.txt")
+    try s.beta.sync()
+    s.gated.release()
+    for _ in 0..<2 { try s.syncBoth() }
+    try s.expectConverged(["/g.txt": "file:content"])
+    for d in [s.alpha, s.beta] { #expect(try d.node("g.txt")?.dataSize == 7, "\(d.name)") }
+    #expect(throws: StoreError.self) { try s.store.head(key: former) }
+  }
+
   /// Beta pulled a new file before its DATA landed (the RCRD describing an earlier size), then
   /// moved it: the move carried a copy of the DATA, now there, to its target, and lost the race
   /// to alpha's delete. The node, kept for its move, did not adopt that copy — only a node that
