@@ -699,13 +699,17 @@ public final class PullManager: @unchecked Sendable {
       }
       return
     }
-    // A new node — unless this device is deleting it: its delete removes the RCRD found here,
-    // if that RCRD has not changed since (a remote edit brings the node back).
+    // A new node — unless this device is deleting it here: its delete decides. It removes the
+    // RCRD found here if unchanged, or keeps the node for a remote change (its RCRD or DATA)
+    // and asks for a full scan, which brings it back. An RCRD that differs from the one the
+    // delete knows is not proof of a remote change: it may be this device's own upload, in
+    // flight when the node was deleted, whose answer was lost — the delete learns its eTag
+    // when it runs again, and removes it (brought back here, the node would then stay without
+    // any RCRD in the store).
     // (Read in this transaction: the node may have been deleted here since the pull began.)
     for op in try tx.deleteOperations(referencing: r.cloudID) {
       if (op.payload.objects ?? []).contains(where: {
         $0.cloudID == r.cloudID && $0.rcrdKey == item.rcrdKey
-          && ($0.eTagRcrd == nil || $0.eTagRcrd == item.rcrdInfo.eTag)
       }) {
         return
       }

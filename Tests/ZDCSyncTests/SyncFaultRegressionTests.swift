@@ -208,6 +208,56 @@ import ZDCTestSupport
     #expect(rcrds.count == 1)
   }
 
+  /// Beta deleted a node while its RCRD upload of it was in flight, that upload's write landed
+  /// and its answer was lost (the upload waits, in flight, to run again). A pull then found that
+  /// RCRD — unlike the one the delete knew, so taken for a remote edit — and brought the node
+  /// back; the upload then told the delete its eTag, and the delete removed it: beta kept a node
+  /// that was nowhere else, without RCRD or DATA in the store (randomized seeds 1941 and 224 with
+  /// faults; 329 and 592 of earlier sweeps). A pull now leaves a node this device is deleting
+  /// there to its delete, which keeps it for a remote change and asks for a full scan.
+  @Test func deletedNodeIsNotBroughtBackByItsOwnUploadWhoseAnswerWasLost() throws {
+    let backing = try StoreKind.local.make("zdc-sync-own-write")
+    let store = backing.store
+    let gated = GatedStore(store)
+    let user = try TestUser()
+    let alpha = try Device("alpha", user: user, store: store)
+    let beta = try Device("beta", user: user, store: gated) { push, _ in
+      // The upload whose answer is lost runs again only after the pull below.
+      push.retryBase = 2
+      push.retryCap = 2
+    }
+    try alpha.start()
+    try beta.start()
+    try alpha.create("f.txt", "content")
+    try alpha.sync()
+    try beta.sync()
+    let key = try beta.rcrdKey("f.txt")
+    let before = try store.head(key: key).eTag
+    gated.loseNextAnswer(forKey: key)
+    try beta.catalog.write(user.userID) { tx in
+      var n = try #require(try tx.node(path: try beta.path("f.txt")))
+      n.mode = 0o600
+      try tx.updateNode(n)
+    }
+    let deadline = Date().addingTimeInterval(10)
+    while try store.head(key: key).eTag == before, Date() < deadline {
+      Thread.sleep(forTimeInterval: 0.01)
+    }
+    try beta.delete("f.txt")
+    _ = try beta.engine.pull.pull(fullScan: true)
+    #expect(try beta.tree() == [:])
+    for _ in 0..<2 {
+      try beta.sync()
+      try alpha.sync()
+    }
+    for d in [alpha, beta] {
+      #expect(try d.tree() == [:], "\(d.name)")
+      #expect(try d.operationCount() == 0, "\(d.name)")
+    }
+    #expect(
+      try store.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }.isEmpty)
+  }
+
   /// A node kept after a remote delete (a local change outstanding) keeps the DATA found at its
   /// keys, its content not being here; moved before its upload again, its first RCRD upload
   /// went to the new place and the DATA stayed behind: the node showed no content there
