@@ -341,6 +341,8 @@ public final class PullManager: @unchecked Sendable {
     let preferred = context.delegate.preferredNodeIDsForPulling()
     var seen = Set<String>()
     var rescan = false
+    // An RCRD of a node not known there, listed and gone when fetched (see below).
+    var vanished = false
     var level = index.filter { $0.trunk != nil }.sorted { $0.trunk! < $1.trunk! }.map(\.dirPrefix)
     var visitedPrefixes = Set(level)
     while !level.isEmpty {
@@ -374,13 +376,19 @@ public final class PullManager: @unchecked Sendable {
       result.fetchedRcrds += toFetch.count
       // Listed, then gone when fetched: the listing is older than that change (e.g. a move
       // elsewhere released its origin, and its target was written after the listing). A node
-      // known there is not taken for deleted by this scan; another one follows.
+      // known there is not taken for deleted by this scan; another one follows. An RCRD not
+      // known here may have been any node's — one moved there elsewhere and moved on since
+      // (its new place written after the listing), or a directory whose children this walk
+      // then misses: this scan deletes nothing it did not see.
       for case .missing(let key) in raw {
         var known = byKey[key].map { [$0.cloudID] } ?? []
         known += homeOf.filter { $0.value.key == key }.map(\.key)
-        guard !known.isEmpty else { continue }
-        seen.formUnion(known)
         rescan = true
+        guard !known.isEmpty else {
+          vanished = true
+          continue
+        }
+        seen.formUnion(known)
       }
       // A node still found, unchanged, where this device knows it is not moved to another RCRD
       // of it: that one is a move under way elsewhere (written before the move commits), which
@@ -422,9 +430,14 @@ public final class PullManager: @unchecked Sendable {
       }
       level = next
     }
-    // Nodes that were in the cloud and are no longer anywhere in it.
-    let gone = index.filter { $0.trunk == nil && $0.eTagRcrd != nil && !seen.contains($0.cloudID) }
-    try applyDeletions(gone.map(\.cloudID), listed: listedRcrds, result: &result)
+    // Nodes that were in the cloud and are no longer anywhere in it — unless an RCRD vanished
+    // between the listing and its fetch (the node may have been there: the next scan decides).
+    if !vanished {
+      let gone = index.filter {
+        $0.trunk == nil && $0.eTagRcrd != nil && !seen.contains($0.cloudID)
+      }
+      try applyDeletions(gone.map(\.cloudID), listed: listedRcrds, result: &result)
+    }
     if rescan { cond.withLock { forceFull = true } }
     try context.catalog.write(context.userID) { tx in
       try tx.setSyncValue(newCursor ?? "", forKey: Self.cursorKey)

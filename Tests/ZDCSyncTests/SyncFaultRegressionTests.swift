@@ -258,6 +258,58 @@ import ZDCTestSupport
       try store.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }.isEmpty)
   }
 
+  /// A full scan listed a node's RCRD at a key this device did not know for it (another device
+  /// had moved it there), and that device moved it on before the fetch: gone when fetched, and
+  /// seen nowhere else, the node was taken for deleted — and, having a local change, uploaded
+  /// again as new at its former place: two RCRDs of one node, each device showing the other's
+  /// place (randomized seed 3318 with faults). A scan that finds a listed RCRD gone now deletes
+  /// nothing it did not see; the next scan decides.
+  @Test func fullScanMissingAMovedNodeBetweenListingAndFetchDoesNotDeleteIt() throws {
+    let backing = try StoreKind.local.make("zdc-sync-scan-vanished")
+    let store = backing.store
+    let hooked = HookStore(store)
+    let user = try TestUser()
+    let alpha = try Device("alpha", user: user, store: hooked)
+    let beta = try Device("beta", user: user, store: store)
+    try alpha.start()
+    try beta.start()
+    try alpha.create("f.txt", "content")
+    try alpha.sync()
+    try beta.sync()
+    try beta.move("f.txt", to: "g.txt")
+    try beta.sync()
+    // Alpha changes the file's mode (an RCRD upload, left queued: its push is stopped) and
+    // scans; beta moves the node on between the scan's listing and its fetch of g.
+    alpha.engine.stop()
+    try alpha.catalog.write(user.userID) { tx in
+      var n = try #require(try tx.node(path: try alpha.path("f.txt")))
+      n.mode = 0o600
+      try tx.updateNode(n)
+    }
+    var failure: (any Error)? = nil
+    hooked.beforeNextRead(of: try beta.rcrdKey("g.txt")) {
+      do {
+        try beta.move("g.txt", to: "h.txt")
+        try beta.sync()
+      } catch { failure = error }
+    }
+    _ = try alpha.engine.pull.pull(fullScan: true)
+    #expect(failure == nil)
+    #expect(!alpha.delegate.events.contains { $0.hasPrefix("deletedDirty") })
+    try alpha.start()
+    for _ in 0..<2 {
+      try alpha.sync()
+      try beta.sync()
+    }
+    for d in [alpha, beta] {
+      #expect(try d.tree() == ["/h.txt": "file:content"], "\(d.name)")
+      #expect(try d.operationCount() == 0, "\(d.name)")
+    }
+    #expect(try beta.node("h.txt")?.mode == 0o600)
+    let rcrds = try store.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }
+    #expect(rcrds.count == 1)
+  }
+
   /// A node kept after a remote delete (a local change outstanding) keeps the DATA found at its
   /// keys, its content not being here; moved before its upload again, its first RCRD upload
   /// went to the new place and the DATA stayed behind: the node showed no content there
