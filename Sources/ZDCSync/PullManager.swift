@@ -889,6 +889,8 @@ public final class PullManager: @unchecked Sendable {
     _ cloudIDs: [String], listed: Set<String>? = nil, result: inout PullResult
   ) throws {
     var handled = Set<NodeID>()
+    let explicit = Set(cloudIDs)
+    var deferred = false
     // Shallow first, so a deleted directory takes its deleted children with it.
     let ordered = try context.catalog.read(context.userID) { tx -> [(String, Int)] in
       try cloudIDs.compactMap { id in
@@ -943,6 +945,19 @@ public final class PullManager: @unchecked Sendable {
           return
         }
         let ids = try tx.subtreeIDs(of: n.id)
+        if listed == nil {
+          // A descendant with local changes that was in the cloud, is no longer at its keys and
+          // was not deleted itself may have been moved out of the deleted subtree before it
+          // went (its move not announced yet): taken for deleted, it would be uploaded again
+          // as new beside its RCRD elsewhere. A full scan decides (it finds it, or not).
+          for id in ids.dropFirst() where !alive.contains(id) {
+            guard let d = try tx.node(id: id), d.eTagRcrd != nil, !explicit.contains(d.cloudID),
+              try tx.isDirty(nodeID: id)
+            else { continue }
+            deferred = true
+            return
+          }
+        }
         let dirty = try tx.dirtyNodes(inSubtreeOf: n.id) + ids.filter { alive.contains($0) }
         let path = try tx.path(of: n.id)
         result.deletedNodes += 1
@@ -964,6 +979,12 @@ public final class PullManager: @unchecked Sendable {
         }
         handled.formUnion(ids)
       }
+    }
+    if deferred {
+      try context.catalog.write(context.userID) { tx in
+        try tx.setSyncValue("1", forKey: Self.needsFullScanKey)
+      }
+      cond.withLock { forceFull = true }
     }
   }
 
