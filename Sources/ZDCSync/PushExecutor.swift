@@ -264,8 +264,27 @@ struct PushExecutor {
       if try abandonMoveFromTakenOrigin(node: node, loc: loc) { throw PushIssue.retryNow }
       try resolvePathConflict(node)
       throw PushIssue.retryNow
-    case .written(let eTag):
+    case .written(var eTag):
       let carried = try carryData(node: node, to: loc, state: &state)
+      if let size = try replacedDataSize(
+        node: node, loc: loc, described: carried?.eTag ?? node.eTagData, size: written.dataSize)
+      {
+        // Another device replaced the DATA meanwhile (keeping the RCRD: the sizes matched then):
+        // the RCRD describes the DATA beside it. The node takes that version with a pull.
+        var described = written
+        described.dataSize = size
+        let body = try Rcrd.encode(node: described, publicKeys: context.publicKeys)
+        state.remember(BodyDigest.of(body))
+        try saveUploadState(state)
+        do {
+          eTag = try store.put(key: loc.rcrdKey, body: .data(body), condition: .ifMatch(eTag))
+          context.logger.info(
+            "RCRD upload: the DATA beside it was replaced meanwhile; the RCRD describes it",
+            metadata: ["node": "\(node.id)"])
+        } catch StoreError.preconditionFailed {
+          // Changed again since: its writer describes the DATA it knows.
+        }
+      }
       try write { tx in
         if var cur = try tx.node(id: node.id) {
           if let carried, cur.eTagData == node.eTagData {
@@ -302,6 +321,26 @@ struct PushExecutor {
           ], in: tx)
       }
     }
+  }
+
+  /// After an RCRD upload: the size of the DATA beside it when that DATA is not the version the
+  /// RCRD was written for (`described`) and has another size; nil otherwise. An RCRD upload
+  /// `If-Match` guards the RCRD, not the DATA: another device may have replaced the DATA
+  /// meanwhile and left the RCRD alone (it described that device's content's size then), and
+  /// this upload, describing the version it replaced, would then stand beside it for good. The
+  /// writer of that DATA checks the RCRD after its own upload, this upload the DATA after its
+  /// own: one of the two sees the other's write.
+  private func replacedDataSize(node: Node, loc: CloudObjectRef, described: String?, size: UInt64)
+    throws -> UInt64?
+  {
+    guard let head = try context.headIfExists(loc.dataKey), head.eTag != described else {
+      return nil
+    }
+    guard
+      case .success(let sizes) = try store.cloudFileSizes(
+        key: loc.dataKey, nodeKey: node.encryptionKey, ciphertextSize: head.size)
+    else { return nil }  // not this node's DATA: not described by its RCRD
+    return sizes.dataSize == size ? nil : sizes.dataSize
   }
 
   /// A node deleted here after its RCRD upload was taken.
@@ -667,12 +706,12 @@ struct PushExecutor {
   }
 
   /// A DATA upload landed where the node's RCRD no longer is: another device moved the node on
-  /// (after its move had carried the DATA there before) or deleted it, and another node may hold
-  /// the name now. The DATA just written is removed again (nobody would ever carry or delete
-  /// it: the node's RCRD elsewhere would describe content that is not beside it) and the upload
-  /// waits for a pull, which takes the node to its new place (the upload then runs there) or
-  /// applies the delete (which keeps the node, its content not uploaded yet, and uploads it
-  /// again as new).
+  /// (its move carried what was there before) or deleted it while this upload ran, and another
+  /// node may hold the name now. The DATA just written is removed again (nobody would ever carry
+  /// or delete it, and the node's RCRD elsewhere would describe content that is not beside it)
+  /// and the upload waits for a pull, which takes the node to its new place (the upload then
+  /// runs there) or applies the delete (which keeps the node, its content not uploaded yet, and
+  /// uploads it again as new).
   private func removeDataWithoutItsNode(node: Node, loc: CloudObjectRef, eTag: String) throws
     -> Never
   {

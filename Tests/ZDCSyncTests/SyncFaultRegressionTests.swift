@@ -356,6 +356,33 @@ import ZDCTestSupport
     #expect(rcrds.count == 1)
   }
 
+  /// Alpha's edit uploaded its DATA, its RCRD upload (a new size) waiting; beta pulled that DATA
+  /// and replaced it with content of the size the RCRD still described, so beta left the RCRD
+  /// alone. Alpha's RCRD upload then landed `If-Match` the RCRD it knew — describing the version
+  /// beta had replaced: both devices showed a size the content does not have (randomized seed
+  /// 4730 with faults). An RCRD upload now checks the DATA beside it afterwards and describes a
+  /// version it finds there instead.
+  @Test func rcrdUploadLandingAfterTheDataWasReplacedDescribesTheNewData() throws {
+    let s = try Scene("rcrd-after-data")
+    try s.alpha.create("f.txt", "v1")
+    try s.syncBoth()
+    // Alpha's edit: its DATA lands, its RCRD upload is held.
+    s.gated.holdNextPut(ofKeysEndingWith: ".rcrd")
+    try s.alpha.write("f.txt", "alpha edit")
+    #expect(s.gated.waitForHeldPut())
+    // Beta takes alpha's DATA (its RCRD still says 2 bytes) and writes 2 bytes over it.
+    _ = try s.beta.engine.pull.pull(fullScan: true)
+    try s.beta.write("f.txt", "b2")
+    try s.beta.sync()
+    s.gated.release()
+    for _ in 0..<2 { try s.syncBoth() }
+    try s.expectConverged(["/f.txt": "file:b2"])
+    for d in [s.alpha, s.beta] { #expect(try d.node("f.txt")?.dataSize == 2, "\(d.name)") }
+    let rcrd = try Rcrd.decode(
+      s.store.get(key: try s.alpha.rcrdKey("f.txt")), userID: s.user.userID, keyPair: s.user.keys)
+    #expect(rcrd.meta.dataSize == 2)
+  }
+
   /// A node kept after a remote delete (a local change outstanding) keeps the DATA found at its
   /// keys, its content not being here; moved before its upload again, its first RCRD upload
   /// went to the new place and the DATA stayed behind: the node showed no content there
