@@ -378,16 +378,13 @@ public final class PullManager: @unchecked Sendable {
       // elsewhere released its origin, and its target was written after the listing). A node
       // known there is not taken for deleted by this scan; another one follows. An RCRD not
       // known here may have been any node's — one moved there elsewhere and moved on since
-      // (its new place written after the listing), or a directory whose children this walk
-      // then misses: this scan deletes nothing it did not see.
+      // (its new place written after the listing) — and a directory's children are not
+      // walked: this scan deletes nothing it did not see.
       for case .missing(let key) in raw {
         var known = byKey[key].map { [$0.cloudID] } ?? []
         known += homeOf.filter { $0.value.key == key }.map(\.key)
         rescan = true
-        guard !known.isEmpty else {
-          vanished = true
-          continue
-        }
+        vanished = true
         seen.formUnion(known)
       }
       // A node still found, unchanged, where this device knows it is not moved to another RCRD
@@ -961,6 +958,12 @@ public final class PullManager: @unchecked Sendable {
         let dirty = try tx.dirtyNodes(inSubtreeOf: n.id) + ids.filter { alive.contains($0) }
         let path = try tx.path(of: n.id)
         result.deletedNodes += 1
+        context.logger.info(
+          "remote delete applied",
+          metadata: [
+            "cloudID": "\(cloudID)", "node": "\(n.id)", "nodes": "\(ids.count)",
+            "kept": "\(dirty.count)", "fullScan": "\(listed != nil)",
+          ])
         if dirty.isEmpty {
           var doomed: [(Node, TreesystemPath)] = []
           for id in ids.reversed() {
