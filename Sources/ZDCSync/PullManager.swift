@@ -430,10 +430,21 @@ public final class PullManager: @unchecked Sendable {
     // Nodes that were in the cloud and are no longer anywhere in it — unless an RCRD vanished
     // between the listing and its fetch (the node may have been there: the next scan decides).
     if !vanished {
-      let gone = index.filter {
-        $0.trunk == nil && $0.eTagRcrd != nil && !seen.contains($0.cloudID)
+      var gone = Set(
+        index.filter { $0.trunk == nil && $0.eTagRcrd != nil && !seen.contains($0.cloudID) }
+          .map(\.cloudID))
+      if !gone.isEmpty {
+        // A listing is no snapshot: a node moved elsewhere while it ran, from a part not listed
+        // yet to a part listed already, is in neither. Before taking unseen nodes for deleted,
+        // the tree is listed again and what appeared or changed since is fetched: a node found
+        // there has moved (the next scan applies it).
+        let moved = try movedDuringListing(listedETags, result: &result)
+        if !gone.isDisjoint(with: moved) {
+          gone.subtract(moved)
+          rescan = true
+        }
       }
-      try applyDeletions(gone.map(\.cloudID), listed: listedRcrds, result: &result)
+      try applyDeletions(Array(gone), listed: listedRcrds, result: &result)
     }
     if rescan { cond.withLock { forceFull = true } }
     try context.catalog.write(context.userID) { tx in
@@ -444,6 +455,24 @@ public final class PullManager: @unchecked Sendable {
       try tx.setSyncValue(rescan ? "1" : nil, forKey: Self.needsFullScanKey)
     }
     return result
+  }
+
+  /// The cloudIDs of the RCRDs a second listing of the tree finds that the first one
+  /// (`listed`: key → eTag) did not have, or had with another eTag.
+  private func movedDuringListing(_ listed: [String: String], result: inout PullResult) throws
+    -> Set<String>
+  {
+    let layout = context.layout
+    let marker = ChangeLogCodec.compactedMarkerKey(layout)
+    var fresh: [(rcrdKey: String, dataInfo: ObjectInfo?, headData: Bool)] = []
+    for o in try context.store.listAll(prefix: layout.treePrefix) {
+      if o.key.hasPrefix(layout.changesPrefix) || o.key == marker { continue }
+      guard let p = layout.parse(key: o.key), p.isRcrd, listed[o.key] != o.eTag else { continue }
+      fresh.append((o.key, nil, false))
+    }
+    let (found, _) = try items(fetch(fresh), result: &result)
+    result.fetchedRcrds += fresh.count
+    return Set(found.map(\.rcrd.cloudID))
   }
 
   // MARK: Incremental

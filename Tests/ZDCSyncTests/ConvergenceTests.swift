@@ -81,15 +81,17 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
 }
 
 /// A store wrapper that runs a closure once at a chosen call about a key: before its next read
-/// (HEAD or GET), to change the store between a listing and the fetches that follow it; or right
+/// (HEAD or GET), to change the store between a listing and the fetches that follow it; right
 /// after its next delete landed, answering that delete with a transient failure (its answer
-/// lost), to change the store while the operation that sent it waits to run again.
+/// lost), to change the store while the operation that sent it waits to run again; or after the
+/// first page of a listing, to change the store while a listing runs.
 final class HookStore: ForwardingStore, @unchecked Sendable {
   // Safe: the hooks are only touched under `lock`.
   let inner: any CloudStore
   private let lock = NSLock()
   private var beforeRead: [String: () -> Void] = [:]
   private var afterDelete: [String: () -> Void] = [:]
+  private var afterFirstPage: (prefix: String, body: () -> Void)?
 
   init(_ inner: any CloudStore) { self.inner = inner }
 
@@ -103,7 +105,34 @@ final class HookStore: ForwardingStore, @unchecked Sendable {
     lock.withLock { afterDelete[key] = body }
   }
 
+  /// The next listing of exactly `prefix` returns one object as its first page, then runs
+  /// `body` before it goes on (once).
+  func afterFirstListPage(of prefix: String, _ body: @escaping () -> Void) {
+    lock.withLock { afterFirstPage = (prefix, body) }
+  }
+
   private func fire(_ key: String) { lock.withLock { beforeRead.removeValue(forKey: key) }?() }
+
+  func list(prefix: String, startAfter: String?, continuationToken: String?, maxKeys: Int)
+    throws -> ListPage
+  {
+    let hook = lock.withLock { () -> (() -> Void)? in
+      guard let h = afterFirstPage, h.prefix == prefix, continuationToken == nil else {
+        return nil
+      }
+      afterFirstPage = nil
+      return h.body
+    }
+    guard let hook else {
+      return try inner.list(
+        prefix: prefix, startAfter: startAfter, continuationToken: continuationToken,
+        maxKeys: maxKeys)
+    }
+    let page = try inner.list(
+      prefix: prefix, startAfter: startAfter, continuationToken: nil, maxKeys: 1)
+    hook()
+    return page
+  }
 
   func head(key: String) throws -> ObjectInfo {
     fire(key)
