@@ -32,6 +32,12 @@ struct DataUploadState: Codable {
   }
 }
 
+/// The push manager's private state of a delete, kept in the operation's `multipartState`
+/// (JSON): the RCRD keys a delete request was sent for (recorded before sending).
+struct DeleteState: Codable, DefaultInitializable {
+  var sent: [String] = []
+}
+
 /// A state type with a fresh value.
 protocol DefaultInitializable { init() }
 
@@ -1055,9 +1061,17 @@ struct PushExecutor {
   private func delete() throws {
     var logged: [ChangeLogEntry] = []
     var kept = false
+    // The RCRDs an attempt of this delete sent a delete request for (recorded first: an answer
+    // lost is recognised). An RCRD this delete finds gone before sending anything for it is not
+    // announced: it was moved away elsewhere (the node lives on there) or deleted by another
+    // device (which announces it) — a delete entry for it would have devices that know the
+    // node at that key take it for deleted wherever it is now.
+    var state = loadUploadState(DeleteState.self)
+    let sentBefore = Set(state.sent)
     for ref in (op.payload.objects ?? []).reversed() {
       let data = try context.headIfExists(ref.dataKey)
       var removedRcrd = false
+      var removedHere = sentBefore.contains(ref.rcrdKey)
       if let r = try context.fetchRcrd(ref.rcrdKey) {
         // A remote edit of the DATA keeps the node (RCRD and DATA) for the next pull to bring
         // back — but a move's claim on its RCRD goes in any case (its move was superseded by
@@ -1071,6 +1085,10 @@ struct PushExecutor {
         }
         // The RCRD decides, as for a move (whose claim on it makes this delete fail): a node
         // moved or edited remotely keeps it, and its DATA is left alone.
+        if !state.sent.contains(ref.rcrdKey) {
+          state.sent.append(ref.rcrdKey)
+          try saveUploadState(state)
+        }
         guard
           try deleteIfOurs(
             rcrdKey: ref.rcrdKey, cloudID: ref.cloudID, eTag: ref.eTagRcrd, keepIfChanged: true)
@@ -1087,7 +1105,10 @@ struct PushExecutor {
           }
           continue
         }
+        // Removed (or found gone after a request of this delete's was sent: a transport retry
+        // may have answered for it): announced.
         removedRcrd = true
+        removedHere = true
       }
       // Then the DATA: the version known here, or (eTag unknown: uploaded while the delete
       // waited) the one beside the RCRD just removed. A version written after the RCRD went
@@ -1105,8 +1126,11 @@ struct PushExecutor {
           }
         }
       }
-      logged.append(
-        ChangeLogEntry(cloudID: ref.cloudID, kind: .delete, rcrd: ref.rcrdKey, data: ref.dataKey))
+      if removedHere {
+        logged.append(
+          ChangeLogEntry(
+            cloudID: ref.cloudID, kind: .delete, rcrd: ref.rcrdKey, data: ref.dataKey))
+      }
     }
     try write { tx in
       try tx.completeOperation(id: op.id)

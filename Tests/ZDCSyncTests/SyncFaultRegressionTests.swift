@@ -434,6 +434,33 @@ import ZDCTestSupport
     for d in [alpha, beta] { #expect(try d.tree() == expected, "\(d.name)") }
   }
 
+  /// Beta deleted a file that alpha had moved away meanwhile: its delete found nothing where it
+  /// knew the file, and still logged a delete. Beta then brought the file back from alpha's move
+  /// and moved it on; alpha, reading beta's delete and finding the file no longer where it knew
+  /// it (beta's move), took it for deleted — with a local change, uploaded again as new: two
+  /// RCRDs of one node (randomized seed 1061 with faults). A delete now logs only what it
+  /// removed.
+  @Test func deleteThatFoundNothingIsNotAnnounced() throws {
+    let s = try Scene("delete-found-nothing", gateBeta: true)
+    try s.alpha.create("f.txt", "content")
+    try s.syncBoth()
+    try s.alpha.move("f.txt", to: "g.txt")
+    try s.alpha.sync()
+    try s.beta.delete("f.txt")  // beta has not heard of the move
+    try s.beta.sync()
+    #expect(try s.beta.node("g.txt") != nil)  // brought back by the move's entry
+    // Beta moves the file on; the change-log object announcing it is held.
+    s.gated.holdNextPut(ofKeysEndingWith: "-beta")
+    try s.beta.move("g.txt", to: "h.txt")
+    #expect(s.gated.waitForHeldPut())
+    s.alpha.delegate.clearEvents()
+    _ = try s.alpha.engine.pull.pull()
+    #expect(!s.alpha.delegate.events.contains { $0.hasPrefix("deleted") })
+    s.gated.release()
+    for _ in 0..<2 { try s.syncBoth() }
+    try s.expectConverged(["/h.txt": "file:content"])
+  }
+
   /// A node kept after a remote delete (a local change outstanding) keeps the DATA found at its
   /// keys, its content not being here; moved before its upload again, its first RCRD upload
   /// went to the new place and the DATA stayed behind: the node showed no content there
