@@ -36,6 +36,8 @@ struct DataUploadState: Codable {
 /// (JSON): the RCRD keys a delete request was sent for (recorded before sending).
 struct DeleteState: Codable, DefaultInitializable {
   var sent: [String] = []
+  /// Those of `sent` that held a move's target RCRD marked `arriving`.
+  var arriving: [String] = []
 }
 
 /// A state type with a fresh value.
@@ -1066,13 +1068,22 @@ struct PushExecutor {
     // announced: it was moved away elsewhere (the node lives on there) or deleted by another
     // device (which announces it) — a delete entry for it would have devices that know the
     // node at that key take it for deleted wherever it is now.
+    // A target a move wrote (marked `arriving`) is the node's place only when no other RCRD of
+    // it is found: otherwise it was that move's write, and removing it is no deletion of the
+    // node (announced, it would have devices take the node for deleted wherever it is).
     var state = loadUploadState(DeleteState.self)
     let sentBefore = Set(state.sent)
+    var announced: [(entry: ChangeLogEntry, arriving: Bool)] = []
+    var placed = Set<String>()  // cloudIDs with an RCRD found that is not a move's target
     for ref in (op.payload.objects ?? []).reversed() {
       let data = try context.headIfExists(ref.dataKey)
       var removedRcrd = false
       var removedHere = sentBefore.contains(ref.rcrdKey)
+      var arriving = state.arriving.contains(ref.rcrdKey)
+      if removedHere, !arriving { placed.insert(ref.cloudID) }
       if let r = try context.fetchRcrd(ref.rcrdKey) {
+        arriving = r.decoded?.meta.arriving == true
+        if r.decoded?.cloudID == ref.cloudID, !arriving { placed.insert(ref.cloudID) }
         // A remote edit of the DATA keeps the node (RCRD and DATA) for the next pull to bring
         // back — but a move's claim on its RCRD goes in any case (its move was superseded by
         // this delete, or loses to it): the editing device uploads the node again.
@@ -1087,6 +1098,7 @@ struct PushExecutor {
         // moved or edited remotely keeps it, and its DATA is left alone.
         if !state.sent.contains(ref.rcrdKey) {
           state.sent.append(ref.rcrdKey)
+          if arriving { state.arriving.append(ref.rcrdKey) }
           try saveUploadState(state)
         }
         guard
@@ -1127,11 +1139,15 @@ struct PushExecutor {
         }
       }
       if removedHere {
-        logged.append(
-          ChangeLogEntry(
-            cloudID: ref.cloudID, kind: .delete, rcrd: ref.rcrdKey, data: ref.dataKey))
+        announced.append(
+          (
+            ChangeLogEntry(
+              cloudID: ref.cloudID, kind: .delete, rcrd: ref.rcrdKey, data: ref.dataKey),
+            arriving
+          ))
       }
     }
+    logged += announced.filter { !$0.arriving || !placed.contains($0.entry.cloudID) }.map(\.entry)
     try write { tx in
       try tx.completeOperation(id: op.id)
       if !logged.isEmpty { try manager.log(logged, in: tx) }

@@ -461,6 +461,40 @@ import ZDCTestSupport
     try s.expectConverged(["/h.txt": "file:content"])
   }
 
+  /// Alpha deleted a file while its move was in flight: the move had written its target
+  /// (`arriving`), then lost the race to beta's edit at the origin. The delete removed that
+  /// target and kept the origin for beta's edit — and announced the target's removal. Alpha got
+  /// the file back from beta's edit and moved it on; beta, reading the delete before that move,
+  /// found the file no longer where it knew it and took it for deleted (randomized seed 4509 with
+  /// faults: with a local change, uploaded again as new). A move's target whose node has
+  /// another RCRD is no longer announced as deleted.
+  @Test func deleteOfAMovesTargetBesideItsOriginIsNotAnnounced() throws {
+    let s = try Scene("delete-arriving-target")
+    try s.alpha.create("f.txt", "content")
+    try s.syncBoth()
+    let f = try s.alpha.rcrdKey("f.txt")
+    // Alpha's move writes g, then waits to claim f; beta edits f meanwhile (a new size).
+    s.gated.holdNextPut(ofKeysEndingWith: f)
+    try s.alpha.move("f.txt", to: "g.txt")
+    #expect(s.gated.waitForHeldPut())
+    try s.beta.write("f.txt", "beta's longer edit")
+    try s.beta.sync()
+    try s.alpha.delete("g.txt")  // waits for the move, which then loses to beta's edit
+    s.gated.release()
+    try s.alpha.sync()
+    #expect(try s.alpha.node("f.txt") != nil)  // kept for beta's edit, back with a full scan
+    // Alpha moves the file on; the change-log object announcing it is held.
+    s.gated.holdNextPut(ofKeysEndingWith: "-alpha")
+    try s.alpha.move("f.txt", to: "h.txt")
+    #expect(s.gated.waitForHeldPut())
+    s.beta.delegate.clearEvents()
+    _ = try s.beta.engine.pull.pull()
+    #expect(!s.beta.delegate.events.contains { $0.hasPrefix("deleted") })
+    s.gated.release()
+    for _ in 0..<2 { try s.syncBoth() }
+    try s.expectConverged(["/h.txt": "file:beta's longer edit"])
+  }
+
   /// A node kept after a remote delete (a local change outstanding) keeps the DATA found at its
   /// keys, its content not being here; moved before its upload again, its first RCRD upload
   /// went to the new place and the DATA stayed behind: the node showed no content there
