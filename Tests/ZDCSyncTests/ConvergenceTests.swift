@@ -18,6 +18,7 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
   private var armedAfter: String?
   private var skipAfter = 0
   private var lost: Set<String> = []
+  private var lostSuffix: String?
   private let arrived = DispatchSemaphore(value: 0)
   private let released = DispatchSemaphore(value: 0)
 
@@ -42,8 +43,17 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
   /// The next put or delete of `key` happens, then reports a transient failure (once).
   func loseNextAnswer(forKey key: String) { _ = lock.withLock { lost.insert(key) } }
 
+  /// The next put of a key ending with `suffix` happens, then reports a transient failure (once).
+  func loseNextAnswer(ofKeysEndingWith suffix: String) { lock.withLock { lostSuffix = suffix } }
+
   private func losesAnswer(_ key: String) -> Bool {
-    lock.withLock { lost.remove(key) != nil }
+    lock.withLock {
+      if let s = lostSuffix, key.hasSuffix(s) {
+        lostSuffix = nil
+        return true
+      }
+      return lost.remove(key) != nil
+    }
   }
 
   func put(key: String, body: UploadBody, condition: WriteCondition) throws -> String {
