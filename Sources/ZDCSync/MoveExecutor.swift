@@ -235,7 +235,12 @@ final class MoveRun {
       } catch StoreError.notFound {
         continue  // the source changed or vanished meanwhile
       }
-      state.copies[destination] = MoveState.Copy(source: src.eTag, copy: copied)
+      // A copy takes whatever the source holds when it runs: if the source changed since the
+      // HEAD above, which version was copied is unknown (an empty source: the copy is made
+      // again, or read from its header, rather than taken for the version the node knew).
+      let after = try context.headIfExists(source)
+      state.copies[destination] = MoveState.Copy(
+        source: after?.eTag == src.eTag ? src.eTag : "", copy: copied)
       try save()
       return true
     }

@@ -102,6 +102,7 @@ final class HookStore: ForwardingStore, @unchecked Sendable {
   private var beforeRead: [String: () -> Void] = [:]
   private var afterDelete: [String: () -> Void] = [:]
   private var afterFirstPage: (prefix: String, body: () -> Void)?
+  private var beforeCopy: [String: () -> Void] = [:]
 
   init(_ inner: any CloudStore) { self.inner = inner }
 
@@ -113,6 +114,18 @@ final class HookStore: ForwardingStore, @unchecked Sendable {
   /// After the next delete of `key` lands, runs `body`, then reports a transient failure (once).
   func afterNextDelete(of key: String, _ body: @escaping () -> Void) {
     lock.withLock { afterDelete[key] = body }
+  }
+
+  /// Runs `body` before the next copy from `source` (once).
+  func beforeNextCopy(from source: String, _ body: @escaping () -> Void) {
+    lock.withLock { beforeCopy[source] = body }
+  }
+
+  func copy(from source: String, to destination: String, condition: WriteCondition) throws
+    -> String
+  {
+    lock.withLock { beforeCopy.removeValue(forKey: source) }?()
+    return try inner.copy(from: source, to: destination, condition: condition)
   }
 
   /// The next listing of exactly `prefix` returns one object as its first page, then runs

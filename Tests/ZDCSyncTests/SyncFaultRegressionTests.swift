@@ -516,6 +516,48 @@ import ZDCTestSupport
     try s.expectConverged([:])
   }
 
+  /// A move took the HEAD of the origin's DATA, then copied it — but the copy took beta's edit,
+  /// which landed in between, and the move recorded the version of the HEAD as copied. Beta's
+  /// delete then removed the origin's DATA before the move finished, so nothing was copied
+  /// again, and the move settled its target with the size of the version it believed it had
+  /// carried, beside beta's content (randomized seed 1783 with faults). A copy whose source
+  /// changed meanwhile is now of an unknown version: made again, or its size read from its
+  /// header.
+  @Test func moveWhoseSourceChangedDuringItsCopyDescribesWhatItCarried() throws {
+    let s = try Scene("copy-source-changed")
+    try s.alpha.create("f.txt", "v1")
+    try s.syncBoth()
+    let rcrd = try s.alpha.rcrdKey("f.txt")
+    let data = try s.alpha.dataKey("f.txt")
+    let key = try #require(try s.alpha.node("f.txt")).encryptionKey
+    let edit = "longer content"
+    var failure: (any Error)? = nil
+    // Another device's edit of the DATA lands between the move's HEAD and its copy.
+    s.hooked.beforeNextCopy(from: data) {
+      do {
+        var body = Data()
+        try CloudFileEncoder(key: key).encode(
+          metadata: Data(), thumbnail: Data(), data: .data(Data(edit.utf8))
+        ) { body.append($0) }
+        _ = try s.store.put(key: data, body: .data(body), condition: .none)
+      } catch { failure = error }
+    }
+    // The move waits to claim the origin; the origin's DATA is removed meanwhile (a delete
+    // elsewhere that found its RCRD gone removes the DATA it knew).
+    s.gated.holdNextPut(ofKeysEndingWith: rcrd)
+    try s.alpha.move("f.txt", to: "g.txt")
+    #expect(s.gated.waitForHeldPut())
+    try s.store.delete(key: data, condition: .none)
+    s.gated.release()
+    try s.alpha.sync()
+    #expect(failure == nil)
+    #expect(try s.alpha.tree() == ["/g.txt": "file:\(edit)"])
+    #expect(try s.alpha.node("g.txt")?.dataSize == UInt64(edit.utf8.count))
+    let stored = try Rcrd.decode(
+      s.store.get(key: try s.alpha.rcrdKey("g.txt")), userID: s.user.userID, keyPair: s.user.keys)
+    #expect(stored.meta.dataSize == UInt64(edit.utf8.count))
+  }
+
   /// A node kept after a remote delete (a local change outstanding) keeps the DATA found at its
   /// keys, its content not being here; moved before its upload again, its first RCRD upload
   /// went to the new place and the DATA stayed behind: the node showed no content there
