@@ -220,8 +220,16 @@ extension CloudTransaction {
     }
     var deps = ops.filter { $0.state == .inFlight }.map(\.id)
     if let parentUpload { deps.append(parentUpload) }
+    var from = old
+    if ops.contains(where: { $0.kind == .move }) {
+      // A move of the node is in flight: this one starts at that move's target, where nothing
+      // is known yet (the node's eTags are those of the objects at that move's origin). That
+      // move records what it wrote there when it completes.
+      from.eTagRcrd = nil
+      from.eTagData = nil
+    }
     let moveID = try insertOperation(
-      kind: .move, nodeID: node.id, cloudID: node.cloudID, payload: PushPayload(origin: old),
+      kind: .move, nodeID: node.id, cloudID: node.cloudID, payload: PushPayload(origin: from),
       dependsOn: deps)
     for op in ops where op.state == .pending && (op.kind == .putRcrd || op.kind == .putData) {
       try addDependency(op.id, dependsOn: moveID)

@@ -281,8 +281,12 @@ extension CloudTransaction {
     var strays: [(cloudID: String, refs: [CloudObjectRef])] = []
     for e in entries {
       let ops = try outstandingOperations(ofNode: e.id)
-      // Only dirty nodes have content here worth uploading; clean ones' data was remote.
-      if !ops.isEmpty, e.eTagData != nil || ops.contains(where: { $0.kind == .putData }) {
+      // Only dirty nodes have content here worth uploading; clean ones' data was remote. A
+      // dirty node with DATA found at its keys keeps it even if it never knew a DATA version
+      // (it pulled the node before its DATA landed, and its move carried a copy of it).
+      if !ops.isEmpty,
+        e.eTagData != nil || existing[e.id] != nil || ops.contains(where: { $0.kind == .putData })
+      {
         hadData.insert(e.id)
       }
       if ops.contains(where: { $0.kind == .putData }) {
@@ -416,6 +420,25 @@ extension CloudTransaction {
         changed = true
       }
       if changed { try rawExecute(stmt, [PushPayloadJSON.encode(payload), op.id]) }
+    }
+  }
+
+  /// Adds to the outstanding delete operations listing `cloudID` the objects in `refs` they do
+  /// not list yet: places where a move of the node, in flight when the node was deleted here,
+  /// writes after the delete was planned (the delete waits for that move, then removes them).
+  public func addDeleteObjects(_ refs: [CloudObjectRef], cloudID: String) throws {
+    try requireWritable()
+    let stmt = try db.cachedStatement(sql: "UPDATE pushOperations SET payload = ? WHERE id = ?")
+    for op in try deleteOperations(referencing: cloudID) {
+      var payload = op.payload
+      var objects = payload.objects ?? []
+      let known = Set(objects.map(\.rcrdKey))
+      let added = refs.filter { $0.cloudID == cloudID && !known.contains($0.rcrdKey) }
+      guard !added.isEmpty else { continue }
+      // Listed first: a delete removes its objects in reverse order, a move's targets last.
+      objects.insert(contentsOf: added, at: 0)
+      payload.objects = objects
+      try rawExecute(stmt, [try json(payload), op.id])
     }
   }
 

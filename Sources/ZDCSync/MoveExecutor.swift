@@ -85,12 +85,19 @@ final class MoveRun {
     written = x.op.payload.written ?? []
   }
 
-  /// Stores the state and the targets written, in one transaction.
+  /// Stores the state and the targets written, in one transaction. When the node was deleted
+  /// here meanwhile, the delete (planned with the targets written before it, and waiting for
+  /// this move) learns of the others too: whether this move completes or is dropped, nothing
+  /// it wrote is left behind (e.g. a target RCRD marked `arriving`, which no pull applies and no
+  /// delete of another device removes).
   func save() throws {
     let data = try JSONEncoder().encode(state)
     try x.write { tx in
       try tx.setMultipartState(data, forOperation: opID)
       try tx.setMoveWritten(written, forOperation: opID)
+      if try tx.node(id: node.id) == nil {
+        try tx.addDeleteObjects(written, cloudID: node.cloudID)
+      }
     }
   }
 
@@ -142,16 +149,22 @@ final class MoveRun {
     let eTagData = try dataETag()
     let carried = try carriedData(eTag: eTagData, at: target.dataKey)
     try complete(
-      eTagRcrd: try settle(target.rcrdKey, dataSize: carried?.dataSize), eTagData: eTagData,
-      carried: carried)
+      eTagRcrd: try settle(
+        target.rcrdKey, dataSize: describedSize(eTagData: eTagData, carried: carried)),
+      eTagData: eTagData, carried: carried)
   }
 
   // MARK: Steps
 
   /// The target keys are the origin's (a case-only rename, a move back, or a move that ended
-  /// where another device put the node): only the RCRD is written.
+  /// where another device put the node): only the RCRD is written — `If-Match` the eTag known
+  /// there. The node must still be there: an RCRD gone from the origin means that another
+  /// device moved the node on or deleted it (a pull tells which); writing it `If-None-Match`
+  /// would bring it back beside the other device's RCRD of it (two RCRDs of one node).
   private func inPlace() throws {
-    switch try putTarget(node, markPeers: false, arriving: false) {
+    let condition: WriteCondition =
+      (origin.eTagRcrd ?? node.eTagRcrd).map { .ifMatch($0) } ?? .ifNoneMatch
+    switch try putTarget(node, markPeers: false, arriving: false, condition: condition) {
     case .pathConflict:
       try x.resolveMovePathConflict(node)
       throw PushIssue.retryNow
@@ -160,9 +173,9 @@ final class MoveRun {
     }
   }
 
-  private func putTarget(_ node: Node, markPeers: Bool, arriving: Bool) throws
-    -> PushExecutor.RcrdPutResult
-  {
+  private func putTarget(
+    _ node: Node, markPeers: Bool, arriving: Bool, condition: WriteCondition = .ifNoneMatch
+  ) throws -> PushExecutor.RcrdPutResult {
     if !written.contains(where: { $0.rcrdKey == target.rcrdKey }) {
       written.append(
         CloudObjectRef(
@@ -171,7 +184,7 @@ final class MoveRun {
     }
     let key = target.rcrdKey
     return try x.putRcrd(
-      node: node, key: key, condition: .ifNoneMatch, arriving: arriving,
+      node: node, key: key, condition: condition, arriving: arriving,
       remember: { body in
         MoveState.remember(BodyDigest.of(body), in: &state.bodies)
         try save()
@@ -222,7 +235,12 @@ final class MoveRun {
       } catch StoreError.notFound {
         continue  // the source changed or vanished meanwhile
       }
-      state.copies[destination] = MoveState.Copy(source: src.eTag, copy: copied)
+      // A copy takes whatever the source holds when it runs: if the source changed since the
+      // HEAD above, which version was copied is unknown (an empty source: the copy is made
+      // again, or read from its header, rather than taken for the version the node knew).
+      let after = try context.headIfExists(source)
+      state.copies[destination] = MoveState.Copy(
+        source: after?.eTag == src.eTag ? src.eTag : "", copy: copied)
       try save()
       return true
     }
@@ -325,7 +343,8 @@ final class MoveRun {
     try finishData(origin: origin.dataKey, target: dataKey)
     let eTagData = try context.headIfExists(dataKey)?.eTag
     let carried = try carriedData(eTag: eTagData, at: dataKey)
-    let settled = try settle(rcrdKey, dataSize: carried?.dataSize)
+    let settled = try settle(
+      rcrdKey, dataSize: describedSize(eTagData: eTagData, carried: carried))
     if rcrdKey == target.rcrdKey {
       try cleanUp(except: [target.rcrdKey])
       return try complete(eTagRcrd: settled, eTagData: eTagData, carried: carried)
@@ -400,6 +419,16 @@ final class MoveRun {
     throw StoreError.transient("DATA of node \(node.id) kept changing during its move")
   }
 
+  /// The size the target's RCRD describes once settled: that of the DATA carried there; none
+  /// when the target holds no DATA of the node (there was none at the origin to carry — e.g. the
+  /// node was pulled before its creator's DATA upload landed, which then never did: an RCRD
+  /// describing a size would stand beside no content for good; a DATA upload still to come
+  /// describes its own size); nil when unknown (the size the RCRD has is kept).
+  private func describedSize(eTagData: String?, carried: CloudDataInfo?) -> UInt64? {
+    if let carried { return carried.dataSize }
+    return eTagData == nil ? 0 : nil
+  }
+
   /// The eTag of the DATA at the target after the move.
   private func dataETag() throws -> String? {
     origin.dataKey == target.dataKey
@@ -444,6 +473,18 @@ final class MoveRun {
             context.delegate.didDiscoverModifiedNode(
               n, change: .data, at: try tx.path(of: node.id), transaction: tx)
           }
+        } else if eTagData == nil, origin.dataKey != target.dataKey, !editing {
+          // No DATA of the node was there to carry: it has none (the target's RCRD says so).
+          try tx.setCloudState(
+            nodeID: node.id, eTagRcrd: eTagRcrd, lastModifiedRcrd: Date(), eTagData: nil,
+            lastModifiedData: nil, cloudDataInfo: nil)
+          var n = try tx.existingNode(id: node.id)
+          if n.dataSize != 0 {
+            n.dataSize = 0
+            try tx.applyRemoteNode(n, cloudName: try tx.cloudName(of: node.id))
+            context.delegate.didDiscoverModifiedNode(
+              n, change: .data, at: try tx.path(of: node.id), transaction: tx)
+          }
         } else {
           try tx.setCloudState(
             nodeID: node.id, eTagRcrd: eTagRcrd, lastModifiedRcrd: Date(),
@@ -471,6 +512,7 @@ final class MoveRun {
             nodeID: node.id, cloudID: node.cloudID, dirPrefix: target.dirPrefix,
             cloudName: target.cloudName, rcrdKey: target.rcrdKey, dataKey: target.dataKey,
             eTagRcrd: eTagRcrd, eTagData: eTagData), forNodeID: node.id)
+        try dropMovesEndingHere(tx)
       }
       try x.manager.log(
         [
@@ -479,6 +521,30 @@ final class MoveRun {
             fromRcrd: origin.rcrdKey, eTagRcrd: eTagRcrd, eTagData: eTagData)
         ], in: tx)
     }
+  }
+
+  /// A move queued while this one ran, now starting from this move's target, that never ran
+  /// and goes nowhere else (the node is here: this move ran again towards the node's newer
+  /// place and ended there) has nothing left to do: it is dropped, and the RCRD is uploaded
+  /// again only if the node's name changed since (in case only: the keys are the same).
+  /// Left queued, it would write the RCRD in place — after another device may have moved the
+  /// node on from here.
+  private func dropMovesEndingHere(_ tx: CloudTransaction) throws {
+    guard let cur = try tx.node(id: node.id),
+      try tx.objectLocation(of: node.id)?.rcrdKey == target.rcrdKey
+    else { return }
+    let idle = try tx.pendingOperations(forNodeID: node.id).filter { $0.kind == .move }
+    guard !idle.isEmpty,
+      idle.allSatisfy({
+        $0.state == .pending && $0.multipartState == nil && ($0.payload.written ?? []).isEmpty
+          && $0.payload.origin?.rcrdKey == target.rcrdKey
+      })
+    else { return }
+    try tx.dropOperations(ofNodeID: node.id, kind: .move)
+    if Array(cur.name.utf8) != Array(node.name.utf8) { try tx.queueRcrdUpload(nodeID: node.id) }
+    context.logger.info(
+      "move: a move queued meanwhile ends where this one did; dropped",
+      metadata: ["node": "\(node.id)"])
   }
 
   /// The DATA at the target, with its sizes, or nil when it cannot be read as the node's.

@@ -341,6 +341,8 @@ public final class PullManager: @unchecked Sendable {
     let preferred = context.delegate.preferredNodeIDsForPulling()
     var seen = Set<String>()
     var rescan = false
+    // An RCRD of a node not known there, listed and gone when fetched (see below).
+    var vanished = false
     var level = index.filter { $0.trunk != nil }.sorted { $0.trunk! < $1.trunk! }.map(\.dirPrefix)
     var visitedPrefixes = Set(level)
     while !level.isEmpty {
@@ -374,13 +376,16 @@ public final class PullManager: @unchecked Sendable {
       result.fetchedRcrds += toFetch.count
       // Listed, then gone when fetched: the listing is older than that change (e.g. a move
       // elsewhere released its origin, and its target was written after the listing). A node
-      // known there is not taken for deleted by this scan; another one follows.
+      // known there is not taken for deleted by this scan; another one follows. An RCRD not
+      // known here may have been any node's — one moved there elsewhere and moved on since
+      // (its new place written after the listing) — and a directory's children are not
+      // walked: this scan deletes nothing it did not see.
       for case .missing(let key) in raw {
         var known = byKey[key].map { [$0.cloudID] } ?? []
         known += homeOf.filter { $0.value.key == key }.map(\.key)
-        guard !known.isEmpty else { continue }
-        seen.formUnion(known)
         rescan = true
+        vanished = true
+        seen.formUnion(known)
       }
       // A node still found, unchanged, where this device knows it is not moved to another RCRD
       // of it: that one is a move under way elsewhere (written before the move commits), which
@@ -422,9 +427,25 @@ public final class PullManager: @unchecked Sendable {
       }
       level = next
     }
-    // Nodes that were in the cloud and are no longer anywhere in it.
-    let gone = index.filter { $0.trunk == nil && $0.eTagRcrd != nil && !seen.contains($0.cloudID) }
-    try applyDeletions(gone.map(\.cloudID), listed: listedRcrds, result: &result)
+    // Nodes that were in the cloud and are no longer anywhere in it — unless an RCRD vanished
+    // between the listing and its fetch (the node may have been there: the next scan decides).
+    if !vanished {
+      var gone = Set(
+        index.filter { $0.trunk == nil && $0.eTagRcrd != nil && !seen.contains($0.cloudID) }
+          .map(\.cloudID))
+      if !gone.isEmpty {
+        // A listing is no snapshot: a node moved elsewhere while it ran, from a part not listed
+        // yet to a part listed already, is in neither. Before taking unseen nodes for deleted,
+        // the tree is listed again and what appeared or changed since is fetched: a node found
+        // there has moved (the next scan applies it).
+        let moved = try movedDuringListing(listedETags, result: &result)
+        if !gone.isDisjoint(with: moved) {
+          gone.subtract(moved)
+          rescan = true
+        }
+      }
+      try applyDeletions(Array(gone), listed: listedRcrds, result: &result)
+    }
     if rescan { cond.withLock { forceFull = true } }
     try context.catalog.write(context.userID) { tx in
       try tx.setSyncValue(newCursor ?? "", forKey: Self.cursorKey)
@@ -434,6 +455,24 @@ public final class PullManager: @unchecked Sendable {
       try tx.setSyncValue(rescan ? "1" : nil, forKey: Self.needsFullScanKey)
     }
     return result
+  }
+
+  /// The cloudIDs of the RCRDs a second listing of the tree finds that the first one
+  /// (`listed`: key → eTag) did not have, or had with another eTag.
+  private func movedDuringListing(_ listed: [String: String], result: inout PullResult) throws
+    -> Set<String>
+  {
+    let layout = context.layout
+    let marker = ChangeLogCodec.compactedMarkerKey(layout)
+    var fresh: [(rcrdKey: String, dataInfo: ObjectInfo?, headData: Bool)] = []
+    for o in try context.store.listAll(prefix: layout.treePrefix) {
+      if o.key.hasPrefix(layout.changesPrefix) || o.key == marker { continue }
+      guard let p = layout.parse(key: o.key), p.isRcrd, listed[o.key] != o.eTag else { continue }
+      fresh.append((o.key, nil, false))
+    }
+    let (found, _) = try items(fetch(fresh), result: &result)
+    result.fetchedRcrds += fresh.count
+    return Set(found.map(\.rcrd.cloudID))
   }
 
   // MARK: Incremental
@@ -665,8 +704,12 @@ public final class PullManager: @unchecked Sendable {
         if n.shareList.userIDs != r.shareList.userIDs { change.insert(.permissions) }
         if n.burnDate != r.burnDate { change.insert(.burnDate) }
         n.burnDate = r.burnDate
-        if n.dataSize != meta.dataSize { change.insert(.data) }
-        n.dataSize = meta.dataSize
+        // The size belongs to the DATA: with a local DATA upload outstanding, that upload's
+        // (the local content is not the remote version the RCRD describes).
+        if !kinds.contains(.putData) {
+          if n.dataSize != meta.dataSize { change.insert(.data) }
+          n.dataSize = meta.dataSize
+        }
       }
       n.eTagRcrd = item.rcrdInfo.eTag
       n.lastModifiedRcrd = item.rcrdInfo.lastModified
@@ -695,13 +738,17 @@ public final class PullManager: @unchecked Sendable {
       }
       return
     }
-    // A new node — unless this device is deleting it: its delete removes the RCRD found here,
-    // if that RCRD has not changed since (a remote edit brings the node back).
+    // A new node — unless this device is deleting it here: its delete decides. It removes the
+    // RCRD found here if unchanged, or keeps the node for a remote change (its RCRD or DATA)
+    // and asks for a full scan, which brings it back. An RCRD that differs from the one the
+    // delete knows is not proof of a remote change: it may be this device's own upload, in
+    // flight when the node was deleted, whose answer was lost — the delete learns its eTag
+    // when it runs again, and removes it (brought back here, the node would then stay without
+    // any RCRD in the store).
     // (Read in this transaction: the node may have been deleted here since the pull began.)
     for op in try tx.deleteOperations(referencing: r.cloudID) {
       if (op.payload.objects ?? []).contains(where: {
         $0.cloudID == r.cloudID && $0.rcrdKey == item.rcrdKey
-          && ($0.eTagRcrd == nil || $0.eTagRcrd == item.rcrdInfo.eTag)
       }) {
         return
       }
@@ -868,6 +915,8 @@ public final class PullManager: @unchecked Sendable {
     _ cloudIDs: [String], listed: Set<String>? = nil, result: inout PullResult
   ) throws {
     var handled = Set<NodeID>()
+    let explicit = Set(cloudIDs)
+    var deferred = false
     // Shallow first, so a deleted directory takes its deleted children with it.
     let ordered = try context.catalog.read(context.userID) { tx -> [(String, Int)] in
       try cloudIDs.compactMap { id in
@@ -922,9 +971,28 @@ public final class PullManager: @unchecked Sendable {
           return
         }
         let ids = try tx.subtreeIDs(of: n.id)
+        if listed == nil {
+          // A descendant with local changes that was in the cloud, is no longer at its keys and
+          // was not deleted itself may have been moved out of the deleted subtree before it
+          // went (its move not announced yet): taken for deleted, it would be uploaded again
+          // as new beside its RCRD elsewhere. A full scan decides (it finds it, or not).
+          for id in ids.dropFirst() where !alive.contains(id) {
+            guard let d = try tx.node(id: id), d.eTagRcrd != nil, !explicit.contains(d.cloudID),
+              try tx.isDirty(nodeID: id)
+            else { continue }
+            deferred = true
+            return
+          }
+        }
         let dirty = try tx.dirtyNodes(inSubtreeOf: n.id) + ids.filter { alive.contains($0) }
         let path = try tx.path(of: n.id)
         result.deletedNodes += 1
+        context.logger.info(
+          "remote delete applied",
+          metadata: [
+            "cloudID": "\(cloudID)", "node": "\(n.id)", "nodes": "\(ids.count)",
+            "kept": "\(dirty.count)", "fullScan": "\(listed != nil)",
+          ])
         if dirty.isEmpty {
           var doomed: [(Node, TreesystemPath)] = []
           for id in ids.reversed() {
@@ -943,6 +1011,12 @@ public final class PullManager: @unchecked Sendable {
         }
         handled.formUnion(ids)
       }
+    }
+    if deferred {
+      try context.catalog.write(context.userID) { tx in
+        try tx.setSyncValue("1", forKey: Self.needsFullScanKey)
+      }
+      cond.withLock { forceFull = true }
     }
   }
 

@@ -32,6 +32,14 @@ struct DataUploadState: Codable {
   }
 }
 
+/// The push manager's private state of a delete, kept in the operation's `multipartState`
+/// (JSON): the RCRD keys a delete request was sent for (recorded before sending).
+struct DeleteState: Codable, DefaultInitializable {
+  var sent: [String] = []
+  /// Those of `sent` that held a move's target RCRD marked `arriving`.
+  var arriving: [String] = []
+}
+
 /// A state type with a fresh value.
 protocol DefaultInitializable { init() }
 
@@ -264,8 +272,27 @@ struct PushExecutor {
       if try abandonMoveFromTakenOrigin(node: node, loc: loc) { throw PushIssue.retryNow }
       try resolvePathConflict(node)
       throw PushIssue.retryNow
-    case .written(let eTag):
+    case .written(var eTag):
       let carried = try carryData(node: node, to: loc, state: &state)
+      if let size = try replacedDataSize(
+        node: node, loc: loc, described: carried?.eTag ?? node.eTagData, size: written.dataSize)
+      {
+        // Another device replaced the DATA meanwhile (keeping the RCRD: the sizes matched then):
+        // the RCRD describes the DATA beside it. The node takes that version with a pull.
+        var described = written
+        described.dataSize = size
+        let body = try Rcrd.encode(node: described, publicKeys: context.publicKeys)
+        state.remember(BodyDigest.of(body))
+        try saveUploadState(state)
+        do {
+          eTag = try store.put(key: loc.rcrdKey, body: .data(body), condition: .ifMatch(eTag))
+          context.logger.info(
+            "RCRD upload: the DATA beside it was replaced meanwhile; the RCRD describes it",
+            metadata: ["node": "\(node.id)"])
+        } catch StoreError.preconditionFailed {
+          // Changed again since: its writer describes the DATA it knows.
+        }
+      }
       try write { tx in
         if var cur = try tx.node(id: node.id) {
           if let carried, cur.eTagData == node.eTagData {
@@ -302,6 +329,26 @@ struct PushExecutor {
           ], in: tx)
       }
     }
+  }
+
+  /// After an RCRD upload: the size of the DATA beside it when that DATA is not the version the
+  /// RCRD was written for (`described`) and has another size; nil otherwise. An RCRD upload
+  /// `If-Match` guards the RCRD, not the DATA: another device may have replaced the DATA
+  /// meanwhile and left the RCRD alone (it described that device's content's size then), and
+  /// this upload, describing the version it replaced, would then stand beside it for good. The
+  /// writer of that DATA checks the RCRD after its own upload, this upload the DATA after its
+  /// own: one of the two sees the other's write.
+  private func replacedDataSize(node: Node, loc: CloudObjectRef, described: String?, size: UInt64)
+    throws -> UInt64?
+  {
+    guard let head = try context.headIfExists(loc.dataKey), head.eTag != described else {
+      return nil
+    }
+    guard
+      case .success(let sizes) = try store.cloudFileSizes(
+        key: loc.dataKey, nodeKey: node.encryptionKey, ciphertextSize: head.size)
+    else { return nil }  // not this node's DATA: not described by its RCRD
+    return sizes.dataSize == size ? nil : sizes.dataSize
   }
 
   /// A node deleted here after its RCRD upload was taken.
@@ -613,7 +660,12 @@ struct PushExecutor {
       eTag = e
     }
     let info = try? store.head(key: loc.dataKey)
-    let describe = try rcrdDescribesOtherSize(node: node, loc: loc, size: content.dataSize)
+    let beside = try context.fetchRcrd(loc.rcrdKey)
+    if beside == nil || (beside?.decoded.map { $0.cloudID != node.cloudID } ?? false) {
+      try removeDataWithoutItsNode(node: node, loc: loc, eTag: eTag)
+    }
+    let describe = try rcrdDescribesOtherSize(
+      node: node, rcrd: beside?.decoded, size: content.dataSize)
     try write { tx in
       guard let cur = try tx.node(id: node.id), let curOp = try tx.operation(id: op.id) else {
         try tx.updateDeleteETags(
@@ -661,20 +713,40 @@ struct PushExecutor {
     }
   }
 
-  /// After a DATA upload with no RCRD upload of the node pending: true when the RCRD in the
-  /// store describes another size (another device's RCRD landed over the one this device
-  /// knew, describing that device's DATA), so the node's RCRD must be uploaded again.
-  private func rcrdDescribesOtherSize(node: Node, loc: CloudObjectRef, size: UInt64) throws
+  /// A DATA upload landed where the node's RCRD no longer is: another device moved the node on
+  /// (its move carried what was there before) or deleted it while this upload ran, and another
+  /// node may hold the name now. The DATA just written is removed again (nobody would ever carry
+  /// or delete it, and the node's RCRD elsewhere would describe content that is not beside it)
+  /// and the upload waits for a pull, which takes the node to its new place (the upload then
+  /// runs there) or applies the delete (which keeps the node, its content not uploaded yet, and
+  /// uploads it again as new).
+  private func removeDataWithoutItsNode(node: Node, loc: CloudObjectRef, eTag: String) throws
+    -> Never
+  {
+    do {
+      try store.delete(key: loc.dataKey, condition: .ifMatch(eTag))
+    } catch StoreError.preconditionFailed, StoreError.notFound {
+      // Carried away or replaced meanwhile: not this upload's to remove any more.
+    }
+    context.logger.info(
+      "DATA upload: the node's RCRD left its keys meanwhile; the DATA is uploaded again after a pull",
+      metadata: ["node": "\(node.id)"])
+    throw PushIssue.needsPull("the RCRD of node \(node.id) left the keys of its DATA upload")
+  }
+
+  /// After a DATA upload with no RCRD upload of the node pending: true when the node's RCRD in
+  /// the store (`rcrd`, found beside the DATA) describes another size (another device's RCRD
+  /// landed over the one this device knew, describing that device's DATA), so the node's RCRD
+  /// must be uploaded again.
+  private func rcrdDescribesOtherSize(node: Node, rcrd: DecodedRcrd?, size: UInt64) throws
     -> Bool
   {
     let pending = try context.catalog.read(context.userID) { tx in
       try tx.pendingOperations(forNodeID: node.id).contains { $0.kind == .putRcrd }
     }
     if pending { return false }
-    guard let r = try context.fetchRcrd(loc.rcrdKey), let decoded = r.decoded,
-      decoded.cloudID == node.cloudID
-    else { return false }  // moved or gone: a pull tells
-    return decoded.meta.dataSize != size
+    guard let rcrd, rcrd.cloudID == node.cloudID else { return false }
+    return rcrd.meta.dataSize != size
   }
 
   private func currentGeneration() throws -> Int64? {
@@ -991,10 +1063,27 @@ struct PushExecutor {
   private func delete() throws {
     var logged: [ChangeLogEntry] = []
     var kept = false
+    // The RCRDs an attempt of this delete sent a delete request for (recorded first: an answer
+    // lost is recognised). An RCRD this delete finds gone before sending anything for it is not
+    // announced: it was moved away elsewhere (the node lives on there) or deleted by another
+    // device (which announces it) — a delete entry for it would have devices that know the
+    // node at that key take it for deleted wherever it is now.
+    // A target a move wrote (marked `arriving`) is the node's place only when no other RCRD of
+    // it is found: otherwise it was that move's write, and removing it is no deletion of the
+    // node (announced, it would have devices take the node for deleted wherever it is).
+    var state = loadUploadState(DeleteState.self)
+    let sentBefore = Set(state.sent)
+    var announced: [(entry: ChangeLogEntry, arriving: Bool)] = []
+    var placed = Set<String>()  // cloudIDs with an RCRD found that is not a move's target
     for ref in (op.payload.objects ?? []).reversed() {
       let data = try context.headIfExists(ref.dataKey)
       var removedRcrd = false
+      var removedHere = sentBefore.contains(ref.rcrdKey)
+      var arriving = state.arriving.contains(ref.rcrdKey)
+      if removedHere, !arriving { placed.insert(ref.cloudID) }
       if let r = try context.fetchRcrd(ref.rcrdKey) {
+        arriving = r.decoded?.meta.arriving == true
+        if r.decoded?.cloudID == ref.cloudID, !arriving { placed.insert(ref.cloudID) }
         // A remote edit of the DATA keeps the node (RCRD and DATA) for the next pull to bring
         // back — but a move's claim on its RCRD goes in any case (its move was superseded by
         // this delete, or loses to it): the editing device uploads the node again.
@@ -1007,6 +1096,11 @@ struct PushExecutor {
         }
         // The RCRD decides, as for a move (whose claim on it makes this delete fail): a node
         // moved or edited remotely keeps it, and its DATA is left alone.
+        if !state.sent.contains(ref.rcrdKey) {
+          state.sent.append(ref.rcrdKey)
+          if arriving { state.arriving.append(ref.rcrdKey) }
+          try saveUploadState(state)
+        }
         guard
           try deleteIfOurs(
             rcrdKey: ref.rcrdKey, cloudID: ref.cloudID, eTag: ref.eTagRcrd, keepIfChanged: true)
@@ -1023,7 +1117,10 @@ struct PushExecutor {
           }
           continue
         }
+        // Removed (or found gone after a request of this delete's was sent: a transport retry
+        // may have answered for it): announced.
         removedRcrd = true
+        removedHere = true
       }
       // Then the DATA: the version known here, or (eTag unknown: uploaded while the delete
       // waited) the one beside the RCRD just removed. A version written after the RCRD went
@@ -1041,9 +1138,16 @@ struct PushExecutor {
           }
         }
       }
-      logged.append(
-        ChangeLogEntry(cloudID: ref.cloudID, kind: .delete, rcrd: ref.rcrdKey, data: ref.dataKey))
+      if removedHere {
+        announced.append(
+          (
+            ChangeLogEntry(
+              cloudID: ref.cloudID, kind: .delete, rcrd: ref.rcrdKey, data: ref.dataKey),
+            arriving
+          ))
+      }
     }
+    logged += announced.filter { !$0.arriving || !placed.contains($0.entry.cloudID) }.map(\.entry)
     try write { tx in
       try tx.completeOperation(id: op.id)
       if !logged.isEmpty { try manager.log(logged, in: tx) }

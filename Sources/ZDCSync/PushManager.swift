@@ -97,6 +97,9 @@ public final class PushManager: @unchecked Sendable {
   private let logQueue = DispatchQueue(label: "zdc.push.changelog")
   private var logScheduled = false
   private var logFailures = 0
+  /// The change-log object of the last write whose outcome is unknown (it failed, perhaps after
+  /// landing), and the pending entries it held.
+  private var logAttempt: (key: String, ids: [Int64])?
   private let ulids = ULIDGenerator()
   /// Uploads that failed in a way that may have written the store: they stay in flight in
   /// the catalog and run again when due (opID → due date, failures so far).
@@ -478,6 +481,18 @@ public final class PushManager: @unchecked Sendable {
     let decoder = JSONDecoder()
     while true {
       do {
+        // A write whose answer was lost may have landed: its entries are not written again
+        // under another name (a second copy read after the first was applied is not harmless:
+        // a delete read again after its node was kept, uploaded again and moved elsewhere
+        // takes it for deleted once more).
+        if let attempt = cond.withLock({ logAttempt }) {
+          if try context.headIfExists(attempt.key) != nil {
+            try context.catalog.write(context.userID) { tx in
+              try tx.removePendingChanges(ids: attempt.ids)
+            }
+          }
+          cond.withLock { logAttempt = nil }
+        }
         let pending = try context.catalog.read(context.userID) {
           try $0.pendingChanges(limit: config.logBatchMaxEntries)
         }
@@ -494,10 +509,12 @@ public final class PushManager: @unchecked Sendable {
         let key = context.layout.changeKey(ulid: ulid.string, deviceID: context.account.deviceID)
         let body = try ChangeLogCodec.encode(
           entries, deviceID: context.account.deviceID, name: name, key: context.changeLogKey)
+        cond.withLock { logAttempt = (key, pending.map(\.id)) }
         _ = try context.store.put(key: key, body: .data(body), condition: .ifNoneMatch)
         try context.catalog.write(context.userID) { tx in
           try tx.removePendingChanges(ids: pending.map(\.id))
         }
+        cond.withLock { logAttempt = nil }
       } catch {
         let n = cond.withLock { () -> Int in
           logFailures += 1

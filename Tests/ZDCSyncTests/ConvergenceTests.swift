@@ -16,7 +16,9 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
   private let lock = NSLock()
   private var armed: String?
   private var armedAfter: String?
+  private var skipAfter = 0
   private var lost: Set<String> = []
+  private var lostSuffix: String?
   private let arrived = DispatchSemaphore(value: 0)
   private let released = DispatchSemaphore(value: 0)
 
@@ -24,10 +26,13 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
 
   /// Holds the next put of a key ending with `suffix` (once).
   func holdNextPut(ofKeysEndingWith suffix: String) { lock.withLock { armed = suffix } }
-  /// Holds the next put of a key ending with `suffix` (once) after it landed, before its
-  /// answer returns.
-  func holdAfterNextPut(ofKeysEndingWith suffix: String) {
-    lock.withLock { armedAfter = suffix }
+  /// Holds the next put of a key ending with `suffix` (once; after `skipping` such puts) after
+  /// it landed, before its answer returns.
+  func holdAfterNextPut(ofKeysEndingWith suffix: String, skipping: Int = 0) {
+    lock.withLock {
+      armedAfter = suffix
+      skipAfter = skipping
+    }
   }
   /// Waits until the held put has arrived.
   func waitForHeldPut(timeout: TimeInterval = 20) -> Bool {
@@ -38,8 +43,17 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
   /// The next put or delete of `key` happens, then reports a transient failure (once).
   func loseNextAnswer(forKey key: String) { _ = lock.withLock { lost.insert(key) } }
 
+  /// The next put of a key ending with `suffix` happens, then reports a transient failure (once).
+  func loseNextAnswer(ofKeysEndingWith suffix: String) { lock.withLock { lostSuffix = suffix } }
+
   private func losesAnswer(_ key: String) -> Bool {
-    lock.withLock { lost.remove(key) != nil }
+    lock.withLock {
+      if let s = lostSuffix, key.hasSuffix(s) {
+        lostSuffix = nil
+        return true
+      }
+      return lost.remove(key) != nil
+    }
   }
 
   func put(key: String, body: UploadBody, condition: WriteCondition) throws -> String {
@@ -55,6 +69,10 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
     let eTag = try inner.put(key: key, body: body, condition: condition)
     let holdAfter = lock.withLock { () -> Bool in
       guard let s = armedAfter, key.hasSuffix(s) else { return false }
+      if skipAfter > 0 {
+        skipAfter -= 1
+        return false
+      }
       armedAfter = nil
       return true
     }
@@ -73,15 +91,18 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
 }
 
 /// A store wrapper that runs a closure once at a chosen call about a key: before its next read
-/// (HEAD or GET), to change the store between a listing and the fetches that follow it; or right
+/// (HEAD or GET), to change the store between a listing and the fetches that follow it; right
 /// after its next delete landed, answering that delete with a transient failure (its answer
-/// lost), to change the store while the operation that sent it waits to run again.
+/// lost), to change the store while the operation that sent it waits to run again; or after the
+/// first page of a listing, to change the store while a listing runs.
 final class HookStore: ForwardingStore, @unchecked Sendable {
   // Safe: the hooks are only touched under `lock`.
   let inner: any CloudStore
   private let lock = NSLock()
   private var beforeRead: [String: () -> Void] = [:]
   private var afterDelete: [String: () -> Void] = [:]
+  private var afterFirstPage: (prefix: String, body: () -> Void)?
+  private var beforeCopy: [String: () -> Void] = [:]
 
   init(_ inner: any CloudStore) { self.inner = inner }
 
@@ -95,7 +116,46 @@ final class HookStore: ForwardingStore, @unchecked Sendable {
     lock.withLock { afterDelete[key] = body }
   }
 
+  /// Runs `body` before the next copy from `source` (once).
+  func beforeNextCopy(from source: String, _ body: @escaping () -> Void) {
+    lock.withLock { beforeCopy[source] = body }
+  }
+
+  func copy(from source: String, to destination: String, condition: WriteCondition) throws
+    -> String
+  {
+    lock.withLock { beforeCopy.removeValue(forKey: source) }?()
+    return try inner.copy(from: source, to: destination, condition: condition)
+  }
+
+  /// The next listing of exactly `prefix` returns one object as its first page, then runs
+  /// `body` before it goes on (once).
+  func afterFirstListPage(of prefix: String, _ body: @escaping () -> Void) {
+    lock.withLock { afterFirstPage = (prefix, body) }
+  }
+
   private func fire(_ key: String) { lock.withLock { beforeRead.removeValue(forKey: key) }?() }
+
+  func list(prefix: String, startAfter: String?, continuationToken: String?, maxKeys: Int)
+    throws -> ListPage
+  {
+    let hook = lock.withLock { () -> (() -> Void)? in
+      guard let h = afterFirstPage, h.prefix == prefix, continuationToken == nil else {
+        return nil
+      }
+      afterFirstPage = nil
+      return h.body
+    }
+    guard let hook else {
+      return try inner.list(
+        prefix: prefix, startAfter: startAfter, continuationToken: continuationToken,
+        maxKeys: maxKeys)
+    }
+    let page = try inner.list(
+      prefix: prefix, startAfter: startAfter, continuationToken: nil, maxKeys: 1)
+    hook()
+    return page
+  }
 
   func head(key: String) throws -> ObjectInfo {
     fire(key)
@@ -593,11 +653,12 @@ final class HookStore: ForwardingStore, @unchecked Sendable {
 }
 
 /// Two devices on one store; alpha's calls (or beta's, with `gateBeta`) go through a
-/// `GatedStore`.
+/// `GatedStore`, behind a `HookStore`.
 struct Scene {
   let backing: TestStore
   var store: any CloudStore { backing.store }
   let gated: GatedStore
+  let hooked: HookStore
   let user: TestUser
   let alpha: Device
   let beta: Device
@@ -609,15 +670,16 @@ struct Scene {
     backing = try kind.make("zdc-sync-conv-\(label)")
     let store = backing.store
     gated = GatedStore(store)
+    hooked = HookStore(gated)
     user = try TestUser()
-    alpha = try Device("alpha", user: user, store: gateBeta ? store : gated) { push, _ in
+    alpha = try Device("alpha", user: user, store: gateBeta ? store : hooked) { push, _ in
       if let alphaRetry {
         push.retryBase = alphaRetry
         push.retryCap = alphaRetry
       }
       if let alphaLease { push.moveClaimLease = alphaLease }
     }
-    beta = try Device("beta", user: user, store: gateBeta ? gated : store)
+    beta = try Device("beta", user: user, store: gateBeta ? hooked : store)
     try alpha.start()
     try beta.start()
   }
@@ -676,6 +738,14 @@ extension Device {
       n.mode = mode
       try tx.updateNode(n)
       try tx.queueDataUpload(nodeID: n.id)
+    }
+  }
+
+  /// The DATA key of the node at `p`.
+  func dataKey(_ p: String) throws -> String {
+    try catalog.read(user.userID) { tx in
+      let n = try #require(try tx.node(path: try path(p)))
+      return try #require(try tx.objectLocation(of: n.id)).dataKey
     }
   }
 

@@ -38,23 +38,17 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
     try randomEdits(seed: seed, faults: false, kind: .s3)
   }
 
-  /// The same with a store that fails, delays and answers spurious 412s meanwhile.
-  ///
-  /// Known limitation (ZDCSync known limitations): about four runs in a thousand under these
-  /// fault rates still end diverged (causes listed there); recorded, not hidden.
+  /// The same with a store that fails, delays and answers spurious 412s meanwhile (a
+  /// divergence fails the test; sweeps of thousands of seeds: see the ZDCSync documentation).
   @Test(arguments: randomSeeds(first: 101, count: 6))
   func twoDevicesConvergeAfterRandomEditsOnAFaultyStore(seed: UInt64) throws {
-    withKnownIssue("rare residual divergence under heavy store faults", isIntermittent: true) {
-      try randomEdits(seed: seed, faults: true)
-    }
+    try randomEdits(seed: seed, faults: true)
   }
 
   /// The same on S3 (moto) with faults injected in front of it, with fewer seeds.
   @Test(arguments: Array(101...102) as [UInt64])
   func twoDevicesConvergeAfterRandomEditsOnAFaultyS3Store(seed: UInt64) throws {
-    withKnownIssue("rare residual divergence under heavy store faults", isIntermittent: true) {
-      try randomEdits(seed: seed, faults: true, kind: .s3)
-    }
+    try randomEdits(seed: seed, faults: true, kind: .s3)
   }
 
   func randomEdits(seed: UInt64, faults: Bool, kind: StoreKind = .local) throws {
@@ -156,10 +150,19 @@ func randomSeeds(first: UInt64, count: UInt64) -> [UInt64] {
     if ta != tb {
       for k in Set(ta.keys).union(tb.keys).sorted() where ta[k] != tb[k] {
         print("differs \(k): alpha \(ta[k] ?? "-") beta \(tb[k] ?? "-")")
+        var cloudIDs: [String] = []
         for v in [ta[k], tb[k]] {
           guard let v, let r = v.range(of: "cid=") else { continue }
-          print("store calls for \(v[r.lowerBound...]):")
-          for l in trace.lines(forCloudID: String(v[r.upperBound...])) { print("  \(l)") }
+          cloudIDs.append(String(v[r.upperBound...]))
+        }
+        // A node one device has and the other has not (or shows without content): its calls.
+        for d in devices {
+          if let n = try d.node(String(k.dropFirst())) { cloudIDs.append(n.cloudID) }
+        }
+        var printed = Set<String>()
+        for c in cloudIDs where printed.insert(String(c.prefix(6))).inserted {
+          print("store calls for cid=\(c.prefix(6)):")
+          for l in trace.lines(forCloudID: c) { print("  \(l)") }
         }
         let name = String(k.split(separator: "/").last!)
         for d in devices {
