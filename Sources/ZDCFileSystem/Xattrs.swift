@@ -34,9 +34,11 @@ extension FileSystem {
 
   /// An extended attribute's value.
   public func getxattr(_ ino: Inode, name: String) throws -> Data {
-    // Only `user.*` is stored. The kernel asks for `security.capability` before every write:
-    // answered without a catalog read.
-    guard name.hasPrefix("user.") else { throw FileSystemError.noAttribute }
+    // Only `user.*` is stored; other namespaces (`security.`, `system.`, `trusted.`) are not
+    // supported, which is what the answer says: tools like `ls -l` (SELinux label, POSIX ACL)
+    // then stop asking for every file of the mount, and the kernel's `security.capability`
+    // question before every write is answered without a catalog read.
+    guard name.hasPrefix("user.") else { throw FileSystemError.notSupported }
     let (id, section) = resolve(ino)
     switch name {
     case "user.zdc.state": return Data(try syncState(ino).utf8)
@@ -106,7 +108,8 @@ extension FileSystem {
   public func removexattr(_ ino: Inode, name: String) throws {
     let (id, section) = resolve(ino)
     if Self.stateNames.contains(name) { throw FileSystemError.notPermitted }
-    guard name.hasPrefix("user."), section == .node else { throw FileSystemError.noAttribute }
+    guard name.hasPrefix("user.") else { throw FileSystemError.notSupported }
+    guard section == .node else { throw FileSystemError.noAttribute }
     if let s = Self.sectionNames[name] {
       let node = try read { tx in try existingNode(id, tx) }
       if try sectionBytes(node, s).isEmpty { throw FileSystemError.noAttribute }

@@ -77,6 +77,12 @@ import ZDCFileSystem
       try fs.setattr(f.inode, AttributeChanges(uid: 4242))
     }
     #expect(throws: FileSystemError.noAttribute) { try fs.getxattr(f.inode, name: "user.none") }
+    // Namespaces other than `user.` are unsupported (so `ls -l` stops asking for labels and
+    // ACLs after the first file), not merely absent.
+    for name in ["security.selinux", "system.posix_acl_access", "trusted.x"] {
+      #expect(throws: FileSystemError.notSupported) { try fs.getxattr(f.inode, name: name) }
+      #expect(throws: FileSystemError.notSupported) { try fs.removexattr(f.inode, name: name) }
+    }
     #expect(throws: FileSystemError.notSupported) {
       try fs.setxattr(f.inode, name: "trusted.x", value: Data(), mode: .any)
     }
