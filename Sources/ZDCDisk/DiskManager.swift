@@ -49,6 +49,9 @@ public final class DiskManager: @unchecked Sendable {
   private var accessed: Set<Int64> = []
   private var flushScheduled = false
   private var deleteFlushScheduled = false
+  /// Files of removed entries waiting for the maintenance queue (see ``remove(nodeID:)``).
+  private var pendingUnlinks: [URL] = []
+  private var unlinksScheduled = false
   /// The longest the index keeps rows of removed entries (deleted in batches).
   public static let deleteFlushDelay: Double = 0.05
   /// Partial entries with chunks filled since the index last recorded them.
@@ -245,9 +248,10 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
-  /// Writes pending access times, filled chunks and committed staging versions to the index
-  /// now.
+  /// Deletes the files of removed entries still waiting, and writes pending access times,
+  /// filled chunks and committed staging versions to the index, now.
   public func flush() {
+    unlinkPending()
     persistFills()
     mutationLock.withLock {
       do { try flushInsertsLocked() } catch {
@@ -460,9 +464,9 @@ public final class DiskManager: @unchecked Sendable {
 
   // MARK: Removal
 
-  /// Takes entries out of the index; their files go now, or when their last handle closes.
-  /// Caller holds `mutationLock`.
-  private func removeEntries(_ entries: [Entry]) {
+  /// Takes entries out of the index; their files go now (with `unlinkLater`, soon, on the
+  /// maintenance queue), or when their last handle closes. Caller holds `mutationLock`.
+  private func removeEntries(_ entries: [Entry], unlinkLater: Bool = false) {
     guard !entries.isEmpty else { return }
     // With the index's next write, or shortly: one transaction per deleted file was most of
     // what an `unlink` cost here.
@@ -481,7 +485,28 @@ public final class DiskManager: @unchecked Sendable {
       }
       return out
     }
-    for u in unpinned { unlink(u) }
+    if unlinkLater, !unpinned.isEmpty {
+      let go = stateLock.withLock { () -> Bool in
+        pendingUnlinks += unpinned
+        defer { unlinksScheduled = true }
+        return !unlinksScheduled
+      }
+      if go { background.async { [weak self] in self?.unlinkPending() } }
+    } else {
+      for u in unpinned { unlink(u) }
+    }
+  }
+
+  /// Deletes the files ``remove(nodeID:)`` left for later.
+  private func unlinkPending() {
+    let urls = stateLock.withLock { () -> [URL] in
+      defer {
+        pendingUnlinks = []
+        unlinksScheduled = false
+      }
+      return pendingUnlinks
+    }
+    for u in urls { unlink(u) }
   }
 
   private func scheduleDeleteFlush() {
@@ -526,12 +551,18 @@ public final class DiskManager: @unchecked Sendable {
   }
 
   /// Removes every entry (staged and cached) of a node deleted locally.
+  ///
+  /// The entries leave the index at once; their files are deleted shortly after, on the
+  /// maintenance queue (this runs when a catalog delete commits, and thousands of `unlink`s
+  /// there held up every other file operation of an `rm -rf`). Node IDs are never reused, and a
+  /// file left by a crash before its turn is removed at the next start (a staging file of a node
+  /// the catalog no longer has is discarded by the file system's start-up check).
   public func remove(nodeID: NodeID) {
     mutationLock.withLock {
       let victims = stateLock.withLock {
         (stagingEntries[nodeID] ?? []) + (cacheByNode[nodeID] ?? [])
       }
-      removeEntries(victims)
+      removeEntries(victims, unlinkLater: true)
     }
   }
 

@@ -198,6 +198,11 @@ func flipByte(at offset: UInt64, of url: URL) throws {
       disk.remove(nodeID: 2)
     }
     #expect(try rows() == 0)
+    // The files went too (deleted on the maintenance queue, at the latest when the manager
+    // goes): nothing for the next start to adopt.
+    #expect(
+      try FileManager.default.contentsOfDirectory(atPath: tmp.path("state/staging").path)
+        .filter { DiskManager.parseCommittedName($0) != nil }.isEmpty)
     let disk = try makeDisk(tmp, key: key)
     #expect(disk.usage.entries == 0)
     #expect(disk.lostStagedNodes.isEmpty)
