@@ -74,35 +74,40 @@ enum PushPayloadJSON {
 
   /// A JSON string as `JSONEncoder` escapes it (`/` included).
   private static func string(_ s: String, _ out: inout String) {
-    out += "\""
+    var s = s
     var plain = true
     for b in s.utf8 where b < 0x20 || b == 0x22 || b == 0x5C || b == 0x2F {
       plain = false
       break
     }
     if plain {
+      out += "\""
       out += s
-    } else {
-      for scalar in s.unicodeScalars {
-        switch scalar {
-        case "\"": out += "\\\""
-        case "\\": out += "\\\\"
-        case "/": out += "\\/"
-        case "\n": out += "\\n"
-        case "\r": out += "\\r"
-        case "\t": out += "\\t"
-        case "\u{08}": out += "\\b"
-        case "\u{0C}": out += "\\f"
-        default:
-          if scalar.value < 0x20 {
-            let hex = String(scalar.value, radix: 16)
-            out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-          } else {
-            out.unicodeScalars.append(scalar)
-          }
+      out += "\""
+      return
+    }
+    // Escaped byte by byte (object keys contain slashes: every ref takes this path).
+    let escaped = s.withUTF8 { bytes -> String in
+      var buf: [UInt8] = []
+      buf.reserveCapacity(bytes.count + 16)
+      buf.append(0x22)
+      for b in bytes {
+        switch b {
+        case 0x22, 0x5C, 0x2F: buf += [0x5C, b]
+        case 0x0A: buf += [0x5C, 0x6E]  // \n
+        case 0x0D: buf += [0x5C, 0x72]  // \r
+        case 0x09: buf += [0x5C, 0x74]  // \t
+        case 0x08: buf += [0x5C, 0x62]  // \b
+        case 0x0C: buf += [0x5C, 0x66]  // \f
+        case ..<0x20:
+          let hex = Array("0123456789abcdef".utf8)
+          buf += [0x5C, 0x75, 0x30, 0x30, hex[Int(b >> 4)], hex[Int(b & 0xF)]]
+        default: buf.append(b)
         }
       }
+      buf.append(0x22)
+      return String(decoding: buf, as: UTF8.self)
     }
-    out += "\""
+    out += escaped
   }
 }
