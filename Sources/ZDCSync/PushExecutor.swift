@@ -1060,6 +1060,22 @@ struct PushExecutor {
       cloudID: ref.cloudID, kind: .put, rcrd: ref.rcrdKey, data: ref.dataKey, eTagRcrd: eTag)
   }
 
+  /// The change-log entry announcing a node this delete keeps (for a remote change), as it is
+  /// in the store. What is there may be this device's own write that nothing announced: an
+  /// upload of the node whose answer was lost (it landed), dropped with its node by this
+  /// delete — e.g. an RCRD upload that ran again after a local rename, writing the new name at
+  /// the former key before the move. Devices that pull incrementally would never fetch it, and
+  /// this device brings the node back from it with a full scan (randomized seed 2376).
+  /// Announcing what another device wrote (and announced) is harmless: a pull finds the eTags
+  /// it knows.
+  private func keptEntry(_ ref: CloudObjectRef, eTagRcrd: String?, eTagData: String?)
+    -> ChangeLogEntry
+  {
+    ChangeLogEntry(
+      cloudID: ref.cloudID, kind: .put, rcrd: ref.rcrdKey, data: ref.dataKey,
+      eTagRcrd: eTagRcrd, eTagData: eTagData)
+  }
+
   private func delete() throws {
     var logged: [ChangeLogEntry] = []
     var kept = false
@@ -1092,6 +1108,9 @@ struct PushExecutor {
           context.logger.info(
             "delete skipped: data changed remotely", metadata: ["cloudID": "\(ref.cloudID)"])
           kept = true
+          if r.decoded?.cloudID == ref.cloudID, !arriving {
+            logged.append(keptEntry(ref, eTagRcrd: r.info.eTag, eTagData: data.eTag))
+          }
           continue
         }
         // The RCRD decides, as for a move (whose claim on it makes this delete fail): a node
@@ -1114,6 +1133,8 @@ struct PushExecutor {
             let entry = try describeKeptData(ref, data: data)
           {
             logged.append(entry)
+          } else if r.decoded?.cloudID == ref.cloudID, !arriving {
+            logged.append(keptEntry(ref, eTagRcrd: nil, eTagData: nil))
           }
           continue
         }

@@ -787,6 +787,45 @@ import ZDCTestSupport
     #expect(!beta.delegate.conflicts.contains { $0.0 == .data })
   }
 
+  /// Alpha's RCRD upload of a file landed twice without an answer — the second time, after the
+  /// file had been renamed here (the move waiting for the upload in flight), with the new name at
+  /// the former key — and alpha then deleted the file: the upload was dropped with its node,
+  /// unrecorded and unlogged. Beta had meanwhile replaced the DATA, so the delete kept the node
+  /// (a remote edit), and alpha got it back with a full scan under the new name; beta, which no
+  /// change-log entry told of that RCRD, kept showing the former name (randomized seed 2376 with
+  /// faults). A delete that keeps a node now announces the RCRD it leaves in place.
+  @Test func nodeKeptByADeleteIsAnnouncedWithTheRcrdItKeeps() throws {
+    let s = try Scene("delete-keeps-unlogged-rcrd")
+    try s.alpha.create("f.txt", "content")
+    try s.syncBoth()
+    let f = try s.alpha.rcrdKey("f.txt")
+    // An attribute change: an RCRD upload, held before its put.
+    s.gated.holdNextPut(ofKeysEndingWith: f)
+    try s.alpha.catalog.write(s.user.userID) { tx in
+      var n = try #require(try tx.node(path: try s.alpha.path("f.txt")))
+      n.mode = 0o600
+      _ = try tx.updateNode(n)
+    }
+    #expect(s.gated.waitForHeldPut())
+    // Renamed while the upload is in flight: the move waits for it. The upload lands, loses its
+    // answer, and runs again with the new name (412 on its own write, then over it): that write
+    // lands and is held before its answer, which is lost too.
+    try s.alpha.move("f.txt", to: "g.txt")
+    s.gated.loseNextAnswer(forKey: f)
+    s.gated.holdAfterNextPut(ofKeysEndingWith: f, skipping: 1)
+    s.gated.release()
+    #expect(s.gated.waitForHeldPut())
+    s.gated.loseNextAnswer(forKey: f)
+    // Beta replaces the DATA (same size: no RCRD upload); alpha deletes the file, which drops
+    // the move and the upload.
+    try s.beta.write("f.txt", "CONTENT")
+    try s.beta.sync()
+    try s.alpha.delete("g.txt")
+    s.gated.release()
+    for _ in 0..<2 { try s.syncBoth() }
+    try s.expectConverged(["/g.txt": "file:CONTENT"])
+  }
+
   /// Alpha creates `a.txt` (with `alphaContent`; `nil`: no DATA yet) and moves it to `b.txt`;
   /// beta, which never heard of alpha's file, creates an `a.txt` of its own once the move
   /// released the origin, before the move finishes. Returns with alpha's move synced.
