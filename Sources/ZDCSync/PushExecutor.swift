@@ -274,6 +274,8 @@ struct PushExecutor {
       throw PushIssue.retryNow
     case .written(var eTag):
       let carried = try carryData(node: node, to: loc, state: &state)
+      let keptDataGone = try keptDataGone(
+        node: node, loc: loc, condition: condition, carried: carried)
       if let size = try replacedDataSize(
         node: node, loc: loc, described: carried?.eTag ?? node.eTagData, size: written.dataSize)
       {
@@ -306,6 +308,19 @@ struct PushExecutor {
             lastModifiedData: cur.lastModifiedData, cloudDataInfo: cur.cloudDataInfo)
           try tx.updateMoveOriginETags(
             nodeID: node.id, rcrdKey: loc.rcrdKey, eTagRcrd: eTag, eTagData: nil)
+          if keptDataGone, cur.eTagData == node.eTagData,
+            try !tx.outstandingKinds(ofNodeID: node.id).contains(.putData)
+          {
+            // The node's content goes up again: whatever the delegate has (the DATA upload
+            // gives the node, and its RCRD, the size of what it uploads).
+            context.logger.warning(
+              "first upload: the DATA the node kept is gone; its content is uploaded again",
+              metadata: ["node": "\(node.id)"])
+            try tx.setCloudState(
+              nodeID: node.id, eTagRcrd: eTag, lastModifiedRcrd: Date(), eTagData: nil,
+              lastModifiedData: nil, cloudDataInfo: nil)
+            try tx.queueDataUpload(nodeID: node.id)
+          }
           if written.dataSize != node.dataSize, cur.dataSize == node.dataSize {
             // The node takes the size of the DATA it stands beside (its size here came from an
             // RCRD that described another version).
@@ -349,6 +364,26 @@ struct PushExecutor {
         key: loc.dataKey, nodeKey: node.encryptionKey, ciphertextSize: head.size)
     else { return nil }  // not this node's DATA: not described by its RCRD
     return sizes.dataSize == size ? nil : sizes.dataSize
+  }
+
+  /// After a first upload of a node that keeps the DATA found at its keys (uploaded again after
+  /// a remote delete, its content not uploaded from here): true when that DATA is gone. The
+  /// deleting device removes the DATA after the RCRD, so a full scan here may have run between
+  /// the two and kept DATA that went right after (randomized seed 3992): the RCRD would describe
+  /// a size no DATA has. A delete that looks for the RCRD after it was written keeps the node
+  /// and its DATA (see `delete()`); one that looked before and removes the DATA after this check
+  /// is not caught.
+  private func keptDataGone(
+    node: Node, loc: CloudObjectRef, condition: WriteCondition, carried: ObjectInfo?
+  ) throws -> Bool {
+    guard case .ifNoneMatch = condition, node.kind == .file, node.eTagData != nil,
+      carried == nil
+    else { return false }
+    let dataUpload = try context.catalog.read(context.userID) { tx in
+      try tx.outstandingKinds(ofNodeID: node.id).contains(.putData)
+    }
+    if dataUpload { return false }
+    return try context.headIfExists(loc.dataKey) == nil
   }
 
   /// A node deleted here after its RCRD upload was taken.

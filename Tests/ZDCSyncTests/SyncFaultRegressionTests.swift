@@ -826,6 +826,54 @@ import ZDCTestSupport
     try s.expectConverged(["/g.txt": "file:CONTENT"])
   }
 
+  /// Beta deleted a file alpha had changed (an attribute): its delete removed the RCRD, then
+  /// failed before removing the DATA, and a full scan on alpha in between took the file for
+  /// deleted, kept it for its change, with the DATA still at its keys, and uploaded it again as
+  /// new with that DATA — which beta's delete, running again, then removed. The RCRD described a
+  /// size no DATA had, on both devices (randomized seed 3992 with faults). A first upload that
+  /// finds the DATA its node kept gone now uploads the node's content again.
+  @Test func nodeKeptWithDataARemoteDeleteThenRemovedUploadsItsContent() throws {
+    let backing = try StoreKind.local.make("zdc-sync-kept-data-removed")
+    let betaHooks = HookStore(backing.store)
+    let user = try TestUser()
+    let alpha = try Device("alpha", user: user, store: backing.store)
+    let beta = try Device("beta", user: user, store: betaHooks)
+    try alpha.start()
+    try beta.start()
+    try alpha.create("f.txt", "content")
+    try alpha.sync()
+    try beta.sync()
+    // Alpha's attribute change waits (its push stopped).
+    alpha.engine.push.stop()
+    try alpha.catalog.write(user.userID) { tx in
+      var n = try #require(try tx.node(path: try alpha.path("f.txt")))
+      n.mode = 0o600
+      _ = try tx.updateNode(n)
+    }
+    // Beta's delete removes the RCRD (its answer lost); alpha's full scan runs before the
+    // delete runs again and removes the DATA.
+    var failure: (any Error)? = nil
+    betaHooks.afterNextDelete(of: try beta.rcrdKey("f.txt")) {
+      do { _ = try alpha.engine.pull.pull(fullScan: true) } catch { failure = error }
+    }
+    try beta.delete("f.txt")
+    try beta.sync()
+    #expect(failure == nil)
+    #expect(try alpha.node("f.txt") != nil)  // kept for its change
+    try alpha.engine.push.start()
+    for _ in 0..<2 {
+      try alpha.sync()
+      try beta.sync()
+    }
+    let expected = ["/f.txt": "file:content"]
+    for d in [alpha, beta] {
+      let tree = try d.tree()
+      #expect(tree == expected, "\(d.name)")
+      #expect(try d.node("f.txt")?.dataSize == 7, "\(d.name)")
+      #expect(try d.operationCount() == 0, "\(d.name)")
+    }
+  }
+
   /// Alpha creates `a.txt` (with `alphaContent`; `nil`: no DATA yet) and moves it to `b.txt`;
   /// beta, which never heard of alpha's file, creates an `a.txt` of its own once the move
   /// released the origin, before the move finishes. Returns with alpha's move synced.
