@@ -187,11 +187,30 @@ struct PushExecutor {
 
   private func putRcrd() throws {
     guard let node = job.node, let loc = job.location else { return try completeOrphan() }
-    let condition: WriteCondition = node.eTagRcrd.map { .ifMatch($0) } ?? .ifNoneMatch
+    var condition: WriteCondition = node.eTagRcrd.map { .ifMatch($0) } ?? .ifNoneMatch
     // An RCRD describes the DATA beside it (its size): it goes up after the node's DATA upload.
     try deferUntilDataUploaded(node)
     var state = loadUploadState(RcrdUploadState.self)
     var written = node
+    // Another device's move of the node is committing (its claim, `eTag`, is at the key): this
+    // upload goes where the move takes the node (a pull tells), unless the claim is older than
+    // the claim lease (then it returns, and the claim is overwritten).
+    func waitForClaim(_ eTag: String) throws {
+      if state.blockedETag == eTag, let since = state.blockedSince,
+        Date().timeIntervalSince(since) >= manager.config.moveClaimLease
+      {
+        context.logger.warning(
+          "RCRD upload: a move's claim was never released; overwriting it",
+          metadata: ["node": "\(node.id)"])
+        return
+      }
+      if state.blockedETag != eTag {
+        state.blockedETag = eTag
+        state.blockedSince = Date()
+        try saveUploadState(state)
+      }
+      throw PushIssue.needsPull("node \(node.id) is being moved by another device")
+    }
     if case .ifMatch = condition, node.eTagData != nil,
       node.cloudDataInfo?.eTag != node.eTagData
     {
@@ -201,6 +220,20 @@ struct PushExecutor {
       // with an RCRD upload pending: the RCRD describes the DATA's own size (its header).
       let size = try dataSize(of: node, loc: loc)
       if size != node.dataSize { written.dataSize = size }
+    }
+    if case .ifNoneMatch = condition, !state.bodies.isEmpty, manager.hasPullSide,
+      let there = try context.fetchRcrd(loc.rcrdKey), let found = there.decoded,
+      found.cloudID == node.cloudID
+    {
+      // An RCRD of the node is there: an earlier attempt of this first upload (its answer lost),
+      // or another device's version of the node. It is written over only as it is now
+      // (`If-Match`): `If-None-Match` after this look would write the node here again should
+      // another device's move take it away in between — two RCRDs of one node (randomized seed
+      // 8306).
+      if found.meta.moving, !state.bodies.contains(BodyDigest.of(there.data)) {
+        try waitForClaim(there.info.eTag)
+      }
+      condition = .ifMatch(there.info.eTag)
     }
     if case .ifNoneMatch = condition, !state.bodies.isEmpty, manager.hasPullSide,
       try context.headIfExists(loc.rcrdKey) == nil
@@ -236,25 +269,11 @@ struct PushExecutor {
         isOurs: { state.bodies.contains(BodyDigest.of($0)) },
         foreign: { info, remote -> Node? in
           if remote.meta.moving {
-            // Another device's move of the node is committing: this upload goes where the move
-            // takes the node (a pull tells), unless the claim is older than the claim lease.
-            if state.blockedETag == info.eTag, let since = state.blockedSince,
-              Date().timeIntervalSince(since) >= manager.config.moveClaimLease
-            {
-              context.logger.warning(
-                "RCRD upload: a move's claim was never released; overwriting it",
-                metadata: ["node": "\(node.id)"])
-              return nil
-            }
-            if state.blockedETag != info.eTag {
-              state.blockedETag = info.eTag
-              state.blockedSince = Date()
-              try saveUploadState(state)
-            }
-            throw PushIssue.needsPull("node \(node.id) is being moved by another device")
+            try waitForClaim(info.eTag)
+            return nil
           }
           // A first upload meeting the node's own cloudID can only be this device's write.
-          guard case .ifMatch = condition else { return nil }
+          guard node.eTagRcrd != nil else { return nil }
           try beforeOverwritingRemoteRcrd(node: node, loc: loc)
           // The local attributes win, with the size of the DATA there (see `dataSize(of:loc:)`).
           let size = try dataSize(of: node, loc: loc)
@@ -274,8 +293,7 @@ struct PushExecutor {
       throw PushIssue.retryNow
     case .written(var eTag):
       let carried = try carryData(node: node, to: loc, state: &state)
-      let keptDataGone = try keptDataGone(
-        node: node, loc: loc, condition: condition, carried: carried)
+      let keptDataGone = try keptDataGone(node: node, loc: loc, carried: carried)
       if let size = try replacedDataSize(
         node: node, loc: loc, described: carried?.eTag ?? node.eTagData, size: written.dataSize)
       {
@@ -373,12 +391,12 @@ struct PushExecutor {
   /// a size no DATA has. A delete that looks for the RCRD after it was written keeps the node
   /// and its DATA (see `delete()`); one that looked before and removes the DATA after this check
   /// is not caught.
-  private func keptDataGone(
-    node: Node, loc: CloudObjectRef, condition: WriteCondition, carried: ObjectInfo?
-  ) throws -> Bool {
-    guard case .ifNoneMatch = condition, node.kind == .file, node.eTagData != nil,
-      carried == nil
-    else { return false }
+  private func keptDataGone(node: Node, loc: CloudObjectRef, carried: ObjectInfo?) throws
+    -> Bool
+  {
+    guard node.eTagRcrd == nil, node.kind == .file, node.eTagData != nil, carried == nil else {
+      return false
+    }
     let dataUpload = try context.catalog.read(context.userID) { tx in
       try tx.outstandingKinds(ofNodeID: node.id).contains(.putData)
     }

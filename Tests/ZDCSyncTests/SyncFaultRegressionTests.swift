@@ -874,6 +874,32 @@ import ZDCTestSupport
     }
   }
 
+  /// A first RCRD upload landed and lost its answer; running again, it found the RCRD there
+  /// and wrote `If-None-Match` (expecting its own write, answered with a 412) — but beta had
+  /// moved the node in between, removing that RCRD: the write brought the node back to its
+  /// former place, two RCRDs of one node (randomized seed 8306 with faults, the RCRD found being
+  /// beta's move's claim). A first upload that finds an RCRD of its node now writes `If-Match`
+  /// it.
+  @Test func firstUploadRunningAgainDoesNotBringBackANodeMovedAway() throws {
+    let s = try Scene("first-upload-again", alphaRetry: 0.3)
+    s.gated.holdNextPut(ofKeysEndingWith: ".rcrd")
+    s.gated.loseNextAnswer(ofKeysEndingWith: ".rcrd")
+    try s.alpha.create("f.txt", "content")
+    #expect(s.gated.waitForHeldPut())
+    // The first put lands and loses its answer. The upload runs again: it finds its RCRD and
+    // is held before its put, while beta, which sees the node with a full scan, moves it away.
+    s.gated.holdNextPut(ofKeysEndingWith: try s.alpha.rcrdKey("f.txt"))
+    s.gated.release()
+    #expect(s.gated.waitForHeldPut())
+    _ = try s.beta.engine.pull.pull(fullScan: true)
+    #expect(try s.beta.node("f.txt") != nil)
+    try s.beta.move("f.txt", to: "g.txt")
+    try s.beta.sync()
+    s.gated.release()
+    for _ in 0..<2 { try s.syncBoth() }
+    try s.expectConverged(["/g.txt": "file:content"])
+  }
+
   /// Alpha creates `a.txt` (with `alphaContent`; `nil`: no DATA yet) and moves it to `b.txt`;
   /// beta, which never heard of alpha's file, creates an `a.txt` of its own once the move
   /// released the origin, before the move finishes. Returns with alpha's move synced.
