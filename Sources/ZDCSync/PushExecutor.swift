@@ -187,11 +187,30 @@ struct PushExecutor {
 
   private func putRcrd() throws {
     guard let node = job.node, let loc = job.location else { return try completeOrphan() }
-    let condition: WriteCondition = node.eTagRcrd.map { .ifMatch($0) } ?? .ifNoneMatch
+    var condition: WriteCondition = node.eTagRcrd.map { .ifMatch($0) } ?? .ifNoneMatch
     // An RCRD describes the DATA beside it (its size): it goes up after the node's DATA upload.
     try deferUntilDataUploaded(node)
     var state = loadUploadState(RcrdUploadState.self)
     var written = node
+    // Another device's move of the node is committing (its claim, `eTag`, is at the key): this
+    // upload goes where the move takes the node (a pull tells), unless the claim is older than
+    // the claim lease (then it returns, and the claim is overwritten).
+    func waitForClaim(_ eTag: String) throws {
+      if state.blockedETag == eTag, let since = state.blockedSince,
+        Date().timeIntervalSince(since) >= manager.config.moveClaimLease
+      {
+        context.logger.warning(
+          "RCRD upload: a move's claim was never released; overwriting it",
+          metadata: ["node": "\(node.id)"])
+        return
+      }
+      if state.blockedETag != eTag {
+        state.blockedETag = eTag
+        state.blockedSince = Date()
+        try saveUploadState(state)
+      }
+      throw PushIssue.needsPull("node \(node.id) is being moved by another device")
+    }
     if case .ifMatch = condition, node.eTagData != nil,
       node.cloudDataInfo?.eTag != node.eTagData
     {
@@ -201,6 +220,20 @@ struct PushExecutor {
       // with an RCRD upload pending: the RCRD describes the DATA's own size (its header).
       let size = try dataSize(of: node, loc: loc)
       if size != node.dataSize { written.dataSize = size }
+    }
+    if case .ifNoneMatch = condition, !state.bodies.isEmpty, manager.hasPullSide,
+      let there = try context.fetchRcrd(loc.rcrdKey), let found = there.decoded,
+      found.cloudID == node.cloudID
+    {
+      // An RCRD of the node is there: an earlier attempt of this first upload (its answer lost),
+      // or another device's version of the node. It is written over only as it is now
+      // (`If-Match`): `If-None-Match` after this look would write the node here again should
+      // another device's move take it away in between — two RCRDs of one node (randomized seed
+      // 8306).
+      if found.meta.moving, !state.bodies.contains(BodyDigest.of(there.data)) {
+        try waitForClaim(there.info.eTag)
+      }
+      condition = .ifMatch(there.info.eTag)
     }
     if case .ifNoneMatch = condition, !state.bodies.isEmpty, manager.hasPullSide,
       try context.headIfExists(loc.rcrdKey) == nil
@@ -236,25 +269,11 @@ struct PushExecutor {
         isOurs: { state.bodies.contains(BodyDigest.of($0)) },
         foreign: { info, remote -> Node? in
           if remote.meta.moving {
-            // Another device's move of the node is committing: this upload goes where the move
-            // takes the node (a pull tells), unless the claim is older than the claim lease.
-            if state.blockedETag == info.eTag, let since = state.blockedSince,
-              Date().timeIntervalSince(since) >= manager.config.moveClaimLease
-            {
-              context.logger.warning(
-                "RCRD upload: a move's claim was never released; overwriting it",
-                metadata: ["node": "\(node.id)"])
-              return nil
-            }
-            if state.blockedETag != info.eTag {
-              state.blockedETag = info.eTag
-              state.blockedSince = Date()
-              try saveUploadState(state)
-            }
-            throw PushIssue.needsPull("node \(node.id) is being moved by another device")
+            try waitForClaim(info.eTag)
+            return nil
           }
           // A first upload meeting the node's own cloudID can only be this device's write.
-          guard case .ifMatch = condition else { return nil }
+          guard node.eTagRcrd != nil else { return nil }
           try beforeOverwritingRemoteRcrd(node: node, loc: loc)
           // The local attributes win, with the size of the DATA there (see `dataSize(of:loc:)`).
           let size = try dataSize(of: node, loc: loc)
@@ -274,6 +293,7 @@ struct PushExecutor {
       throw PushIssue.retryNow
     case .written(var eTag):
       let carried = try carryData(node: node, to: loc, state: &state)
+      let keptDataGone = try keptDataGone(node: node, loc: loc, carried: carried)
       if let size = try replacedDataSize(
         node: node, loc: loc, described: carried?.eTag ?? node.eTagData, size: written.dataSize)
       {
@@ -306,6 +326,19 @@ struct PushExecutor {
             lastModifiedData: cur.lastModifiedData, cloudDataInfo: cur.cloudDataInfo)
           try tx.updateMoveOriginETags(
             nodeID: node.id, rcrdKey: loc.rcrdKey, eTagRcrd: eTag, eTagData: nil)
+          if keptDataGone, cur.eTagData == node.eTagData,
+            try !tx.outstandingKinds(ofNodeID: node.id).contains(.putData)
+          {
+            // The node's content goes up again: whatever the delegate has (the DATA upload
+            // gives the node, and its RCRD, the size of what it uploads).
+            context.logger.warning(
+              "first upload: the DATA the node kept is gone; its content is uploaded again",
+              metadata: ["node": "\(node.id)"])
+            try tx.setCloudState(
+              nodeID: node.id, eTagRcrd: eTag, lastModifiedRcrd: Date(), eTagData: nil,
+              lastModifiedData: nil, cloudDataInfo: nil)
+            try tx.queueDataUpload(nodeID: node.id)
+          }
           if written.dataSize != node.dataSize, cur.dataSize == node.dataSize {
             // The node takes the size of the DATA it stands beside (its size here came from an
             // RCRD that described another version).
@@ -349,6 +382,26 @@ struct PushExecutor {
         key: loc.dataKey, nodeKey: node.encryptionKey, ciphertextSize: head.size)
     else { return nil }  // not this node's DATA: not described by its RCRD
     return sizes.dataSize == size ? nil : sizes.dataSize
+  }
+
+  /// After a first upload of a node that keeps the DATA found at its keys (uploaded again after
+  /// a remote delete, its content not uploaded from here): true when that DATA is gone. The
+  /// deleting device removes the DATA after the RCRD, so a full scan here may have run between
+  /// the two and kept DATA that went right after (randomized seed 3992): the RCRD would describe
+  /// a size no DATA has. A delete that looks for the RCRD after it was written keeps the node
+  /// and its DATA (see `delete()`); one that looked before and removes the DATA after this check
+  /// is not caught.
+  private func keptDataGone(node: Node, loc: CloudObjectRef, carried: ObjectInfo?) throws
+    -> Bool
+  {
+    guard node.eTagRcrd == nil, node.kind == .file, node.eTagData != nil, carried == nil else {
+      return false
+    }
+    let dataUpload = try context.catalog.read(context.userID) { tx in
+      try tx.outstandingKinds(ofNodeID: node.id).contains(.putData)
+    }
+    if dataUpload { return false }
+    return try context.headIfExists(loc.dataKey) == nil
   }
 
   /// A node deleted here after its RCRD upload was taken.
@@ -1060,6 +1113,22 @@ struct PushExecutor {
       cloudID: ref.cloudID, kind: .put, rcrd: ref.rcrdKey, data: ref.dataKey, eTagRcrd: eTag)
   }
 
+  /// The change-log entry announcing a node this delete keeps (for a remote change), as it is
+  /// in the store. What is there may be this device's own write that nothing announced: an
+  /// upload of the node whose answer was lost (it landed), dropped with its node by this
+  /// delete — e.g. an RCRD upload that ran again after a local rename, writing the new name at
+  /// the former key before the move. Devices that pull incrementally would never fetch it, and
+  /// this device brings the node back from it with a full scan (randomized seed 2376).
+  /// Announcing what another device wrote (and announced) is harmless: a pull finds the eTags
+  /// it knows.
+  private func keptEntry(_ ref: CloudObjectRef, eTagRcrd: String?, eTagData: String?)
+    -> ChangeLogEntry
+  {
+    ChangeLogEntry(
+      cloudID: ref.cloudID, kind: .put, rcrd: ref.rcrdKey, data: ref.dataKey,
+      eTagRcrd: eTagRcrd, eTagData: eTagData)
+  }
+
   private func delete() throws {
     var logged: [ChangeLogEntry] = []
     var kept = false
@@ -1092,6 +1161,9 @@ struct PushExecutor {
           context.logger.info(
             "delete skipped: data changed remotely", metadata: ["cloudID": "\(ref.cloudID)"])
           kept = true
+          if r.decoded?.cloudID == ref.cloudID, !arriving {
+            logged.append(keptEntry(ref, eTagRcrd: r.info.eTag, eTagData: data.eTag))
+          }
           continue
         }
         // The RCRD decides, as for a move (whose claim on it makes this delete fail): a node
@@ -1114,6 +1186,8 @@ struct PushExecutor {
             let entry = try describeKeptData(ref, data: data)
           {
             logged.append(entry)
+          } else if r.decoded?.cloudID == ref.cloudID, !arriving {
+            logged.append(keptEntry(ref, eTagRcrd: nil, eTagData: nil))
           }
           continue
         }

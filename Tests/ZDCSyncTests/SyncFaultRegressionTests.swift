@@ -787,6 +787,119 @@ import ZDCTestSupport
     #expect(!beta.delegate.conflicts.contains { $0.0 == .data })
   }
 
+  /// Alpha's RCRD upload of a file landed twice without an answer — the second time, after the
+  /// file had been renamed here (the move waiting for the upload in flight), with the new name at
+  /// the former key — and alpha then deleted the file: the upload was dropped with its node,
+  /// unrecorded and unlogged. Beta had meanwhile replaced the DATA, so the delete kept the node
+  /// (a remote edit), and alpha got it back with a full scan under the new name; beta, which no
+  /// change-log entry told of that RCRD, kept showing the former name (randomized seed 2376 with
+  /// faults). A delete that keeps a node now announces the RCRD it leaves in place.
+  @Test func nodeKeptByADeleteIsAnnouncedWithTheRcrdItKeeps() throws {
+    let s = try Scene("delete-keeps-unlogged-rcrd")
+    try s.alpha.create("f.txt", "content")
+    try s.syncBoth()
+    let f = try s.alpha.rcrdKey("f.txt")
+    // An attribute change: an RCRD upload, held before its put.
+    s.gated.holdNextPut(ofKeysEndingWith: f)
+    try s.alpha.catalog.write(s.user.userID) { tx in
+      var n = try #require(try tx.node(path: try s.alpha.path("f.txt")))
+      n.mode = 0o600
+      _ = try tx.updateNode(n)
+    }
+    #expect(s.gated.waitForHeldPut())
+    // Renamed while the upload is in flight: the move waits for it. The upload lands, loses its
+    // answer, and runs again with the new name (412 on its own write, then over it): that write
+    // lands and is held before its answer, which is lost too.
+    try s.alpha.move("f.txt", to: "g.txt")
+    s.gated.loseNextAnswer(forKey: f)
+    s.gated.holdAfterNextPut(ofKeysEndingWith: f, skipping: 1)
+    s.gated.release()
+    #expect(s.gated.waitForHeldPut())
+    s.gated.loseNextAnswer(forKey: f)
+    // Beta replaces the DATA (same size: no RCRD upload); alpha deletes the file, which drops
+    // the move and the upload.
+    try s.beta.write("f.txt", "CONTENT")
+    try s.beta.sync()
+    try s.alpha.delete("g.txt")
+    s.gated.release()
+    for _ in 0..<2 { try s.syncBoth() }
+    try s.expectConverged(["/g.txt": "file:CONTENT"])
+  }
+
+  /// Beta deleted a file alpha had changed (an attribute): its delete removed the RCRD, then
+  /// failed before removing the DATA, and a full scan on alpha in between took the file for
+  /// deleted, kept it for its change, with the DATA still at its keys, and uploaded it again as
+  /// new with that DATA — which beta's delete, running again, then removed. The RCRD described a
+  /// size no DATA had, on both devices (randomized seed 3992 with faults). A first upload that
+  /// finds the DATA its node kept gone now uploads the node's content again.
+  @Test func nodeKeptWithDataARemoteDeleteThenRemovedUploadsItsContent() throws {
+    let backing = try StoreKind.local.make("zdc-sync-kept-data-removed")
+    let betaHooks = HookStore(backing.store)
+    let user = try TestUser()
+    let alpha = try Device("alpha", user: user, store: backing.store)
+    let beta = try Device("beta", user: user, store: betaHooks)
+    try alpha.start()
+    try beta.start()
+    try alpha.create("f.txt", "content")
+    try alpha.sync()
+    try beta.sync()
+    // Alpha's attribute change waits (its push stopped).
+    alpha.engine.push.stop()
+    try alpha.catalog.write(user.userID) { tx in
+      var n = try #require(try tx.node(path: try alpha.path("f.txt")))
+      n.mode = 0o600
+      _ = try tx.updateNode(n)
+    }
+    // Beta's delete removes the RCRD (its answer lost); alpha's full scan runs before the
+    // delete runs again and removes the DATA.
+    var failure: (any Error)? = nil
+    betaHooks.afterNextDelete(of: try beta.rcrdKey("f.txt")) {
+      do { _ = try alpha.engine.pull.pull(fullScan: true) } catch { failure = error }
+    }
+    try beta.delete("f.txt")
+    try beta.sync()
+    #expect(failure == nil)
+    #expect(try alpha.node("f.txt") != nil)  // kept for its change
+    try alpha.engine.push.start()
+    for _ in 0..<2 {
+      try alpha.sync()
+      try beta.sync()
+    }
+    let expected = ["/f.txt": "file:content"]
+    for d in [alpha, beta] {
+      let tree = try d.tree()
+      #expect(tree == expected, "\(d.name)")
+      #expect(try d.node("f.txt")?.dataSize == 7, "\(d.name)")
+      #expect(try d.operationCount() == 0, "\(d.name)")
+    }
+  }
+
+  /// A first RCRD upload landed and lost its answer; running again, it found the RCRD there
+  /// and wrote `If-None-Match` (expecting its own write, answered with a 412) — but beta had
+  /// moved the node in between, removing that RCRD: the write brought the node back to its
+  /// former place, two RCRDs of one node (randomized seed 8306 with faults, the RCRD found being
+  /// beta's move's claim). A first upload that finds an RCRD of its node now writes `If-Match`
+  /// it.
+  @Test func firstUploadRunningAgainDoesNotBringBackANodeMovedAway() throws {
+    let s = try Scene("first-upload-again", alphaRetry: 0.3)
+    s.gated.holdNextPut(ofKeysEndingWith: ".rcrd")
+    s.gated.loseNextAnswer(ofKeysEndingWith: ".rcrd")
+    try s.alpha.create("f.txt", "content")
+    #expect(s.gated.waitForHeldPut())
+    // The first put lands and loses its answer. The upload runs again: it finds its RCRD and
+    // is held before its put, while beta, which sees the node with a full scan, moves it away.
+    s.gated.holdNextPut(ofKeysEndingWith: try s.alpha.rcrdKey("f.txt"))
+    s.gated.release()
+    #expect(s.gated.waitForHeldPut())
+    _ = try s.beta.engine.pull.pull(fullScan: true)
+    #expect(try s.beta.node("f.txt") != nil)
+    try s.beta.move("f.txt", to: "g.txt")
+    try s.beta.sync()
+    s.gated.release()
+    for _ in 0..<2 { try s.syncBoth() }
+    try s.expectConverged(["/g.txt": "file:content"])
+  }
+
   /// Alpha creates `a.txt` (with `alphaContent`; `nil`: no DATA yet) and moves it to `b.txt`;
   /// beta, which never heard of alpha's file, creates an `a.txt` of its own once the move
   /// released the origin, before the move finishes. Returns with alpha's move synced.
