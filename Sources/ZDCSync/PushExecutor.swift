@@ -91,7 +91,9 @@ struct PushExecutor {
 
   /// Completes the operation when its node is gone (deleted locally while in flight). An
   /// earlier attempt may have written the store: the delete that waits for this operation
-  /// learns the eTags of what is ours there, so it does not take them for remote edits.
+  /// learns the eTags of what is ours there, so it does not take them for remote edits — and
+  /// only of what is ours: an RCRD of the node another device wrote over this operation's write
+  /// is a remote edit, which the delete must meet (and keep the node for), not remove.
   private func completeOrphan() throws {
     var found: [(rcrdKey: String, eTagRcrd: String?, eTagData: String?)] = []
     if let cloudID = op.cloudID, op.kind == .putRcrd || op.kind == .putData {
@@ -99,9 +101,12 @@ struct PushExecutor {
         try $0.deleteOperations(referencing: cloudID).flatMap { $0.payload.objects ?? [] }
       }.filter { $0.cloudID == cloudID }
       let state = op.kind == .putData ? try loadState() : DataUploadState()
+      let bodies = op.kind == .putRcrd ? loadUploadState(RcrdUploadState.self).bodies : []
       for ref in refs {
         if op.kind == .putRcrd {
-          if let r = try context.fetchRcrd(ref.rcrdKey), r.decoded?.cloudID == cloudID {
+          if let r = try context.fetchRcrd(ref.rcrdKey), r.decoded?.cloudID == cloudID,
+            bodies.contains(BodyDigest.of(r.data))
+          {
             found.append((ref.rcrdKey, r.info.eTag, nil))
           }
         } else if let mine = try ourUpload(at: ref.dataKey, state: state) {

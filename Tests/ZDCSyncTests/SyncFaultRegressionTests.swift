@@ -900,6 +900,42 @@ import ZDCTestSupport
     try s.expectConverged(["/g.txt": "file:content"])
   }
 
+  /// Alpha's RCRD upload (an attribute change) landed and lost its answer; beta saw it with a
+  /// full scan and changed the file on top of it; alpha then deleted the file, and its upload,
+  /// running again with its node gone, handed the delete the eTag of the RCRD it found at its
+  /// key — beta's — as if it were its own write: the delete removed beta's edit (a remote
+  /// change a local delete must keep the node for). Only an RCRD this upload wrote is handed on.
+  @Test func orphanedUploadDoesNotHandItsDeleteAnotherDevicesEdit() throws {
+    let s = try Scene("orphan-foreign-rcrd", alphaRetry: 0.3)
+    try s.alpha.create("f.txt", "content")
+    try s.syncBoth()
+    let f = try s.alpha.rcrdKey("f.txt")
+    s.gated.holdAfterNextPut(ofKeysEndingWith: f)
+    try s.alpha.catalog.write(s.user.userID) { tx in
+      var n = try #require(try tx.node(path: try s.alpha.path("f.txt")))
+      n.mode = 0o600
+      _ = try tx.updateNode(n)
+    }
+    #expect(s.gated.waitForHeldPut())
+    // Landed, its answer held: beta sees the change with a full scan and changes the file on
+    // top of it.
+    _ = try s.beta.engine.pull.pull(fullScan: true)
+    try s.beta.catalog.write(s.user.userID) { tx in
+      var n = try #require(try tx.node(path: try s.beta.path("f.txt")))
+      #expect(n.mode == 0o600)
+      n.mode = 0o640
+      _ = try tx.updateNode(n)
+    }
+    try s.beta.sync()
+    // Alpha deletes the file; its upload's answer is lost, and it runs again with its node gone.
+    try s.alpha.delete("f.txt")
+    s.gated.loseNextAnswer(forKey: f)
+    s.gated.release()
+    for _ in 0..<3 { try s.syncBoth() }
+    try s.expectConverged(["/f.txt": "file:content"])
+    #expect(try s.alpha.node("f.txt")?.mode == 0o640)
+  }
+
   /// Alpha creates `a.txt` (with `alphaContent`; `nil`: no DATA yet) and moves it to `b.txt`;
   /// beta, which never heard of alpha's file, creates an `a.txt` of its own once the move
   /// released the origin, before the move finishes. Returns with alpha's move synced.
