@@ -449,15 +449,7 @@ import ZDCTestSupport
     try s.beta.delete("f.txt")  // beta has not heard of the move
     try s.beta.sync()
     #expect(try s.beta.node("g.txt") != nil)  // brought back by the move's entry
-    // Beta moves the file on; the change-log object announcing it is held.
-    s.gated.holdNextPut(ofKeysEndingWith: "-beta")
-    try s.beta.move("g.txt", to: "h.txt")
-    #expect(s.gated.waitForHeldPut())
-    s.alpha.delegate.clearEvents()
-    _ = try s.alpha.engine.pull.pull()
-    #expect(!s.alpha.delegate.events.contains { $0.hasPrefix("deleted") })
-    s.gated.release()
-    for _ in 0..<2 { try s.syncBoth() }
+    try moveOnWithItsEntryHeld(s, s.beta, "g.txt", to: "h.txt", seenBy: s.alpha)
     try s.expectConverged(["/h.txt": "file:content"])
   }
 
@@ -483,16 +475,24 @@ import ZDCTestSupport
     s.gated.release()
     try s.alpha.sync()
     #expect(try s.alpha.node("f.txt") != nil)  // kept for beta's edit, back with a full scan
-    // Alpha moves the file on; the change-log object announcing it is held.
-    s.gated.holdNextPut(ofKeysEndingWith: "-alpha")
-    try s.alpha.move("f.txt", to: "h.txt")
+    try moveOnWithItsEntryHeld(s, s.alpha, "f.txt", to: "h.txt", seenBy: s.beta)
+    try s.expectConverged(["/h.txt": "file:beta's longer edit"])
+  }
+
+  /// `mover` (the scene's gated device) moves a file on while the change-log object announcing
+  /// the move is held: `observer` pulls meanwhile and must not take the file for deleted. Then
+  /// both sync.
+  private func moveOnWithItsEntryHeld(
+    _ s: Scene, _ mover: Device, _ from: String, to: String, seenBy observer: Device
+  ) throws {
+    s.gated.holdNextPut(ofKeysEndingWith: "-\(mover.name)")
+    try mover.move(from, to: to)
     #expect(s.gated.waitForHeldPut())
-    s.beta.delegate.clearEvents()
-    _ = try s.beta.engine.pull.pull()
-    #expect(!s.beta.delegate.events.contains { $0.hasPrefix("deleted") })
+    observer.delegate.clearEvents()
+    _ = try observer.engine.pull.pull()
+    #expect(!observer.delegate.events.contains { $0.hasPrefix("deleted") })
     s.gated.release()
     for _ in 0..<2 { try s.syncBoth() }
-    try s.expectConverged(["/h.txt": "file:beta's longer edit"])
   }
 
   /// A change-log write whose answer was lost had landed, and the device wrote the same entries
