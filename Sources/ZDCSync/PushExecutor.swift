@@ -1114,8 +1114,7 @@ struct PushExecutor {
     context.logger.info(
       "delete: the RCRD of a node kept now describes the DATA beside it",
       metadata: ["cloudID": "\(ref.cloudID)"])
-    return ChangeLogEntry(
-      cloudID: ref.cloudID, kind: .put, rcrd: ref.rcrdKey, data: ref.dataKey, eTagRcrd: eTag)
+    return keptEntry(ref, eTagRcrd: eTag, eTagData: nil)
   }
 
   /// The change-log entry announcing a node this delete keeps (for a remote change), as it is

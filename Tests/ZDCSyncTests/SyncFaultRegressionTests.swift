@@ -34,12 +34,7 @@ import ZDCTestSupport
     s.gated.release()
     #expect(s.gated.waitForHeldPut())
     // Beta sees the node at h and moves it on.
-    _ = try s.beta.engine.pull.pull(fullScan: true)
-    #expect(try s.beta.node("h.txt") != nil)
-    try s.beta.move("h.txt", to: "k.txt")
-    try s.beta.sync()
-    s.gated.release()
-    for _ in 0..<2 { try s.syncBoth() }
+    try betaMovesItOnThenBothSync(s, "h.txt", to: "k.txt")
     try s.expectConverged(["/k.txt": "file:content"])
   }
 
@@ -141,11 +136,7 @@ import ZDCTestSupport
     try s.alpha.create("f.txt", "content")
     #expect(s.gated.waitForHeldPut())
     let former = try s.alpha.dataKey("f.txt")
-    _ = try s.beta.engine.pull.pull(fullScan: true)
-    try s.beta.move("f.txt", to: "g.txt")
-    try s.beta.sync()
-    s.gated.release()
-    for _ in 0..<2 { try s.syncBoth() }
+    try betaMovesItOnThenBothSync(s, "f.txt", to: "g.txt")
     try s.expectConverged(["/g.txt": "file:content"])
     for d in [s.alpha, s.beta] { #expect(try d.node("g.txt")?.dataSize == 7, "\(d.name)") }
     #expect(throws: StoreError.self) { try s.store.head(key: former) }
@@ -891,12 +882,7 @@ import ZDCTestSupport
     s.gated.holdNextPut(ofKeysEndingWith: try s.alpha.rcrdKey("f.txt"))
     s.gated.release()
     #expect(s.gated.waitForHeldPut())
-    _ = try s.beta.engine.pull.pull(fullScan: true)
-    #expect(try s.beta.node("f.txt") != nil)
-    try s.beta.move("f.txt", to: "g.txt")
-    try s.beta.sync()
-    s.gated.release()
-    for _ in 0..<2 { try s.syncBoth() }
+    try betaMovesItOnThenBothSync(s, "f.txt", to: "g.txt")
     try s.expectConverged(["/g.txt": "file:content"])
   }
 
@@ -934,6 +920,17 @@ import ZDCTestSupport
     for _ in 0..<3 { try s.syncBoth() }
     try s.expectConverged(["/f.txt": "file:content"])
     #expect(try s.alpha.node("f.txt")?.mode == 0o640)
+  }
+
+  /// Beta, which sees the node at `from` with a full scan, moves it to `to` while alpha's put is
+  /// held; then the put goes on and both devices sync.
+  private func betaMovesItOnThenBothSync(_ s: Scene, _ from: String, to: String) throws {
+    _ = try s.beta.engine.pull.pull(fullScan: true)
+    #expect(try s.beta.node(from) != nil)
+    try s.beta.move(from, to: to)
+    try s.beta.sync()
+    s.gated.release()
+    for _ in 0..<2 { try s.syncBoth() }
   }
 
   /// Alpha creates `a.txt` (with `alphaContent`; `nil`: no DATA yet) and moves it to `b.txt`;
