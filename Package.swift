@@ -27,6 +27,9 @@ let package = Package(
       name: "CCurlSystem", path: "Sources/CCurlSystem", pkgConfig: "libcurl",
       providers: [.apt(["libcurl4-openssl-dev"])]),
     .target(name: "CCurl", dependencies: ["CCurlSystem"], path: "Sources/CCurl"),
+    .target(
+      name: "CSQLiteTuning", dependencies: [.product(name: "GRDBSQLite", package: "GRDB.swift")],
+      path: "Sources/CSQLiteTuning"),
     .systemLibrary(
       name: "CFuse3", path: "CFuse/system", pkgConfig: "fuse3",
       providers: [.apt(["libfuse3-dev"])]),
@@ -44,7 +47,7 @@ let package = Package(
     .target(
       name: "ZDCCatalog",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", .product(name: "GRDB", package: "GRDB.swift"),
+        "ZDCCore", "ZDCCrypto", "CSQLiteTuning", .product(name: "GRDB", package: "GRDB.swift"),
         .product(name: "GRDBSQLite", package: "GRDB.swift"),
         .product(name: "Logging", package: "swift-log"),
       ],
@@ -56,7 +59,7 @@ let package = Package(
     .target(
       name: "ZDCDisk",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", .product(name: "GRDB", package: "GRDB.swift"),
+        "ZDCCore", "ZDCCrypto", "CSQLiteTuning", .product(name: "GRDB", package: "GRDB.swift"),
         .product(name: "Logging", package: "swift-log"),
       ],
       swiftSettings: strict),

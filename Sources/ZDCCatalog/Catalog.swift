@@ -1,3 +1,4 @@
+import CSQLiteTuning
 public import Foundation
 import GRDB
 import Logging
@@ -114,6 +115,8 @@ public final class Catalog: Sendable {
   }
 
   private static func configuration(_ options: Options) -> Configuration {
+    // Before the process's first connection (a no-op afterwards).
+    _ = zdc_sqlite_tune_process()
     var config = Configuration()
     // No foreign-key enforcement: its referential actions run as trigger programs that each
     // build a temporary b-tree, most of the cost of deleting a node or finishing an upload. The
@@ -127,6 +130,7 @@ public final class Catalog: Sendable {
     let sync = options.durability.rawValue
     config.prepareDatabase { db in
       try db.execute(sql: "PRAGMA synchronous = \(sync)")
+      try db.execute(sql: "PRAGMA temp_store = MEMORY")
     }
     return config
   }
@@ -226,6 +230,8 @@ public final class Catalog: Sendable {
   /// uncommitted), and how many of those failed (logged, skipped).
   nonisolated(unsafe) public private(set) var replayedJournalEntries = 0
   nonisolated(unsafe) public private(set) var failedJournalEntries = 0
+  /// How many times a unit that failed after changing rows had its batch rebuilt (tests).
+  nonisolated(unsafe) public private(set) var rebuiltBatches = 0
 
   /// True while ``Commit/soon`` writes wait for their commit (an open SQLite transaction on
   /// the writer connection).
@@ -298,20 +304,21 @@ public final class Catalog: Sendable {
           batchOpen.value = true
           scheduleBatchCommit()
         }
+        // No savepoint around the unit: one costs a copy of every page the unit touches (about
+        // an eighth of a file operation). A unit that fails having changed nothing leaves the
+        // batch as it was; one that fails after changing rows has the batch rebuilt without it.
         let result: T
+        let changesBefore = db.totalChangesCount
         do {
-          try control(db, "SAVEPOINT unit")
           result = try unit(journaled: commit == .soon && journal != nil)
-          try control(db, "RELEASE SAVEPOINT unit")
         } catch {
-          if db.isInsideTransaction {
-            try? control(db, "ROLLBACK TO SAVEPOINT unit")
-            try? control(db, "RELEASE SAVEPOINT unit")
-          } else {
+          nodes.removeAll()
+          if !db.isInsideTransaction {
             // SQLite ended the transaction (it rolls back on a full disk).
             batchOpen.value = false
+          } else if db.totalChangesCount != changesBefore {
+            rebuildBatch(db)
           }
-          nodes.removeAll()
           throw error
         }
         if commit == .now || commitNow { try commitBatch(db) }
@@ -371,6 +378,54 @@ public final class Catalog: Sendable {
       logger.error(
         "catalog commit failed; metadata changes of the last moments are lost: \(error)")
       throw error
+    }
+  }
+
+  /// Undoes a batch that a failed unit left half-done and makes its journaled units again, in
+  /// order, from the redo journal (each unit of an open batch is journaled: units that are not
+  /// commit the batch before returning). Node and operation ids come out as they were: the
+  /// rollback rewinds their sequences too. If the batch cannot be made again, it is given up
+  /// with its journal entries, as a failed commit is.
+  private func rebuildBatch(_ db: Database) {
+    do {
+      try control(db, "ROLLBACK TRANSACTION")
+      batchOpen.value = false
+      guard let journal, batchJournalSeq > committedJournalSeq else { return }
+      let entries = try journal.readAll().entries.filter {
+        $0.seq > committedJournalSeq && $0.seq <= batchJournalSeq
+      }
+      try control(db, "BEGIN IMMEDIATE TRANSACTION")
+      batchOpen.value = true
+      scheduleBatchCommit()
+      for entry in entries {
+        try control(db, "SAVEPOINT replay")
+        do {
+          let layout = try CloudTransaction.layout(userID: entry.userID, db: db)
+          // Its commit hooks were kept when it first ran.
+          let tx = CloudTransaction(
+            db: db, layout: layout, readOnly: false, failpoint: nil, shareLists: shareLists,
+            nodes: nodes)
+          for record in entry.records { try tx.replay(record) }
+          try control(db, "RELEASE SAVEPOINT replay")
+        } catch {
+          nodes.removeAll()
+          try control(db, "ROLLBACK TO SAVEPOINT replay")
+          try control(db, "RELEASE SAVEPOINT replay")
+          logger.error("catalog: a change of the batch could not be made again: \(error)")
+        }
+      }
+      rebuiltBatches += 1
+    } catch {
+      nodes.removeAll()
+      if db.isInsideTransaction { try? control(db, "ROLLBACK TRANSACTION") }
+      batchOpen.value = false
+      if let journal, batchJournalSeq > committedJournalSeq {
+        try? journal.truncate()
+        committedJournalSeq = batchJournalSeq
+      }
+      logger.error(
+        "catalog: a batch could not be rebuilt; metadata changes of the last moments are lost: \(error)"
+      )
     }
   }
 

@@ -1,3 +1,4 @@
+import CSQLiteTuning
 import Foundation
 import GRDB
 import Synchronization
@@ -60,6 +61,8 @@ final class DiskIndex: Sendable {
   }
 
   init(path: String) throws {
+    // Before the process's first connection (a no-op afterwards).
+    _ = zdc_sqlite_tune_process()
     self.path = path
     var config = Configuration()
     config.busyMode = .timeout(10)

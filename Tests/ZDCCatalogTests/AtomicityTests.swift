@@ -80,6 +80,86 @@ import ZDCCore
     #expect(try snapshot(catalog, ids) != before)
   }
 
+  /// A snapshot without the operations' times (operations made again are made now).
+  func untimed(_ s: Snapshot) -> Snapshot {
+    var s = s
+    for i in s.operations.indices {
+      s.operations[i].createdAt = .distantPast
+      s.operations[i].nextAttemptAt = .distantPast
+    }
+    return s
+  }
+
+  /// A catalog whose `.soon` batches stay open until committed explicitly.
+  func makeBatchingCatalog() throws -> Catalog {
+    let catalog = try Catalog.temporary(
+      options: Catalog.Options(durability: .normal, batchWindow: 3600))
+    try catalog.createLocalUser(makeUser("alice"))
+    return catalog
+  }
+
+  /// The same failures inside an open batch of `.soon` writes: the failed write leaves nothing,
+  /// the writes batched before it stay, and what is committed and reopened is the same.
+  @Test(arguments: 0..<cases.count)
+  func injectedFailureInABatchKeepsTheBatch(_ index: Int) throws {
+    let (point, mutation) = Self.cases[index]
+    let catalog = try makeBatchingCatalog()
+    let ids = try setUp(catalog)
+    // Batched before the failure: a node, a tag and an operation.
+    try catalog.write("alice", commit: .soon) { tx in
+      let n = try tx.createNode(path: p("other", "batched"))
+      try tx.setTag(.int(7), forNodeID: n.id, identifier: "b")
+    }
+    try catalog.write("alice", commit: .soon) { tx in try tx.queueDataUpload(nodeID: ids[0]) }
+    let before = try snapshot(catalog, ids)
+    let tags = try catalog.read("alice") { tx in
+      try tx.tags(forNodeID: try #require(try tx.node(path: p("other", "batched"))).id)
+    }
+    catalog.failpoint = point
+    #expect(throws: CatalogError.injectedFailure(point)) {
+      try catalog.write("alice", commit: .soon) { tx in try mutation(tx, ids) }
+    }
+    catalog.failpoint = nil
+    // Every case fails after changing rows: the batch was made again without it.
+    #expect(catalog.rebuiltBatches == 1)
+    // The same rows, ids included; only the times of the operations made again differ.
+    #expect(try untimed(snapshot(catalog, ids)) == untimed(before))
+    #expect(
+      try catalog.read("alice") { tx in
+        try tx.tags(forNodeID: try #require(try tx.node(path: p("other", "batched"))).id)
+      } == tags)
+    // The batch goes on and commits as a whole.
+    try catalog.write("alice", commit: .soon) { tx in try mutation(tx, ids) }
+    let after = try snapshot(catalog, ids)
+    #expect(after != before)
+    try catalog.commitPending()
+    #expect(try snapshot(catalog, ids) == after)
+  }
+
+  /// A `.soon` write that fails before changing anything leaves the batch untouched, without
+  /// rebuilding it.
+  @Test func failureBeforeAnyChangeKeepsTheBatchAsItIs() throws {
+    let catalog = try makeBatchingCatalog()
+    let ids = try setUp(catalog)
+    try catalog.write("alice", commit: .soon) { tx in _ = try tx.createNode(path: p("x")) }
+    let before = try snapshot(catalog, ids)
+    #expect(throws: UserError.self) {
+      try catalog.write("alice", commit: .soon) { tx in
+        _ = try tx.node(id: ids[0])
+        throw UserError()
+      }
+    }
+    #expect(throws: CatalogError.self) {
+      try catalog.write("alice", commit: .soon) { tx in
+        _ = try tx.createNode(path: p("missing", "y"))
+      }
+    }
+    #expect(catalog.rebuiltBatches == 0)
+    #expect(try snapshot(catalog, ids) == before)
+    try catalog.commitPending()
+    #expect(try snapshot(catalog, ids) == before)
+  }
+
   struct UserError: Error {}
 
   @Test func errorThrownByCallerRollsBackEverything() throws {
