@@ -100,7 +100,24 @@ public final class MotoServer: Sendable {
   public static func start(tls: Bool = false, environment extra: [String: String] = [:]) throws
     -> MotoServer
   {
-    let port = try freeLoopbackPort()
+    // The free port can be taken between its choice and moto's bind (another test run on the
+    // machine): moto then exits at start, and another port is tried.
+    var attempt = 0
+    while true {
+      attempt += 1
+      do {
+        return try start(port: try freeLoopbackPort(), tls: tls, environment: extra)
+      } catch is PortTaken where attempt < 5 {
+        continue
+      }
+    }
+  }
+
+  struct PortTaken: Error {}
+
+  private static func start(port: UInt16, tls: Bool, environment extra: [String: String]) throws
+    -> MotoServer
+  {
     let argv = command() + ["-H", "127.0.0.1", "-p", String(port)] + (tls ? ["-s"] : [])
     let log = logPath(port: port)
     var actions = posix_spawn_file_actions_t()
@@ -123,17 +140,41 @@ public final class MotoServer: Sendable {
     while Date() < deadline {
       var status: Int32 = 0
       if waitpid(pid, &status, WNOHANG) == pid {
+        let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        if output.contains("in use") {
+          unlink(log)
+          throw PortTaken()
+        }
         throw HelperError("moto_server exited at start (status \(status)); see \(log)")
       }
-      let fd = connectLoopback(port: port)
-      if fd >= 0 {
-        close(fd)
-        return server
-      }
+      // Only our server's socket counts (another program may listen on the port).
+      if listens(pid: pid, port: port) { return server }
       usleep(100_000)
     }
     server.stop()
     throw HelperError("moto_server did not answer on port \(port) within 30 s; see \(log)")
+  }
+
+  /// True when process `pid` holds a TCP socket listening on `port` (from `/proc`).
+  static func listens(pid: pid_t, port: UInt16) -> Bool {
+    let hexPort = String(format: ":%04X", port)
+    guard let table = try? String(contentsOfFile: "/proc/net/tcp", encoding: .utf8) else {
+      return false
+    }
+    // Fields: sl local_address rem_address st tx:rx tr:tm retrnsmt uid timeout inode.
+    let inodes = table.split(separator: "\n").dropFirst().compactMap { line -> String? in
+      let f = line.split(separator: " ", omittingEmptySubsequences: true)
+      guard f.count > 9, f[1].hasSuffix(hexPort), f[3] == "0A" else { return nil }
+      return "socket:[\(f[9])]"
+    }
+    guard !inodes.isEmpty,
+      let fds = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")
+    else { return false }
+    return fds.contains { fd in
+      let target = try? FileManager.default.destinationOfSymbolicLink(
+        atPath: "/proc/\(pid)/fd/\(fd)")
+      return target.map(inodes.contains) ?? false
+    }
   }
 
   /// Stops the server: SIGTERM, then SIGKILL after 5 s, and reaps it; removes its log.
