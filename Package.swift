@@ -45,9 +45,17 @@ let package = Package(
       dependencies: ["ZDCCore", "CSodium"],
       swiftSettings: strict),
     .target(
+      name: "ZDCSQLite",
+      dependencies: [
+        .product(name: "GRDB", package: "GRDB.swift"),
+        .product(name: "GRDBSQLite", package: "GRDB.swift"),
+      ],
+      swiftSettings: strict),
+    .target(
       name: "ZDCCatalog",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "CSQLiteTuning", .product(name: "GRDB", package: "GRDB.swift"),
+        "ZDCCore", "ZDCCrypto", "CSQLiteTuning", "ZDCSQLite",
+        .product(name: "GRDB", package: "GRDB.swift"),
         .product(name: "GRDBSQLite", package: "GRDB.swift"),
         .product(name: "Logging", package: "swift-log"),
       ],
@@ -59,7 +67,8 @@ let package = Package(
     .target(
       name: "ZDCDisk",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "CSQLiteTuning", .product(name: "GRDB", package: "GRDB.swift"),
+        "ZDCCore", "ZDCCrypto", "CSQLiteTuning", "ZDCSQLite",
+        .product(name: "GRDB", package: "GRDB.swift"),
         .product(name: "Logging", package: "swift-log"),
       ],
       swiftSettings: strict),

@@ -2,6 +2,7 @@ public import Foundation
 import GRDB
 public import ZDCCore
 import ZDCCrypto
+import ZDCSQLite
 
 /// One transaction on one local user's treesystem: node queries and changes, the push
 /// operations the changes enqueue, tags and links.

@@ -1,6 +1,7 @@
 public import Foundation
 import GRDB
 public import ZDCCore
+import ZDCSQLite
 
 /// Push operations: enqueued by the node changes, consumed by the push manager.
 extension CloudTransaction {

@@ -1,12 +1,7 @@
 import Foundation
 import GRDB
 import GRDBSQLite
-
-/// SQLite copies a transient text or blob binding before `sqlite3_bind_*` returns.
-private let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
-
-/// Statement parameters, as the catalog's raw statements take them.
-typealias RawValues = [(any DatabaseValueConvertible)?]
+import ZDCSQLite
 
 extension CloudTransaction {
   /// Runs a statement (cached by its SQL) through SQLite's C API, calling `row` for each result
@@ -21,12 +16,12 @@ extension CloudTransaction {
   func rawQuery(_ sql: String, _ values: RawValues, row: (SQLiteStatement) throws -> Bool)
     throws
   {
-    try run(try db.cachedStatement(sql: sql), values, row: row)
+    try db.cachedStatement(sql: sql).runRaw(values, row: row)
   }
 
   /// Runs a prepared statement that returns no rows (see ``rawQuery(_:_:row:)``).
   func rawExecute(_ statement: Statement, _ values: RawValues) throws {
-    try run(statement, values) { _ in false }
+    try statement.runRaw(values) { _ in false }
   }
 
   /// The first column of the first row as an integer, or `nil` without rows (or when NULL).
@@ -38,55 +33,4 @@ extension CloudTransaction {
     }
     return out
   }
-
-  private func run(
-    _ statement: Statement, _ values: RawValues, row: (SQLiteStatement) throws -> Bool
-  ) throws {
-    let s = statement.sqliteStatement
-    sqlite3_reset(s)
-    defer { sqlite3_reset(s) }
-    guard values.count == Int(sqlite3_bind_parameter_count(s)) else {
-      throw DatabaseError(
-        resultCode: .SQLITE_MISUSE,
-        message: "\(values.count) values for \(sqlite3_bind_parameter_count(s)) parameters",
-        sql: statement.sql)
-    }
-    for (i, value) in values.enumerated() {
-      let index = CInt(i + 1)
-      let code: CInt
-      switch value?.databaseValue.storage ?? .null {
-      case .null: code = sqlite3_bind_null(s, index)
-      case .int64(let v): code = sqlite3_bind_int64(s, index, v)
-      case .double(let v): code = sqlite3_bind_double(s, index, v)
-      case .string(let v): code = sqlite3_bind_text(s, index, v, -1, transient)
-      case .blob(let v):
-        code = v.withUnsafeBytes {
-          sqlite3_bind_blob(s, index, $0.baseAddress, CInt($0.count), transient)
-        }
-      }
-      guard code == SQLITE_OK else { throw Self.rawError(code, s, statement.sql) }
-    }
-    while true {
-      let code = sqlite3_step(s)
-      if code == SQLITE_DONE { return }
-      guard code == SQLITE_ROW else { throw Self.rawError(code, s, statement.sql) }
-      if try !row(s) { return }
-    }
-  }
-
-  private static func rawError(_ code: CInt, _ s: SQLiteStatement, _ sql: String) -> DatabaseError {
-    let message = sqlite3_errmsg(sqlite3_db_handle(s)).map { String(cString: $0) }
-    return DatabaseError(resultCode: ResultCode(rawValue: code), message: message, sql: sql)
-  }
-}
-
-/// Columns of the current row of a raw statement.
-enum RawColumn {
-  static func text(_ s: SQLiteStatement, _ i: CInt) -> String? {
-    guard let p = sqlite3_column_text(s, i) else { return nil }
-    let bytes = UnsafeBufferPointer(start: p, count: Int(sqlite3_column_bytes(s, i)))
-    return String(decoding: bytes, as: UTF8.self)
-  }
-
-  static func int(_ s: SQLiteStatement, _ i: CInt) -> Int64 { sqlite3_column_int64(s, i) }
 }

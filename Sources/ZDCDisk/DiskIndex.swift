@@ -4,6 +4,7 @@ import GRDB
 import Synchronization
 import ZDCCore
 import ZDCCrypto
+import ZDCSQLite
 
 /// One row of the disk index, as stored.
 struct IndexRow: Sendable {
@@ -96,21 +97,7 @@ final class DiskIndex: Sendable {
 
   /// Inserts a row (its `id` is ignored) and returns the new id.
   func insert(_ row: IndexRow) throws -> Int64 {
-    try write { db in
-      try db.cachedStatement(
-        sql: """
-          INSERT INTO entries (pool, nodeID, version, cloudID, eTag, fileName, size, diskBytes,
-            lastAccess, dirty, committed, complete, chunks)
-          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-          """
-      ).execute(
-        arguments: [
-          row.pool.rawValue, row.nodeID, row.version, row.cloudID, row.eTag, row.fileName,
-          Int64(bitPattern: row.size), Int64(bitPattern: row.diskBytes), row.lastAccess,
-          row.dirty, row.committed, row.complete, row.chunks,
-        ])
-      return db.lastInsertedRowID
-    }
+    try insert([row])[0]
   }
 
   /// Inserts rows (their `id`s are ignored) in one transaction; returns their new ids.
@@ -124,12 +111,12 @@ final class DiskIndex: Sendable {
           """)
       var ids: [Int64] = []
       for row in rows {
-        try stmt.execute(
-          arguments: [
-            row.pool.rawValue, row.nodeID, row.version, row.cloudID, row.eTag, row.fileName,
-            Int64(bitPattern: row.size), Int64(bitPattern: row.diskBytes), row.lastAccess,
-            row.dirty, row.committed, row.complete, row.chunks,
-          ])
+        // SQLite's C API directly (see `Statement.runRaw`): the index has no observer.
+        try stmt.runRaw([
+          row.pool.rawValue, row.nodeID, row.version, row.cloudID, row.eTag, row.fileName,
+          Int64(bitPattern: row.size), Int64(bitPattern: row.diskBytes), row.lastAccess,
+          row.dirty, row.committed, row.complete, row.chunks,
+        ]) { _ in false }
         ids.append(db.lastInsertedRowID)
       }
       return ids
@@ -205,7 +192,7 @@ final class DiskIndex: Sendable {
   private func deleteRows(_ ids: [Int64], _ db: Database) throws {
     guard !ids.isEmpty else { return }
     let stmt = try db.cachedStatement(sql: "DELETE FROM entries WHERE id = ?")
-    for id in ids { try stmt.execute(arguments: [id]) }
+    for id in ids { try stmt.runRaw([id]) { _ in false } }
   }
 
   /// Stores a batch of access times in one transaction.
@@ -213,7 +200,7 @@ final class DiskIndex: Sendable {
     guard !ticks.isEmpty else { return try flushDeletes() }
     try write { db in
       let stmt = try db.cachedStatement(sql: "UPDATE entries SET lastAccess = ? WHERE id = ?")
-      for (id, tick) in ticks { try stmt.execute(arguments: [tick, id]) }
+      for (id, tick) in ticks { try stmt.runRaw([tick, id]) { _ in false } }
     }
   }
 }
