@@ -7,12 +7,13 @@ import ZDCCore
 /// A local encrypted file (cache and write-back staging) that reads and writes like a plain
 /// file: CryptoFile v1.
 ///
-/// The plaintext is split into 64 KiB chunks, each stored in a fixed-size slot with its own
-/// fresh random nonce, authenticated with the file's random ID, its index and whether it is the
-/// last chunk. Only the chunks an operation touches are re-encrypted, and a one-chunk write-back
-/// buffer makes small sequential writes encrypt each chunk once.
+/// The plaintext is split into chunks of a size fixed per file (``chunkShift``, recorded in its
+/// header: 4 KiB to 64 KiB; new files get ``defaultChunkShift``), each stored in a fixed-size
+/// slot with its own fresh random nonce, authenticated with the file's random ID, its index and
+/// whether it is the last chunk. Only the chunks an operation touches are re-encrypted, and a
+/// one-chunk write-back buffer makes small sequential writes encrypt each chunk once.
 ///
-/// A non-final slot that is all zero bytes (a filesystem hole) reads as 64 KiB of zeros, so
+/// A non-final slot that is all zero bytes (a filesystem hole) reads as a chunk of zeros, so
 /// extending a file or writing sparsely never encrypts the gap. As a consequence, someone who
 /// can write the cache file can zero a chunk undetected: the local cache does not defend
 /// against a local attacker with write access (the store format has no such allowance).
@@ -31,17 +32,28 @@ public final class CryptoFile: @unchecked Sendable {
 
   /// The format version.
   public static let version: UInt8 = 1
-  /// log2 of the chunk size.
-  public static let chunkShift: UInt8 = 16
-  /// Plaintext bytes per chunk.
-  public static let chunkSize = 1 << 16
+  /// The chunk shifts (log2 of the chunk size) a file may have: 4 KiB to 64 KiB chunks.
+  public static let chunkShifts: ClosedRange<UInt8> = 12...16
+  /// The chunk shift of new files: 4 KiB chunks.
+  public static let defaultChunkShift: UInt8 = 12
+  /// Plaintext bytes per chunk of new files.
+  public static let defaultChunkSize = 1 << Int(defaultChunkShift)
+  /// The largest chunk any file has (plaintext bytes).
+  public static let maxChunkSize = 1 << Int(chunkShifts.upperBound)
   /// Bytes of the cleartext header.
   public static let headerSize = 32
-  /// Bytes of a full slot: nonce (24) ‖ ciphertext (64 KiB) ‖ tag (16).
-  public static let slotSize = chunkSize + slotOverhead
-  static let slotOverhead = AEAD.nonceSize + AEAD.tagSize
+  /// Bytes a slot adds to its chunk: nonce (24) and tag (16).
+  public static let slotOverhead = AEAD.nonceSize + AEAD.tagSize
   static let magic: [UInt8] = Array("ZDCCRYPT".utf8)
   static let fileIDSize = 16
+
+  /// log2 of this file's chunk size.
+  public let chunkShift: UInt8
+  /// Plaintext bytes per chunk of this file.
+  public var chunkSize: Int { layout.chunkSize }
+  /// Bytes of a full slot of this file: nonce ‖ ciphertext of a chunk ‖ tag.
+  public var slotSize: Int { layout.slotSize }
+  let layout: ChunkLayout
 
   private let lock = NSLock()
   private let gate: UnsafeMutablePointer<pthread_rwlock_t>
@@ -50,24 +62,40 @@ public final class CryptoFile: @unchecked Sendable {
   private let fileID: [UInt8]
   private var plaintextSize: UInt64
   private var physicalSize: UInt64
-  /// Plaintext of the buffered chunk; bytes from `bufferLength` on are zero.
+  /// Plaintext of the buffered chunk (room for the largest chunk); bytes from `bufferLength`
+  /// on are zero.
   private let buffer: UnsafeMutableRawBufferPointer
   private var bufferIndex: UInt64?
   private var bufferLength = 0
   /// Bytes of `buffer` that may be non-zero; from here on it is zero (most files are small:
-  /// clearing the buffer then costs what they used, not 64 KiB).
+  /// clearing the buffer then costs what they used, not a whole chunk).
   private var bufferExtent = 0
   private var bufferDirty = false
-  /// Scratch space for one slot (with room for the header before it, see `open`).
+  /// Scratch space for one slot of the largest chunk (with room for the header before it, see
+  /// `open`); between reads of a slot it holds the run.
   private let slot: UnsafeMutableRawBufferPointer
+  /// The run: sealed slots of consecutive chunks from `runStart`, at the start of `slot`, not
+  /// written yet (`runBytes` bytes; its last slot may be the file's last). Written with one
+  /// call when it is full, when a chunk that does not continue it is sealed, and before
+  /// anything reads or writes the file otherwise: small writes then cost a write call per
+  /// `slot`'s worth of slots, not per chunk.
+  private var runStart: UInt64 = 0
+  private var runCount = 0
+  private var runBytes = 0
+  /// Slots the run holds at most.
+  private let runCapacity: Int
   /// Number of chunk encryptions so far (for tests of the write-back buffer).
   private(set) var chunkEncryptions = 0
+  /// Number of writes of slots to the file so far (for tests of the run).
+  private(set) var slotWrites = 0
 
-  /// `slot` must hold `headerSize + slotSize` bytes; the file takes ownership of it.
+  /// `slot` must hold `headerSize + maxSlotSize` bytes; the file takes ownership of it.
   private init(
-    fd: Int32, key: Data, fileID: [UInt8], plaintextSize: UInt64, physicalSize: UInt64,
-    slot: UnsafeMutableRawBufferPointer
+    fd: Int32, key: Data, fileID: [UInt8], layout: ChunkLayout, plaintextSize: UInt64,
+    physicalSize: UInt64, slot: UnsafeMutableRawBufferPointer
   ) {
+    self.layout = layout
+    chunkShift = layout.shift
     self.fd = fd
     self.key = key
     self.fileID = fileID
@@ -80,16 +108,17 @@ public final class CryptoFile: @unchecked Sendable {
     // page faults and TLB shootdowns that dominated opening a small file.
     let base =
       BlockPool.chunkBuffers.take()
-      ?? mmap(nil, Self.chunkSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+      ?? mmap(nil, Self.maxChunkSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
     if let base, base != MAP_FAILED {
-      buffer = UnsafeMutableRawBufferPointer(start: base, count: Self.chunkSize)
+      buffer = UnsafeMutableRawBufferPointer(start: base, count: Self.maxChunkSize)
       bufferIsMapped = true
     } else {
-      buffer = .allocate(byteCount: Self.chunkSize, alignment: 16)
+      buffer = .allocate(byteCount: Self.maxChunkSize, alignment: 16)
       buffer.initializeMemory(as: UInt8.self, repeating: 0)
       bufferIsMapped = false
     }
     self.slot = slot
+    runCapacity = max(1, (slot.count - Self.headerSize) / layout.slotSize)
     gate = .allocate(capacity: 1)
     var attr = pthread_rwlockattr_t()
     pthread_rwlockattr_init(&attr)
@@ -137,7 +166,7 @@ public final class CryptoFile: @unchecked Sendable {
   /// this size made malloc consolidate its free lists every time). It only ever holds
   /// ciphertext and headers.
   static func allocateSlotScratch() -> UnsafeMutableRawBufferPointer {
-    let count = headerSize + slotSize
+    let count = headerSize + maxChunkSize + slotOverhead
     if let p = BlockPool.slotScratch.take() {
       return UnsafeMutableRawBufferPointer(start: p, count: count)
     }
@@ -159,61 +188,80 @@ public final class CryptoFile: @unchecked Sendable {
 
   // MARK: Layout arithmetic
 
-  static func lastIndex(_ size: UInt64) -> UInt64 {
-    size == 0 ? 0 : (size - 1) >> UInt64(chunkShift)
+  /// Bytes of a full slot of a file whose chunk shift is `chunkShift`.
+  public static func slotSize(chunkShift: UInt8 = defaultChunkShift) -> Int {
+    (1 << Int(chunkShift)) + slotOverhead
   }
 
-  /// Plaintext length of chunk `i` (at most the last index) in a file of `size` bytes.
-  static func chunkLength(_ i: UInt64, _ size: UInt64) -> Int {
-    i == lastIndex(size) ? Int(size - (i << UInt64(chunkShift))) : chunkSize
+  /// The physical file size holding `size` plaintext bytes in chunks of `1 << chunkShift` bytes.
+  public static func physicalSize(plaintextSize size: UInt64, chunkShift: UInt8 = defaultChunkShift)
+    -> UInt64
+  {
+    ChunkLayout(shift: chunkShift).physicalSize(plaintextSize: size)
   }
 
-  static func slotOffset(_ i: UInt64) -> UInt64 {
-    UInt64(headerSize) + i * UInt64(slotSize)
+  /// The plaintext size of a physical file of `physical` bytes whose chunk shift is
+  /// `chunkShift`, or `nil` if no valid file has that size.
+  public static func plaintextSize(
+    physicalSize physical: UInt64, chunkShift: UInt8 = defaultChunkShift
+  ) -> UInt64? {
+    ChunkLayout(shift: chunkShift).plaintextSize(physicalSize: physical)
   }
 
-  /// The physical file size holding `size` plaintext bytes.
-  public static func physicalSize(plaintextSize size: UInt64) -> UInt64 {
-    let last = lastIndex(size)
-    return slotOffset(last) + UInt64(slotOverhead + chunkLength(last, size))
-  }
-
-  /// The plaintext size of a physical file of `physical` bytes, or `nil` if no valid file has
-  /// that size.
-  public static func plaintextSize(physicalSize physical: UInt64) -> UInt64? {
-    guard physical >= UInt64(headerSize + slotOverhead) else { return nil }
-    let body = physical - UInt64(headerSize)
-    let full = body / UInt64(slotSize)
-    let rem = body % UInt64(slotSize)
-    if rem == 0 { return full * UInt64(chunkSize) }
-    guard rem >= UInt64(slotOverhead), !(rem == UInt64(slotOverhead) && full > 0) else {
-      return nil
-    }
-    return full * UInt64(chunkSize) + rem - UInt64(slotOverhead)
-  }
-
-  /// The plaintext size of the CryptoFile at `url`, from its physical size alone.
+  /// The plaintext size of the CryptoFile at `url`, from its header's chunk size and its
+  /// physical size (nothing is decrypted).
   public static func plaintextSize(ofFileAt url: URL) throws -> UInt64 {
-    var st = stat()
-    guard stat(url.path, &st) == 0 else { throw POSIXIO.error("stat \(url.path)") }
-    guard let size = plaintextSize(physicalSize: UInt64(st.st_size)) else {
-      throw CryptoError.malformed("CryptoFile of \(st.st_size) bytes cannot be valid")
+    try layout(ofFileAt: url).plaintextSize
+  }
+
+  /// The chunk shift and plaintext size of the CryptoFile at `url`, from its header and its
+  /// physical size (nothing is decrypted).
+  public static func layout(ofFileAt url: URL) throws -> (chunkShift: UInt8, plaintextSize: UInt64)
+  {
+    let fd = try POSIXIO.open(url.path, O_RDONLY)
+    defer { Glibc.close(fd) }
+    let physical = try POSIXIO.size(fd)
+    let layout = try withUnsafeTemporaryAllocation(byteCount: headerSize, alignment: 8) { h in
+      let got = try POSIXIO.pread(fd, h, 0)
+      guard got == headerSize else { throw CryptoError.truncated("CryptoFile header") }
+      return try checkHeader(UnsafeRawBufferPointer(h))
     }
-    return size
+    guard let size = layout.plaintextSize(physicalSize: physical) else {
+      throw CryptoError.malformed("CryptoFile of \(physical) bytes cannot be valid")
+    }
+    return (layout.shift, size)
+  }
+
+  /// The layout a header (``headerSize`` bytes) declares, once its fields are checked.
+  static func checkHeader(_ h: UnsafeRawBufferPointer) throws -> ChunkLayout {
+    guard h[0..<8].elementsEqual(magic) else { throw CryptoError.malformed("CryptoFile magic") }
+    guard h[8] == version else { throw CryptoError.unsupportedVersion(Int(h[8])) }
+    guard chunkShifts.contains(h[9]) else {
+      throw CryptoError.malformed("CryptoFile chunk shift \(h[9])")
+    }
+    guard h[10..<16].allSatisfy({ $0 == 0 }) else {
+      throw CryptoError.malformed("CryptoFile header")
+    }
+    return ChunkLayout(shift: h[9])
   }
 
   // MARK: Opening
 
-  /// Creates (or replaces) an empty CryptoFile, mode 0600, under a 32-byte key.
+  /// Creates (or replaces) an empty CryptoFile, mode 0600, under a 32-byte key, with chunks of
+  /// `1 << chunkShift` bytes (`chunkShift` in ``chunkShifts``).
   ///
   /// With `deferringFirstChunk`, only the header is written now: the (empty) last chunk that
   /// makes the file valid on disk is written by the first flush, sync or close, whatever was
   /// written before (for files made ahead of need that may never be used).
-  public static func create(at url: URL, key: Data, deferringFirstChunk: Bool = false) throws
-    -> CryptoFile
-  {
+  public static func create(
+    at url: URL, key: Data, chunkShift: UInt8 = defaultChunkShift,
+    deferringFirstChunk: Bool = false
+  ) throws -> CryptoFile {
     guard key.count == AEAD.keySize else {
       throw CryptoError.invalidKey("file key must be 32 bytes")
+    }
+    guard chunkShifts.contains(chunkShift) else {
+      throw CryptoError.malformed("CryptoFile chunk shift \(chunkShift) is not supported")
     }
     let fd = try POSIXIO.open(url.path, O_RDWR | O_CREAT | O_TRUNC)
     let fileID = SecureRandom.bytes(fileIDSize)
@@ -233,8 +281,8 @@ public final class CryptoFile: @unchecked Sendable {
       throw error
     }
     let file = CryptoFile(
-      fd: fd, key: key, fileID: [UInt8](fileID), plaintextSize: 0,
-      physicalSize: UInt64(headerSize), slot: allocateSlotScratch())
+      fd: fd, key: key, fileID: [UInt8](fileID), layout: ChunkLayout(shift: chunkShift),
+      plaintextSize: 0, physicalSize: UInt64(headerSize), slot: allocateSlotScratch())
     file.bufferIndex = 0
     file.bufferLength = 0
     file.bufferDirty = true
@@ -248,7 +296,7 @@ public final class CryptoFile: @unchecked Sendable {
   }
 
   /// Opens an existing CryptoFile at a path; checks its header and authenticates its last
-  /// chunk. A file of one chunk is read with one call.
+  /// chunk. A file of up to one slot of the largest chunk is read with one call.
   public static func open(path: String, key: Data) throws -> CryptoFile {
     guard key.count == AEAD.keySize else {
       throw CryptoError.invalidKey("file key must be 32 bytes")
@@ -268,23 +316,21 @@ public final class CryptoFile: @unchecked Sendable {
       let got = try POSIXIO.pread(fd, UnsafeMutableRawBufferPointer(rebasing: buf[0..<want]), 0)
       guard got >= headerSize else { throw CryptoError.truncated("CryptoFile header") }
       let h = UnsafeRawBufferPointer(rebasing: buf[0..<headerSize])
-      guard h[0..<8].elementsEqual(magic) else { throw CryptoError.malformed("CryptoFile magic") }
-      guard h[8] == version else { throw CryptoError.unsupportedVersion(Int(h[8])) }
-      guard h[9] == chunkShift, h[10..<16].allSatisfy({ $0 == 0 }) else {
-        throw CryptoError.malformed("CryptoFile header")
-      }
-      guard let size = plaintextSize(physicalSize: physical) else {
+      let layout = try checkHeader(h)
+      guard let size = layout.plaintextSize(physicalSize: physical) else {
         throw CryptoError.truncated("CryptoFile of \(physical) bytes cannot be valid")
       }
       let file = CryptoFile(
-        fd: fd, key: key, fileID: [UInt8](h[16..<32]), plaintextSize: size,
+        fd: fd, key: key, fileID: [UInt8](h[16..<32]), layout: layout, plaintextSize: size,
         physicalSize: physical, slot: buf)
       scratch = nil  // owned by the file now
       owned = true
-      if whole && got == want && lastIndex(size) == 0 {
-        try file.takeChunk(0, slotAt: UnsafeRawBufferPointer(rebasing: buf[headerSize..<want]))
+      let last = layout.lastIndex(size)
+      if whole && got == want {
+        let from = Int(layout.slotOffset(last))
+        try file.takeChunk(last, slotAt: UnsafeRawBufferPointer(rebasing: buf[from..<want]))
       } else {
-        try file.load(lastIndex(size), fresh: false)
+        try file.load(last, fresh: false)
       }
       return file
     } catch {
@@ -311,14 +357,30 @@ public final class CryptoFile: @unchecked Sendable {
     }
   }
 
-  /// Encrypts the buffered chunk into its slot if it changed.
+  /// Writes the buffered chunk, if it changed, and the run to the file.
   private func flush() throws {
+    try seal()
+    try writeRun()
+  }
+
+  /// Encrypts the buffered chunk, if it changed, onto the run (the file's last chunk is
+  /// written at once, with the run before it).
+  private func seal() throws {
     guard bufferDirty, let index = bufferIndex else { return }
+    if runCount > 0
+      && (index != runStart + UInt64(runCount) || runCount == runCapacity
+        || runBytes != runCount * layout.slotSize)
+    {
+      try writeRun()
+    }
     let length = bufferLength
-    let last = index == Self.lastIndex(plaintextSize)
-    randombytes_buf(slot.baseAddress!, AEAD.nonceSize)
-    let nonce = UnsafeRawBufferPointer(rebasing: slot[0..<AEAD.nonceSize])
-    let body = UnsafeMutableRawBufferPointer(rebasing: slot[AEAD.nonceSize..<Self.slotSize])
+    let last = index == layout.lastIndex(plaintextSize)
+    if runCount == 0 { runStart = index }
+    let at = runBytes
+    randombytes_buf(slot.baseAddress! + at, AEAD.nonceSize)
+    let nonce = UnsafeRawBufferPointer(rebasing: slot[at..<(at + AEAD.nonceSize)])
+    let body = UnsafeMutableRawBufferPointer(
+      rebasing: slot[(at + AEAD.nonceSize)..<(at + layout.slotSize)])
     _ = try withAD(index: index, last: last) { a in
       try key.withUnsafeBytes { k in
         try AEAD.seal(
@@ -327,41 +389,69 @@ public final class CryptoFile: @unchecked Sendable {
       }
     }
     chunkEncryptions += 1
-    let offset = Self.slotOffset(index)
-    let count = Self.slotOverhead + length
-    try POSIXIO.pwrite(fd, UnsafeRawBufferPointer(rebasing: slot[0..<count]), offset)
-    let end = offset + UInt64(count)
-    if last {
-      if physicalSize != end { try POSIXIO.truncate(fd, end) }
+    runCount += 1
+    runBytes += Self.slotOverhead + length
+    bufferDirty = false
+    if last { try writeRun() }
+  }
+
+  /// Writes the run to the file (and cuts the file after it when it ends with the last chunk).
+  /// A run that could not be written stays, to be written by the next attempt.
+  private func writeRun() throws {
+    guard runCount > 0 else { return }
+    let endsFile = runStart + UInt64(runCount) - 1 == layout.lastIndex(plaintextSize)
+    let offset = layout.slotOffset(runStart)
+    try POSIXIO.pwrite(fd, UnsafeRawBufferPointer(rebasing: slot[0..<runBytes]), offset)
+    slotWrites += 1
+    try wrote(to: offset + UInt64(runBytes), endsFile: endsFile)
+    runCount = 0
+    runBytes = 0
+  }
+
+  /// Records a write of slots ending at `end`; cuts the file there when they end it.
+  private func wrote(to end: UInt64, endsFile: Bool) throws {
+    if endsFile {
+      if physicalSize > end { try POSIXIO.truncate(fd, end) }
       physicalSize = end
     } else {
       physicalSize = max(physicalSize, end)
     }
-    bufferDirty = false
   }
 
-  /// Seals whole chunks `chunks` (at most ``ScratchPool/slots``) of a file of `size` bytes from
+  /// Seals whole chunks `chunks` (at most a scratch buffer's worth) of a file of `size` bytes from
   /// their plaintext `bytes` into their slots with one write; on two threads when there are
   /// several (encryption is most of a large write's cost). The caller holds the file
   /// exclusively; the buffer is not involved.
   private func writeWhole(_ bytes: UnsafeRawBufferPointer, chunks: Range<UInt64>, size: UInt64)
     throws
   {
-    let last = Self.lastIndex(size)
+    let last = layout.lastIndex(size)
     let scratch = ScratchPool.shared.take()
     defer { ScratchPool.shared.give(scratch) }
     let n = Int(chunks.count)
-    let workers = n >= 4 && ProcessInfo.processInfo.activeProcessorCount > 1 ? 2 : 1
+    // Two threads from 256 KiB on (below that, handing work over costs more than it saves).
+    let workers =
+      n << Int(layout.shift) >= 1 << 18 && ProcessInfo.processInfo.activeProcessorCount > 1 ? 2 : 1
     let job = SealJob(bytes: bytes, scratch: scratch)
     DispatchQueue.concurrentPerform(iterations: workers) { w in
-      for i in stride(from: w * n / workers, to: (w + 1) * n / workers, by: 1) {
+      let mine = (w * n / workers)..<((w + 1) * n / workers)
+      // The nonces of the worker's slots, with one call (a call per slot cost a sixth of the
+      // encryption of 4 KiB chunks).
+      let nonces = UnsafeMutableRawBufferPointer.allocate(
+        byteCount: max(1, mine.count) * AEAD.nonceSize, alignment: 8)
+      defer { nonces.deallocate() }
+      randombytes_buf(nonces.baseAddress!, nonces.count)
+      for i in mine {
         let chunk = chunks.lowerBound + UInt64(i)
-        let length = Self.chunkLength(chunk, size)
-        let from = i << Self.chunkShift
-        let slotStart = i * Self.slotSize
+        let length = layout.chunkLength(chunk, size)
+        let from = i << Int(layout.shift)
+        let slotStart = i * layout.slotSize
         let out = UnsafeMutableRawBufferPointer(
           rebasing: job.scratch[slotStart..<(slotStart + Self.slotOverhead + length)])
-        randombytes_buf(out.baseAddress!, AEAD.nonceSize)
+        let nonce = (i - mine.lowerBound) * AEAD.nonceSize
+        UnsafeMutableRawBufferPointer(rebasing: out[0..<AEAD.nonceSize])
+          .copyMemory(
+            from: UnsafeRawBufferPointer(rebasing: nonces[nonce..<(nonce + AEAD.nonceSize)]))
         do {
           _ = try withAD(index: chunk, last: chunk == last) { a in
             try key.withUnsafeBytes { k in
@@ -380,17 +470,14 @@ public final class CryptoFile: @unchecked Sendable {
     }
     if let error = job.error { throw error }
     chunkEncryptions += n
+    // Slots sealed earlier first: they may hold older versions of these chunks.
+    try writeRun()
     let tail = chunks.upperBound - 1
-    let count = (n - 1) * Self.slotSize + Self.slotOverhead + Self.chunkLength(tail, size)
-    let offset = Self.slotOffset(chunks.lowerBound)
+    let count = (n - 1) * layout.slotSize + Self.slotOverhead + layout.chunkLength(tail, size)
+    let offset = layout.slotOffset(chunks.lowerBound)
     try POSIXIO.pwrite(fd, UnsafeRawBufferPointer(rebasing: scratch[0..<count]), offset)
-    let end = offset + UInt64(count)
-    if tail == last {
-      if physicalSize != end { try POSIXIO.truncate(fd, end) }
-      physicalSize = end
-    } else {
-      physicalSize = max(physicalSize, end)
-    }
+    slotWrites += 1
+    try wrote(to: offset + UInt64(count), endsFile: tail == last)
   }
 
   /// Authenticates and decrypts the slot of chunk `index` (`slot` holds nonce ‖ ciphertext ‖
@@ -423,11 +510,11 @@ public final class CryptoFile: @unchecked Sendable {
     }
   }
 
-  /// Makes chunk `index` the buffered chunk (flushing the previous one). A `fresh` chunk starts
+  /// Makes chunk `index` the buffered chunk (sealing the previous one). A `fresh` chunk starts
   /// as zeros without reading the disk; otherwise its slot is read and authenticated.
   private func load(_ index: UInt64, fresh: Bool) throws {
     if bufferIndex == index { return }
-    try flush()
+    try seal()
     bufferIndex = nil
     if fresh {
       zeroBuffer()
@@ -435,10 +522,12 @@ public final class CryptoFile: @unchecked Sendable {
       bufferIndex = index
       return
     }
-    let length = Self.chunkLength(index, plaintextSize)
+    // The slot is read into `slot`, and may be in the run.
+    try writeRun()
+    let length = layout.chunkLength(index, plaintextSize)
     let count = Self.slotOverhead + length
     let got = try POSIXIO.pread(
-      fd, UnsafeMutableRawBufferPointer(rebasing: slot[0..<count]), Self.slotOffset(index))
+      fd, UnsafeMutableRawBufferPointer(rebasing: slot[0..<count]), layout.slotOffset(index))
     guard got == count else { throw CryptoError.truncated("CryptoFile slot \(index)") }
     try takeChunk(index, slotAt: UnsafeRawBufferPointer(rebasing: slot[0..<count]))
   }
@@ -446,14 +535,14 @@ public final class CryptoFile: @unchecked Sendable {
   /// Makes chunk `index` the buffered chunk from its slot bytes, already read (`slot` holds
   /// exactly its slot); the buffer holds nothing dirty.
   private func takeChunk(_ index: UInt64, slotAt slot: UnsafeRawBufferPointer) throws {
-    let length = Self.chunkLength(index, plaintextSize)
+    let length = layout.chunkLength(index, plaintextSize)
     guard slot.count == Self.slotOverhead + length else {
       throw CryptoError.truncated("CryptoFile slot \(index)")
     }
     bufferIndex = nil
     defer { bufferExtent = max(bufferExtent, length) }
     try openSlot(
-      slot, index: index, length: length, last: index == Self.lastIndex(plaintextSize),
+      slot, index: index, length: length, last: index == layout.lastIndex(plaintextSize),
       into: buffer)
     if length < bufferExtent {
       UnsafeMutableRawBufferPointer(rebasing: buffer[length..<bufferExtent])
@@ -466,16 +555,16 @@ public final class CryptoFile: @unchecked Sendable {
 
   /// Grows the file with zeros to `newSize` (> current size).
   private func extend(to newSize: UInt64) throws {
-    let oldLast = Self.lastIndex(plaintextSize)
-    let newLast = Self.lastIndex(newSize)
+    let oldLast = layout.lastIndex(plaintextSize)
+    let newLast = layout.lastIndex(newSize)
     try load(oldLast, fresh: false)
     plaintextSize = newSize
-    bufferLength = Self.chunkLength(oldLast, newSize)
+    bufferLength = layout.chunkLength(oldLast, newSize)
     bufferDirty = true
     if newLast > oldLast {
       // Chunks between stay holes; the new last chunk is zeros.
       try load(newLast, fresh: true)
-      bufferLength = Self.chunkLength(newLast, newSize)
+      bufferLength = layout.chunkLength(newLast, newSize)
       bufferDirty = true
     }
   }
@@ -507,12 +596,12 @@ public final class CryptoFile: @unchecked Sendable {
     }
     guard offset < size, out.count > 0 else { return 0 }
     let end = min(size, offset + UInt64(out.count))
-    let last = Self.lastIndex(size)
+    let last = layout.lastIndex(size)
     var pos = offset
     while pos < end {
-      let index = pos >> UInt64(Self.chunkShift)
-      let start = index << UInt64(Self.chunkShift)
-      let length = Self.chunkLength(index, size)
+      let index = pos >> layout.shiftAmount
+      let start = index << layout.shiftAmount
+      let length = layout.chunkLength(index, size)
       let a = Int(pos - start)
       let b = Int(min(end, start + UInt64(length)) - start)
       let dst = Int(pos - offset)
@@ -520,7 +609,7 @@ public final class CryptoFile: @unchecked Sendable {
       if a == 0 && b == length && index != buffered {
         // A run of whole chunks: every chunk before the one holding `end` (and that one too
         // when the read reaches the end of the file), up to the buffered chunk.
-        var through = end == size ? last + 1 : min(last + 1, end >> UInt64(Self.chunkShift))
+        var through = end == size ? last + 1 : min(last + 1, end >> layout.shiftAmount)
         if let buffered, buffered > index { through = min(through, buffered) }
         let bytes = try readWhole(
           fd, chunks: index..<max(index + 1, through), size: size,
@@ -546,10 +635,10 @@ public final class CryptoFile: @unchecked Sendable {
   {
     lock.withLock {
       guard fd >= 0, !bufferDirty, let index = bufferIndex,
-        index == offset >> UInt64(Self.chunkShift), out.count >= bufferLength
+        index == offset >> layout.shiftAmount, out.count >= bufferLength
       else { return nil }
       out.copyMemory(from: UnsafeRawBufferPointer(rebasing: buffer[0..<bufferLength]))
-      return (index << UInt64(Self.chunkShift), bufferLength)
+      return (index << layout.shiftAmount, bufferLength)
     }
   }
 
@@ -558,22 +647,24 @@ public final class CryptoFile: @unchecked Sendable {
   private func readWhole(
     _ fd: Int32, chunks: Range<UInt64>, size: UInt64, into out: UnsafeMutableRawBufferPointer
   ) throws -> Int {
-    let last = Self.lastIndex(size)
+    let last = layout.lastIndex(size)
     let scratch = ScratchPool.shared.take()
     defer { ScratchPool.shared.give(scratch) }
     var written = 0
     var index = chunks.lowerBound
     while index < chunks.upperBound {
-      let n = min(chunks.upperBound - index, UInt64(ScratchPool.slots))
+      let n = min(chunks.upperBound - index, UInt64(ScratchPool.slots(layout.shift)))
       let tail = index + n - 1
-      let physical = Int(n - 1) * Self.slotSize + Self.slotOverhead + Self.chunkLength(tail, size)
+      let physical =
+        Int(n - 1) * layout.slotSize + Self.slotOverhead + layout.chunkLength(tail, size)
       let got = try POSIXIO.pread(
-        fd, UnsafeMutableRawBufferPointer(rebasing: scratch[0..<physical]), Self.slotOffset(index))
+        fd, UnsafeMutableRawBufferPointer(rebasing: scratch[0..<physical]), layout.slotOffset(index)
+      )
       guard got == physical else { throw CryptoError.truncated("CryptoFile slot \(index)") }
       for i in 0..<Int(n) {
         let chunk = index + UInt64(i)
-        let length = Self.chunkLength(chunk, size)
-        let from = i * Self.slotSize
+        let length = layout.chunkLength(chunk, size)
+        let from = i * layout.slotSize
         try openSlot(
           UnsafeRawBufferPointer(rebasing: scratch[from..<(from + Self.slotOverhead + length)]),
           index: chunk, length: length, last: chunk == last,
@@ -606,7 +697,7 @@ public final class CryptoFile: @unchecked Sendable {
       throw StoreError.io("CryptoFile write beyond the largest file size", errno: EFBIG)
     }
     if offset > plaintextSize { try extend(to: offset) }
-    let oldLast = Self.lastIndex(plaintextSize)
+    let oldLast = layout.lastIndex(plaintextSize)
     let end = offset + UInt64(bytes.count)
     let newSize = max(plaintextSize, end)
     if newSize > plaintextSize {
@@ -616,28 +707,28 @@ public final class CryptoFile: @unchecked Sendable {
       bufferDirty = true
     }
     plaintextSize = newSize
-    if bufferIndex == oldLast { bufferLength = Self.chunkLength(oldLast, newSize) }
+    if bufferIndex == oldLast { bufferLength = layout.chunkLength(oldLast, newSize) }
     var pos = offset
     while pos < end {
-      let index = pos >> UInt64(Self.chunkShift)
-      let start = index << UInt64(Self.chunkShift)
+      let index = pos >> layout.shiftAmount
+      let start = index << layout.shiftAmount
       let a = Int(pos - start)
-      let b = Int(min(end, start + UInt64(Self.chunkSize)) - start)
-      let length = Self.chunkLength(index, newSize)
+      let b = Int(min(end, start + UInt64(layout.chunkSize)) - start)
+      let length = layout.chunkLength(index, newSize)
       if a == 0 && b == length {
         // Whole chunks from here: sealed straight from `bytes`, without the buffer.
         var through = index + 1
-        while through - index < UInt64(ScratchPool.slots),
-          (through << UInt64(Self.chunkShift)) + UInt64(Self.chunkLength(through, newSize)) <= end,
-          through <= Self.lastIndex(newSize)
+        while through - index < UInt64(ScratchPool.slots(layout.shift)),
+          (through << layout.shiftAmount) + UInt64(layout.chunkLength(through, newSize)) <= end,
+          through <= layout.lastIndex(newSize)
         {
           through += 1
         }
         if through - index >= 2 {
           let src = Int(pos - offset)
           let span =
-            Int((through - 1 - index) << UInt64(Self.chunkShift))
-            + Self.chunkLength(through - 1, newSize)
+            Int((through - 1 - index) << layout.shiftAmount)
+            + layout.chunkLength(through - 1, newSize)
           if let buffered = bufferIndex, (index..<through).contains(buffered) {
             // Its content is replaced as a whole.
             bufferIndex = nil
@@ -679,10 +770,10 @@ public final class CryptoFile: @unchecked Sendable {
     }
     if newSize > plaintextSize { return try extend(to: newSize) }
     try flush()
-    let newLast = Self.lastIndex(newSize)
+    let newLast = layout.lastIndex(newSize)
     if let b = bufferIndex, b > newLast { bufferIndex = nil }
     try load(newLast, fresh: false)
-    let length = Self.chunkLength(newLast, newSize)
+    let length = layout.chunkLength(newLast, newSize)
     if length < bufferLength {
       UnsafeMutableRawBufferPointer(rebasing: buffer[length..<bufferLength])
         .initializeMemory(as: UInt8.self, repeating: 0)
@@ -723,11 +814,11 @@ public final class CryptoFile: @unchecked Sendable {
     }
   }
 
-  /// Streams the whole plaintext in order, one chunk (or less) per call.
+  /// Streams the whole plaintext in order, at most ``maxChunkSize`` bytes per call.
   public func readAll(to sink: (Data) throws -> Void) throws {
     var offset: UInt64 = 0
     while true {
-      let piece = try read(offset: offset, count: Self.chunkSize)
+      let piece = try read(offset: offset, count: Self.maxChunkSize)
       if piece.isEmpty { return }
       try sink(piece)
       offset += UInt64(piece.count)
@@ -742,6 +833,58 @@ public final class CryptoFile: @unchecked Sendable {
       offset += UInt64(n)
       return n
     }
+  }
+}
+
+/// The chunk size of one file and the arithmetic of its slots.
+struct ChunkLayout: Sendable {
+  /// log2 of the chunk size.
+  let shift: UInt8
+  /// `shift` as a shift amount.
+  let shiftAmount: UInt64
+  /// Plaintext bytes per chunk.
+  let chunkSize: Int
+  /// Bytes of a full slot.
+  let slotSize: Int
+
+  init(shift: UInt8) {
+    self.shift = shift
+    shiftAmount = UInt64(shift)
+    chunkSize = 1 << Int(shift)
+    slotSize = chunkSize + CryptoFile.slotOverhead
+  }
+
+  /// Index of the last chunk of a file of `size` bytes (0 when empty).
+  func lastIndex(_ size: UInt64) -> UInt64 {
+    size == 0 ? 0 : (size - 1) >> shiftAmount
+  }
+
+  /// Plaintext length of chunk `i` (at most the last index) in a file of `size` bytes.
+  func chunkLength(_ i: UInt64, _ size: UInt64) -> Int {
+    i == lastIndex(size) ? Int(size - (i << shiftAmount)) : chunkSize
+  }
+
+  func slotOffset(_ i: UInt64) -> UInt64 {
+    UInt64(CryptoFile.headerSize) + i * UInt64(slotSize)
+  }
+
+  /// The physical file size holding `size` plaintext bytes.
+  func physicalSize(plaintextSize size: UInt64) -> UInt64 {
+    let last = lastIndex(size)
+    return slotOffset(last) + UInt64(CryptoFile.slotOverhead + chunkLength(last, size))
+  }
+
+  /// The plaintext size of a physical file of `physical` bytes, or `nil` if no valid file has
+  /// that size.
+  func plaintextSize(physicalSize physical: UInt64) -> UInt64? {
+    let overhead = UInt64(CryptoFile.slotOverhead)
+    guard physical >= UInt64(CryptoFile.headerSize) + overhead else { return nil }
+    let body = physical - UInt64(CryptoFile.headerSize)
+    let full = body / UInt64(slotSize)
+    let rem = body % UInt64(slotSize)
+    if rem == 0 { return full << shiftAmount }
+    guard rem >= overhead, !(rem == overhead && full > 0) else { return nil }
+    return (full << shiftAmount) + rem - overhead
   }
 }
 
@@ -764,19 +907,25 @@ private final class SealJob: @unchecked Sendable {
   var error: (any Error)? { lock.withLock { firstError } }
 }
 
-/// Reusable scratch buffers for reads of whole chunks (several slots each), so that large
-/// reads allocate nothing.
+/// Reusable scratch buffers for reads and writes of whole chunks (several slots each), so that
+/// large reads allocate nothing.
 final class ScratchPool: @unchecked Sendable {
   // @unchecked: `free` is guarded by `lock`.
-  /// Slots per buffer (1 MiB of plaintext).
-  static let slots = 16
+  /// Plaintext bytes of the slots a buffer holds.
+  static let plaintextBytes = 1 << 20
+  /// Slots per buffer for chunks of `1 << shift` bytes.
+  static func slots(_ shift: UInt8) -> Int { plaintextBytes >> Int(shift) }
+  /// Bytes per buffer: room for the slots of the smallest chunks (the most slots).
+  static let byteCount =
+    slots(CryptoFile.chunkShifts.lowerBound)
+    * CryptoFile.slotSize(chunkShift: CryptoFile.chunkShifts.lowerBound)
   static let shared = ScratchPool()
   private let lock = NSLock()
   private var free: [UnsafeMutableRawBufferPointer] = []
 
   func take() -> UnsafeMutableRawBufferPointer {
     lock.withLock { free.popLast() }
-      ?? .allocate(byteCount: Self.slots * CryptoFile.slotSize, alignment: 16)
+      ?? .allocate(byteCount: Self.byteCount, alignment: 16)
   }
 
   /// Returns a buffer (ciphertext only, never plaintext); keeps a few.

@@ -10,7 +10,8 @@ public import ZDCCrypto
 /// - *staging* (`staging/`): content written locally, one version per commit, pinned until the
 ///   push side reports it uploaded; then it becomes the clean cached copy;
 /// - *cache* (`cache/`): downloaded content per (cloudID, DATA eTag), complete or partial
-///   (64 KiB chunks), evicted least recently used first when over the size cap.
+///   (in 64 KiB chunks, see ``CacheChunks``), evicted least recently used first when over the
+///   size cap.
 ///
 /// The index (`disk.sqlite`) survives restarts and is reconciled with the directories when
 /// opened. Dirty and open entries are never evicted. All methods are thread-safe and may block
@@ -29,6 +30,8 @@ public final class DiskManager: @unchecked Sendable {
   private let stagingPath: String
   /// The local cache key every file is encrypted under.
   public let key: Data
+  /// The chunk shift of the files this manager makes (files found keep theirs).
+  public let chunkShift: UInt8
 
   let index: DiskIndex
   let logger = Logger(label: "zdc.disk")
@@ -83,12 +86,17 @@ public final class DiskManager: @unchecked Sendable {
   /// Opens (creating if needed) the cache and staging of `directory` under `key` (32 bytes),
   /// reconciling the index with the files found. `capBytes` defaults to
   /// ``defaultCap(for:holding:)`` of what the directory holds; with `automaticEviction` off,
-  /// only ``evictIfNeeded()`` evicts.
+  /// only ``evictIfNeeded()`` evicts. New files have chunks of `1 << chunkShift` bytes (one of
+  /// ``CryptoFile/chunkShifts``).
   public init(
     directory: URL, key: Data, capBytes: UInt64? = nil, automaticEviction: Bool = true,
-    insertFlushDelay: Double = 0.05
+    insertFlushDelay: Double = 0.05, chunkShift: UInt8 = CryptoFile.defaultChunkShift
   ) throws {
     guard key.count == 32 else { throw DiskError.invalidKey }
+    guard CryptoFile.chunkShifts.contains(chunkShift) else {
+      throw DiskError.io("unsupported chunk shift \(chunkShift)")
+    }
+    self.chunkShift = chunkShift
     self.directory = directory
     self.insertFlushDelay = insertFlushDelay
     self.key = key
@@ -108,7 +116,7 @@ public final class DiskManager: @unchecked Sendable {
     }
     totals.capBytes = capBytes ?? .max
     spares = SpareStagingFiles(
-      directory: stagingPath, key: key, queue: background)
+      directory: stagingPath, key: key, chunkShift: chunkShift, queue: background)
     try reconcile()
     if capBytes == nil {
       let held = stateLock.withLock { totals.bytes }
@@ -165,11 +173,15 @@ public final class DiskManager: @unchecked Sendable {
   /// Nodes whose committed staged content was missing when the index was opened (lost).
   public var lostStagedNodes: [NodeID] { stateLock.withLock { lost } }
 
-  /// Bytes a CryptoFile takes on disk for a complete entry, or for the present chunks of a
-  /// partial one.
-  static func diskBytes(size: UInt64, bitmap: ChunkBitmap?) -> UInt64 {
-    guard let bitmap else { return CryptoFile.physicalSize(plaintextSize: size) }
-    return UInt64(CryptoFile.headerSize) + bitmap.presentCount * UInt64(CryptoFile.slotSize)
+  /// Bytes a CryptoFile whose chunk shift is `chunkShift` takes on disk for a complete entry,
+  /// or for the present chunks of a partial one.
+  static func diskBytes(size: UInt64, bitmap: ChunkBitmap?, chunkShift: UInt8) -> UInt64 {
+    guard let bitmap else {
+      return CryptoFile.physicalSize(plaintextSize: size, chunkShift: chunkShift)
+    }
+    let slots = CacheChunks.size >> UInt64(chunkShift)
+    let slotSize = UInt64(CryptoFile.slotSize(chunkShift: chunkShift))
+    return UInt64(CryptoFile.headerSize) + bitmap.presentCount * slots * slotSize
   }
 
   private func add(_ e: Entry) {
@@ -364,11 +376,14 @@ public final class DiskManager: @unchecked Sendable {
         continue
       }
       var r = row
-      if r.complete, let size = try? CryptoFile.plaintextSize(ofFileAt: path) {
-        r.size = size
+      // Files keep the chunk size they were made with (older ones have larger chunks).
+      var chunkShift = CryptoFile.defaultChunkShift
+      if let layout = try? CryptoFile.layout(ofFileAt: path) {
+        chunkShift = layout.chunkShift
+        if r.complete { r.size = layout.plaintextSize }
       }
       let e = Entry(row: r)
-      e.row.diskBytes = Self.diskBytes(size: r.size, bitmap: e.bitmap)
+      e.row.diskBytes = Self.diskBytes(size: r.size, bitmap: e.bitmap, chunkShift: chunkShift)
       lastTick = max(lastTick, r.lastAccess)
       keep.append(e)
     }
@@ -377,10 +392,11 @@ public final class DiskManager: @unchecked Sendable {
     for name in files[.staging] ?? [] {
       guard let (nodeID, version) = Self.parseCommittedName(name) else { continue }
       let path = url(pool: .staging, fileName: name)
-      guard let size = try? CryptoFile.plaintextSize(ofFileAt: path) else { continue }
+      guard let (chunkShift, size) = try? CryptoFile.layout(ofFileAt: path) else { continue }
       var row = IndexRow(
         id: 0, pool: .staging, nodeID: nodeID, version: version, cloudID: nil, eTag: nil,
-        fileName: name, size: size, diskBytes: Self.diskBytes(size: size, bitmap: nil),
+        fileName: name, size: size,
+        diskBytes: Self.diskBytes(size: size, bitmap: nil, chunkShift: chunkShift),
         lastAccess: 0, dirty: true, committed: true, complete: true, chunks: nil)
       do { row.id = try index.insert(row) } catch { throw DiskError.from(error, "") }
       files[.staging]?.remove(name)
@@ -667,7 +683,7 @@ public final class DiskManager: @unchecked Sendable {
   ) throws -> CachedFileHandle {
     let name = Self.randomName()
     let path = url(pool: .cache, fileName: name)
-    let file = try CryptoFile.create(at: path, key: key)
+    let file = try CryptoFile.create(at: path, key: key, chunkShift: chunkShift)
     do {
       try fill(file)
     } catch {
@@ -678,7 +694,8 @@ public final class DiskManager: @unchecked Sendable {
     let size = file.size
     let row = IndexRow(
       id: 0, pool: .cache, nodeID: nodeID, version: 0, cloudID: cloudID, eTag: eTag,
-      fileName: name, size: size, diskBytes: Self.diskBytes(size: size, bitmap: nil),
+      fileName: name, size: size,
+      diskBytes: Self.diskBytes(size: size, bitmap: nil, chunkShift: file.chunkShift),
       lastAccess: 0, dirty: false, committed: true, complete: true, chunks: nil)
     let e = try insertCacheEntry(row, file: file)
     scheduleEviction()
@@ -717,7 +734,7 @@ public final class DiskManager: @unchecked Sendable {
     if let h = cachedFile(cloudID: cloudID, eTag: eTag) { return h }
     let name = Self.randomName()
     let path = url(pool: .cache, fileName: name)
-    let file = try CryptoFile.create(at: path, key: key)
+    let file = try CryptoFile.create(at: path, key: key, chunkShift: chunkShift)
     do {
       try file.truncate(to: size)
     } catch {
@@ -729,7 +746,8 @@ public final class DiskManager: @unchecked Sendable {
     if size == 0 { bitmap = nil }
     let row = IndexRow(
       id: 0, pool: .cache, nodeID: nodeID, version: 0, cloudID: cloudID, eTag: eTag,
-      fileName: name, size: size, diskBytes: Self.diskBytes(size: size, bitmap: bitmap),
+      fileName: name, size: size,
+      diskBytes: Self.diskBytes(size: size, bitmap: bitmap, chunkShift: file.chunkShift),
       lastAccess: 0, dirty: false, committed: true, complete: bitmap == nil, chunks: bitmap?.data)
     // Another thread may have created one meanwhile: prefer it.
     if let h = cachedFile(cloudID: cloudID, eTag: eTag) {
@@ -789,7 +807,8 @@ public final class DiskManager: @unchecked Sendable {
       let full = b.isFull
       r.complete = full
       r.chunks = full ? nil : b.data
-      r.diskBytes = Self.diskBytes(size: r.size, bitmap: full ? nil : b)
+      r.diskBytes = Self.diskBytes(
+        size: r.size, bitmap: full ? nil : b, chunkShift: file.chunkShift)
       e.bitmap = full ? nil : b
       replaceRow(e, r)
       unpersisted[e.id] = e
@@ -862,7 +881,8 @@ public final class DiskManager: @unchecked Sendable {
       (name, file) = spare
     } else {
       name = Self.randomName()
-      file = try CryptoFile.create(at: url(pool: .staging, fileName: name), key: key)
+      file = try CryptoFile.create(
+        at: url(pool: .staging, fileName: name), key: key, chunkShift: chunkShift)
     }
     let path = url(pool: .staging, fileName: name)
     do {
@@ -896,7 +916,7 @@ public final class DiskManager: @unchecked Sendable {
       let row = IndexRow(
         id: provisional, pool: .staging, nodeID: nodeID, version: version, cloudID: nil, eTag: nil,
         fileName: name, size: file.size,
-        diskBytes: Self.diskBytes(size: file.size, bitmap: nil),
+        diskBytes: Self.diskBytes(size: file.size, bitmap: nil, chunkShift: file.chunkShift),
         lastAccess: stateLock.withLock { nextTick() }, dirty: false, committed: false,
         complete: true, chunks: nil)
       let e = Entry(row: row)
@@ -911,7 +931,9 @@ public final class DiskManager: @unchecked Sendable {
     from read: (UnsafeMutableRawBufferPointer, UInt64) throws -> Int, size: UInt64,
     to file: CryptoFile
   ) throws {
-    let buf = UnsafeMutableRawBufferPointer.allocate(byteCount: CryptoFile.chunkSize, alignment: 16)
+    // Up to 1 MiB per call: whole chunks of the new file are sealed in batches.
+    let count = Int(min(max(size, 1), 1 << 20))
+    let buf = UnsafeMutableRawBufferPointer.allocate(byteCount: count, alignment: 16)
     defer {
       buf.initializeMemory(as: UInt8.self, repeating: 0)
       buf.deallocate()
@@ -956,7 +978,8 @@ public final class DiskManager: @unchecked Sendable {
         r.committed = true
         r.dirty = true
         r.size = staging.file.size
-        r.diskBytes = Self.diskBytes(size: r.size, bitmap: nil)
+        r.diskBytes = Self.diskBytes(
+          size: r.size, bitmap: nil, chunkShift: staging.file.chunkShift)
         r.lastAccess = nextTick()
         return r
       }
@@ -1162,13 +1185,15 @@ final class SpareStagingFiles: @unchecked Sendable {
   private var closed = false
   let directory: String
   let key: Data
+  let chunkShift: UInt8
   let queue: DispatchQueue
   /// How many spare files are kept ready.
   static let target = 16
 
-  init(directory: String, key: Data, queue: DispatchQueue) {
+  init(directory: String, key: Data, chunkShift: UInt8, queue: DispatchQueue) {
     self.directory = directory
     self.key = key
+    self.chunkShift = chunkShift
     self.queue = queue
   }
 
@@ -1196,7 +1221,8 @@ final class SpareStagingFiles: @unchecked Sendable {
     let path = directory + "/" + name
     do {
       let file = try CryptoFile.create(
-        at: URL(fileURLWithPath: path, isDirectory: false), key: key, deferringFirstChunk: true)
+        at: URL(fileURLWithPath: path, isDirectory: false), key: key, chunkShift: chunkShift,
+        deferringFirstChunk: true)
       let kept = lock.withLock { () -> Bool in
         guard !closed else { return false }
         files.append((name, file))

@@ -100,7 +100,7 @@ public struct StagedData: Sendable, Hashable {
   }
 }
 
-/// Which 64 KiB chunks of a partial cache entry are present.
+/// Which chunks (``CacheChunks``) of a partial cache entry are present.
 struct ChunkBitmap: Sendable, Hashable {
   private(set) var bytes: [UInt8]
   let count: UInt64
@@ -141,7 +141,11 @@ struct ChunkBitmap: Sendable, Hashable {
   var isFull: Bool { presentCount == count }
 }
 
-/// Chunk arithmetic of cache files (64 KiB of data-section plaintext per chunk).
+/// Chunk arithmetic of partial cache files: the unit of ranged downloads and of the presence
+/// bitmap, 64 KiB of data-section plaintext (the store's chunk size).
+///
+/// A whole number of CryptoFile chunks, whatever the file's chunk size: a missing chunk is
+/// whole slots, holes in the file.
 public enum CacheChunks {
   /// Plaintext bytes per chunk.
   public static let size: UInt64 = 1 << 16

@@ -453,11 +453,12 @@ extension FileSystem {
     }
   }
 
-  /// Bytes of plaintext a chunk of local content holds: reads smaller than this decrypt a
-  /// whole chunk for a part of it.
-  public static let contentChunkSize = CryptoFile.chunkSize
+  /// The most plaintext bytes a chunk of local content holds (files keep the chunk size they
+  /// were made with): a read smaller than its file's chunk decrypts a whole chunk for a part
+  /// of it.
+  public static let contentChunkSize = CryptoFile.maxChunkSize
 
-  /// After a read of `count` bytes at `offset` smaller than a chunk: the whole decrypted chunk
+  /// After a read of `count` bytes at `offset` smaller than its chunk: the whole decrypted chunk
   /// around it, copied into `buffer` (``contentChunkSize`` bytes), for the kernel's page cache;
   /// `nil` unless the content cannot change while the kernel holds it (no writable handle, no
   /// pending write, a sealed or cached source).

@@ -236,11 +236,13 @@ enum FuseOperations {
       let n: Int
       do {
         guard let fi else { throw FileSystemError.badHandle }
-        let buf = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, size), alignment: 16)
-        defer { buf.deallocate() }
+        let buf = ReplyBuffers.shared.take(size)
+        var used = size  // until the read says how much it wrote
+        defer { ReplyBuffers.shared.give(buf, used: used) }
         n = try ctx.fs.read(
           FileHandleID(fi.pointee.fh), offset: UInt64(max(0, off)),
           into: UnsafeMutableRawBufferPointer(rebasing: buf[0..<size]))
+        used = n
         fuse_reply_buf(req, buf.baseAddress?.assumingMemoryBound(to: CChar.self), n)
       } catch {
         FuseOperations.fail(req, error)
@@ -444,5 +446,41 @@ enum FuseOperations {
       }
       fuse_reply_buf(req, buf, used)
     } catch { fail(req, error) }
+  }
+}
+
+/// Reply buffers of reads, reused: a buffer of a large read (up to 1 MiB) allocated per request
+/// came from a fresh mapping each time, and faulting its pages in, then unmapping them, cost
+/// about a third of a sequential read. Buffers go back cleared (of the bytes a read put there).
+final class ReplyBuffers: @unchecked Sendable {
+  // @unchecked: `free` is guarded by `lock`.
+  /// Bytes per pooled buffer: the largest read the kernel sends (`max_readahead`, `max_pages`).
+  static let capacity = 1 << 20
+  /// Buffers kept at most.
+  static let kept = 8
+  static let shared = ReplyBuffers()
+  private let lock = NSLock()
+  private var free: [UnsafeMutableRawBufferPointer] = []
+
+  /// A buffer of at least `size` bytes (at least one).
+  func take(_ size: Int) -> UnsafeMutableRawBufferPointer {
+    guard size <= Self.capacity else {
+      return .allocate(byteCount: max(1, size), alignment: 16)
+    }
+    return lock.withLock { free.popLast() }
+      ?? .allocate(byteCount: Self.capacity, alignment: 16)
+  }
+
+  /// Returns a buffer whose first `used` bytes a read wrote.
+  func give(_ buffer: UnsafeMutableRawBufferPointer, used: Int) {
+    if used > 0 { explicit_bzero(buffer.baseAddress!, min(used, buffer.count)) }
+    let keep =
+      buffer.count == Self.capacity
+      && lock.withLock { () -> Bool in
+        guard free.count < Self.kept else { return false }
+        free.append(buffer)
+        return true
+      }
+    if !keep { buffer.deallocate() }
   }
 }

@@ -1,6 +1,9 @@
 // zdc-bench: micro-benchmarks of the crypto formats (not tests; figures vary by machine).
 //
 //   zdc-bench cloudfile      AEAD, CloudFile and CryptoFile throughput on one core.
+//   zdc-bench cryptofile [SHIFTS]
+//                            CryptoFile throughput per chunk shift (comma-separated; default
+//                            every supported one).
 //   zdc-bench catalog [N]    µs per catalog transaction of each kind the mount uses.
 //   zdc-bench read [FILES] [BIG_MIB]
 //                            the engine's read path without the kernel: per-file open+read
@@ -121,41 +124,60 @@ func cloudFile() throws {
   reportOps("CloudFile ranged 4 KiB random reads (in memory)", ops: ops, seconds: ranged)
 }
 
-func cryptoFile() throws {
+/// CryptoFile throughput per chunk size (`shifts`, log2 of the chunk size): sequential writes
+/// and reads in small and large calls, and random 4 KiB reads (from the page cache: the
+/// format's CPU cost, not the disk's).
+func cryptoFile(shifts: [UInt8]) throws {
   let key = SecureRandom.bytes(32)
   let size = 256 * mib
   let url = URL(fileURLWithPath: "/tmp/zdc-bench-\(getpid()).cryptofile")
   defer { try? FileManager.default.removeItem(at: url) }
-  let source = SecureRandom.bytes(128 * 1024)
-  for callSize in [4096, 128 * 1024] {
-    let piece = source.prefix(callSize)
-    let f = try CryptoFile.create(at: url, key: key)
-    let w = try time {
-      try piece.withUnsafeBytes { p in
-        var off: UInt64 = 0
-        while off < UInt64(size) {
-          try f.write(p, at: off)
-          off += UInt64(callSize)
+  let source = SecureRandom.bytes(1 << 20)
+  for shift in shifts {
+    let label = "CryptoFile \(1 << (Int(shift) - 10)) KiB chunks:"
+    print(label)
+    for callSize in [4096, 128 * 1024, 1 << 20] {
+      let piece = source.prefix(callSize)
+      let f = try CryptoFile.create(at: url, key: key, chunkShift: shift)
+      let w = try time {
+        try piece.withUnsafeBytes { p in
+          var off: UInt64 = 0
+          while off < UInt64(size) {
+            try f.write(p, at: off)
+            off += UInt64(callSize)
+          }
+        }
+        try f.sync()
+      }
+      report("  sequential write, \(callSize / 1024) KiB calls (+fsync)", bytes: size, seconds: w)
+      var buf = Data(count: callSize)
+      let r = try time {
+        try buf.withUnsafeMutableBytes { b in
+          var off: UInt64 = 0
+          while true {
+            let n = try f.read(into: b, at: off)
+            if n == 0 { break }
+            off += UInt64(n)
+          }
+          precondition(off == UInt64(size))
         }
       }
-      try f.sync()
-    }
-    report(
-      "CryptoFile sequential write, \(callSize / 1024) KiB calls (+fsync)", bytes: size, seconds: w)
-    var buf = Data(count: callSize)
-    let r = try time {
-      try buf.withUnsafeMutableBytes { b in
-        var off: UInt64 = 0
-        while true {
-          let n = try f.read(into: b, at: off)
-          if n == 0 { break }
-          off += UInt64(n)
+      report("  sequential read, \(callSize / 1024) KiB calls", bytes: size, seconds: r)
+      if callSize == 4096 {
+        var rng = SystemRandomNumberGenerator()
+        let ops = 100_000
+        let rr = try time {
+          try buf.withUnsafeMutableBytes { b in
+            for _ in 0..<ops {
+              let page = UInt64.random(in: 0..<UInt64(size / 4096), using: &rng)
+              _ = try f.read(into: b, at: page * 4096)
+            }
+          }
         }
-        precondition(off == UInt64(size))
+        reportOps("  random 4 KiB reads (page cache)", ops: ops, seconds: rr)
       }
+      try f.close()
     }
-    report("CryptoFile sequential read, \(callSize / 1024) KiB calls", bytes: size, seconds: r)
-    try f.close()
   }
 }
 
@@ -165,7 +187,13 @@ case "cloudfile":
   print("zdc-bench cloudfile (one thread; MB = MiB)")
   try rawAEAD()
   try cloudFile()
-  try cryptoFile()
+  try cryptoFile(shifts: [CryptoFile.defaultChunkShift, 16])
+case "cryptofile":
+  let shifts =
+    args.count > 1
+    ? args[args.startIndex + 1].split(separator: ",").compactMap { UInt8($0) }
+    : Array(CryptoFile.chunkShifts)
+  try cryptoFile(shifts: shifts)
 case "sync":
   let sizes =
     args.count > 1
@@ -185,7 +213,8 @@ case "read":
     bigMiB: args.count > 2 ? Int(args[args.startIndex + 2]) ?? 256 : 256)
 default:
   print(
-    "usage: zdc-bench cloudfile | zdc-bench sync [SIZES] | zdc-bench catalog [COUNT]"
+    "usage: zdc-bench cloudfile | zdc-bench cryptofile [SHIFTS] | zdc-bench sync [SIZES]"
+      + " | zdc-bench catalog [COUNT]"
       + " | zdc-bench read [FILES] [BIG_MIB]")
   exit(args.isEmpty ? 0 : 2)
 }

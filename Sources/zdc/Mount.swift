@@ -59,6 +59,10 @@ extension ZDC {
     @Option(help: .hidden)
     var pullInterval: Double?
 
+    /// log2 of the chunk size of new cache and staging files (tests and measurements).
+    @Option(help: .hidden)
+    var chunkShift: UInt8?
+
     @Option(
       help: ArgumentHelp(
         "Start uploading a file once it has been left alone this many seconds.",
@@ -138,6 +142,7 @@ extension ZDC {
       for o in options { args += ["-o", o] }
       if verbose { args.append("--verbose") }
       if let pullInterval { args += ["--pull-interval", String(pullInterval)] }
+      if let chunkShift { args += ["--chunk-shift", String(chunkShift)] }
       args += ["--upload-delay", String(uploadDelay)]
       p.arguments = args
       let input = Pipe()
@@ -187,7 +192,9 @@ extension ZDC {
       }
       let cacheKey = try KeyDerivation.key(
         for: .localCache, secret: account.keys.keyPair.boxSecretKey)
-      let disk = try DiskManager(directory: stateDirectory.url, key: cacheKey)
+      let disk = try DiskManager(
+        directory: stateDirectory.url, key: cacheKey,
+        chunkShift: chunkShift ?? CryptoFile.defaultChunkShift)
       let downloads = DownloadManager(
         store: account.store, disk: disk, catalog: account.catalog, userID: account.config.userID)
       let fs = try FileSystem(

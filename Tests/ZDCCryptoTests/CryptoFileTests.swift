@@ -5,36 +5,44 @@ import ZDCCore
 
 @testable import ZDCCrypto
 
+/// The chunk shifts every behaviour is checked with: new files' and the 64 KiB chunks of files
+/// made before chunk sizes varied (caches and staged content an upgrade keeps).
+let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
+
 @Suite struct CryptoFileTests {
   let key = SecureRandom.bytes(32)
-  let CS = CryptoFile.chunkSize
 
   func all(_ f: CryptoFile) throws -> Data { try f.read(offset: 0, count: Int(f.size) + 10) }
 
-  @Test func emptyFileHasOneChunkAndReopens() throws {
+  @Test(arguments: testedChunkShifts) func emptyFileHasOneChunkAndReopens(shift: UInt8) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
     let url = dir.appendingPathComponent("f")
-    let f = try CryptoFile.create(at: url, key: key)
+    let f = try CryptoFile.create(at: url, key: key, chunkShift: shift)
     #expect(f.size == 0)
+    #expect(f.chunkShift == shift)
     #expect(try f.read(offset: 0, count: 10).isEmpty)
     try f.close()
     #expect(try Data(contentsOf: url).count == 32 + 40)
     #expect(try CryptoFile.plaintextSize(ofFileAt: url) == 0)
     let g = try CryptoFile.open(at: url, key: key)
     #expect(g.size == 0)
+    #expect(g.chunkShift == shift)
     try g.close()
     #expect(throws: CryptoError.self) { try CryptoFile.open(at: url, key: SecureRandom.bytes(32)) }
   }
 
   /// (Also for a file created with its first chunk deferred, as spare staging files are.)
-  @Test(arguments: [false, true]) func randomOperationsMatchModel(deferred: Bool) throws {
+  @Test(arguments: [false, true], testedChunkShifts)
+  func randomOperationsMatchModel(deferred: Bool, shift: UInt8) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
+    let CS = 1 << Int(shift)
     for seed in UInt64(1)...4 {
       var rng = SplitMix64(seed: seed)
       let url = dir.appendingPathComponent("f\(seed)")
-      var f = try CryptoFile.create(at: url, key: key, deferringFirstChunk: deferred)
+      var f = try CryptoFile.create(
+        at: url, key: key, chunkShift: shift, deferringFirstChunk: deferred)
       var model = Data()
       for step in 0..<400 {
         switch Int.random(in: 0..<100, using: &rng) {
@@ -72,6 +80,7 @@ import ZDCCore
           try f.close()
           #expect(try CryptoFile.plaintextSize(ofFileAt: url) == UInt64(model.count))
           f = try CryptoFile.open(at: url, key: key)
+          try #require(f.chunkShift == shift)
         }
         try #require(f.size == UInt64(model.count), "seed \(seed) step \(step)")
         if step % 50 == 49 { try #require(try all(f) == model, "seed \(seed) step \(step)") }
@@ -86,21 +95,27 @@ import ZDCCore
   /// Writes covering whole chunks take their own path (sealed from the caller's bytes, several
   /// at a time on two threads): mixed with partial writes, reads, truncations and reopenings,
   /// the content must match a plain model.
-  @Test(arguments: [false, true]) func wholeChunkWritesMatchModel(deferred: Bool) throws {
+  @Test(arguments: [false, true], testedChunkShifts)
+  func wholeChunkWritesMatchModel(deferred: Bool, shift: UInt8) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
+    let CS = 1 << Int(shift)
+    // Chunks in more than one batch of whole chunks (1 MiB of plaintext).
+    let most = max(20, (1 << 20) / CS + 3)
     for seed in UInt64(11)...14 {
       var rng = SplitMix64(seed: seed)
       let url = dir.appendingPathComponent("w\(seed)")
-      var f = try CryptoFile.create(at: url, key: key, deferringFirstChunk: deferred)
+      var f = try CryptoFile.create(
+        at: url, key: key, chunkShift: shift, deferringFirstChunk: deferred)
       var model = Data()
       for step in 0..<150 {
         switch Int.random(in: 0..<100, using: &rng) {
         case 0..<55:
-          // Chunk-aligned, one to twenty chunks, sometimes with a partial tail or head.
+          // Chunk-aligned, one to twenty chunks or up to more than a batch, sometimes with a
+          // partial tail or head.
           let chunks = (model.count + 2 * CS) / CS
           var off = Int.random(in: 0...chunks, using: &rng) * CS
-          var len = Int.random(in: 1...20, using: &rng) * CS
+          var len = Int.random(in: 1...(Bool.random(using: &rng) ? 20 : most), using: &rng) * CS
           if Bool.random(using: &rng) { len += Int.random(in: 1..<CS, using: &rng) }
           if Int.random(in: 0..<4, using: &rng) == 0 { off += Int.random(in: 1..<CS, using: &rng) }
           let bytes = randomBytes(len, &rng)
@@ -117,10 +132,11 @@ import ZDCCore
           model.replaceSubrange(off..<(off + bytes.count), with: bytes)
         case 70..<85:
           let off = Int.random(in: 0...(model.count + 100), using: &rng)
-          let got = try f.read(offset: UInt64(off), count: 3 * CS)
+          let count = (Bool.random(using: &rng) ? 3 : most) * CS
+          let got = try f.read(offset: UInt64(off), count: count)
           let lo = min(off, model.count)
           try #require(
-            got == model.subdata(in: lo..<min(model.count, lo + 3 * CS)),
+            got == model.subdata(in: lo..<min(model.count, lo + count)),
             "seed \(seed) step \(step)")
         case 85..<92:
           let n = Int.random(in: 0...(model.count + CS), using: &rng)
@@ -143,20 +159,21 @@ import ZDCCore
     }
   }
 
-  @Test func sparseWritesLeaveHoles() throws {
+  @Test(arguments: testedChunkShifts) func sparseWritesLeaveHoles(shift: UInt8) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
+    let CS = 1 << Int(shift)
+    let S = CryptoFile.slotSize(chunkShift: shift)
     let url = dir.appendingPathComponent("sparse")
-    let f = try CryptoFile.create(at: url, key: key)
+    let f = try CryptoFile.create(at: url, key: key, chunkShift: shift)
     try f.write(Data("end".utf8), at: UInt64(10 * CS + 5))
     try f.close()
     let raw = try Data(contentsOf: url)
-    #expect(raw.count == 32 + 10 * CryptoFile.slotSize + 40 + 8)
+    #expect(raw.count == 32 + 10 * S + 40 + 8)
     // Chunk 0 was the (empty) last chunk and became a full encrypted zero chunk; chunks 1...9
     // are holes, never encrypted.
     for i in 1..<10 {
-      let slot = raw.subdata(
-        in: (32 + i * CryptoFile.slotSize)..<(32 + (i + 1) * CryptoFile.slotSize))
+      let slot = raw.subdata(in: (32 + i * S)..<(32 + (i + 1) * S))
       #expect(slot.allSatisfy { $0 == 0 }, "slot \(i) is a hole")
     }
     let g = try CryptoFile.open(at: url, key: key)
@@ -175,11 +192,13 @@ import ZDCCore
     try h.close()
   }
 
-  @Test func holeAsLastSlotOrTamperedSlotIsRejected() throws {
+  @Test(arguments: testedChunkShifts)
+  func holeAsLastSlotOrTamperedSlotIsRejected(shift: UInt8) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
+    let CS = 1 << Int(shift)
     let url = dir.appendingPathComponent("t")
-    let f = try CryptoFile.create(at: url, key: key)
+    let f = try CryptoFile.create(at: url, key: key, chunkShift: shift)
     var rng = SplitMix64(seed: 1)
     let content = randomBytes(3 * CS + 100, &rng)
     try f.write(content, at: 0)
@@ -192,7 +211,7 @@ import ZDCCore
         _ = try g.read(offset: 0, count: 4 * CS)
       }
     }
-    let S = CryptoFile.slotSize
+    let S = CryptoFile.slotSize(chunkShift: shift)
     // Zeroed final slot.
     var z = raw
     z.replaceSubrange((32 + 3 * S)..<raw.count, with: Data(count: raw.count - 32 - 3 * S))
@@ -218,11 +237,12 @@ import ZDCCore
     try g.close()
   }
 
-  @Test func sequentialSmallWritesAndStreaming() throws {
+  @Test(arguments: testedChunkShifts) func sequentialSmallWritesAndStreaming(shift: UInt8) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
+    let CS = 1 << Int(shift)
     let url = dir.appendingPathComponent("seq")
-    let f = try CryptoFile.create(at: url, key: key)
+    let f = try CryptoFile.create(at: url, key: key, chunkShift: shift)
     var rng = SplitMix64(seed: 8)
     let content = randomBytes(5 * CS + 1234, &rng)
     var off = 0
@@ -243,10 +263,13 @@ import ZDCCore
     #expect(throws: (any Error).self) { try f.read(offset: 0, count: 1) }
   }
 
-  @Test func smallSequentialWritesEncryptEachChunkOnce() throws {
+  @Test(arguments: testedChunkShifts)
+  func smallSequentialWritesEncryptEachChunkOnce(shift: UInt8) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
-    let f = try CryptoFile.create(at: dir.appendingPathComponent("once"), key: key)
+    let CS = 1 << Int(shift)
+    let f = try CryptoFile.create(
+      at: dir.appendingPathComponent("once"), key: key, chunkShift: shift)
     let base = f.chunkEncryptions  // the empty chunk written by create
     let block = Data(repeating: 0xAB, count: 4096)
     for i in 0..<(8 * CS / 4096) { try f.write(block, at: UInt64(i * 4096)) }
@@ -266,10 +289,49 @@ import ZDCCore
     try f.close()
   }
 
-  @Test func concurrentWritersAndReaders() throws {
+  /// Small sequential writes into small chunks write several sealed slots per call, not one
+  /// call per chunk; content read back, after reopening too, is what was written.
+  @Test func smallSequentialWritesWriteRunsOfSlots() throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
-    let f = try CryptoFile.create(at: dir.appendingPathComponent("mt"), key: key)
+    let url = dir.appendingPathComponent("run")
+    let f = try CryptoFile.create(at: url, key: key, chunkShift: 12)
+    var rng = SplitMix64(seed: 9)
+    let content = randomBytes(64 * 4096 + 100, &rng)
+    let writes = f.slotWrites
+    var off = 0
+    while off < content.count {
+      let n = min(1000, content.count - off)
+      try f.write(content.subdata(in: off..<(off + n)), at: UInt64(off))
+      off += n
+    }
+    try f.flushBuffer()
+    // 65 chunks in runs of up to 15 slots.
+    #expect(f.slotWrites - writes <= 6)
+    #expect(f.chunkEncryptions >= 65)
+    #expect(try all(f) == content)
+    // Rewriting in place in small pieces, with reads between, stays correct.
+    var model = content
+    for i in stride(from: 0, to: 40 * 4096, by: 3000) {
+      let piece = randomBytes(700, &rng)
+      try f.write(piece, at: UInt64(i))
+      model.replaceSubrange(i..<(i + 700), with: piece)
+      if i % 9000 == 0 {
+        #expect(try f.read(offset: UInt64(i), count: 5000) == model[i..<(i + 5000)])
+      }
+    }
+    try f.close()
+    let g = try CryptoFile.open(at: url, key: key)
+    #expect(try all(g) == model)
+    try g.close()
+  }
+
+  @Test(arguments: testedChunkShifts) func concurrentWritersAndReaders(shift: UInt8) throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let CS = 1 << Int(shift)
+    let f = try CryptoFile.create(
+      at: dir.appendingPathComponent("mt"), key: key, chunkShift: shift)
     let threads = 8
     let region = 3 * CS / 2
     DispatchQueue.concurrentPerform(iterations: threads) { t in
@@ -290,6 +352,147 @@ import ZDCCore
     try f.close()
   }
 
+  /// Sealed chunks waiting in the run never land over a newer version of the same chunks:
+  /// neither over whole chunks written since, nor over a truncation.
+  @Test func pendingSlotsNeverOverwriteNewerContent() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let url = dir.appendingPathComponent("order")
+    var rng = SplitMix64(seed: 12)
+    let f = try CryptoFile.create(at: url, key: key, chunkShift: 12)
+    var model = randomBytes(10 * 4096, &rng)
+    try f.write(model, at: 0)
+    // Chunk 0 changed, then sealed (the buffer moves on to chunk 1, written whole) but not
+    // written yet.
+    try f.write(Data("x".utf8), at: 100)
+    try f.write(randomBytes(4096, &rng), at: 4096)
+    // Whole chunks 0..<4 replaced.
+    let whole = randomBytes(4 * 4096, &rng)
+    try f.write(whole, at: 0)
+    model.replaceSubrange(0..<whole.count, with: whole)
+    #expect(try all(f) == model)
+    // Chunks 5 and 6 changed (5 sealed), then the file cut inside chunk 5 and grown again.
+    try f.write(Data("z".utf8), at: 5 * 4096 + 10)
+    try f.write(randomBytes(4096, &rng), at: 6 * 4096)
+    try f.truncate(to: 5 * 4096 + 5)
+    try f.truncate(to: 8 * 4096)
+    model = model.prefix(5 * 4096 + 5) + Data(count: 3 * 4096 - 5)
+    #expect(try all(f) == model)
+    try f.close()
+    let g = try CryptoFile.open(at: url, key: key)
+    #expect(try all(g) == model)
+    try g.close()
+  }
+
+  /// New files record the default chunk shift in their header and are laid out in chunks of
+  /// that size; a file keeps the shift it was made with across reopening and rewriting.
+  @Test func chunkShiftIsChosenAtCreationAndKept() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    var rng = SplitMix64(seed: 3)
+    let content = randomBytes(300_000, &rng)
+    for shift in [nil] + CryptoFile.chunkShifts.map(Optional.some) {
+      let expected = shift ?? CryptoFile.defaultChunkShift
+      let url = dir.appendingPathComponent("s\(expected)")
+      let f =
+        try shift.map { try CryptoFile.create(at: url, key: key, chunkShift: $0) }
+        ?? CryptoFile.create(at: url, key: key)
+      #expect(f.chunkShift == expected)
+      #expect(f.chunkSize == 1 << Int(expected))
+      try f.write(content, at: 0)
+      try f.close()
+      let raw = try Data(contentsOf: url)
+      #expect(raw[9] == expected)
+      #expect(
+        UInt64(raw.count) == CryptoFile.physicalSize(plaintextSize: 300_000, chunkShift: expected))
+      #expect(
+        CryptoFile.plaintextSize(physicalSize: UInt64(raw.count), chunkShift: expected) == 300_000)
+      #expect(try CryptoFile.layout(ofFileAt: url) == (expected, 300_000))
+      #expect(try CryptoFile.plaintextSize(ofFileAt: url) == 300_000)
+      let g = try CryptoFile.open(at: url, key: key)
+      #expect(g.chunkShift == expected)
+      try g.write(Data("patch".utf8), at: 123_456)
+      try g.truncate(to: 250_000)
+      try g.close()
+      let h = try CryptoFile.open(at: url, key: key)
+      #expect(h.chunkShift == expected)
+      var model = content.prefix(250_000)
+      model.replaceSubrange(123_456..<123_461, with: Data("patch".utf8))
+      #expect(try all(h) == model)
+      try h.close()
+    }
+    #expect(CryptoFile.defaultChunkSize == 1 << Int(CryptoFile.defaultChunkShift))
+  }
+
+  /// Chunk shifts outside the supported range are refused when creating a file and reported
+  /// as malformed when opening one; a changed shift in the header of a file with content does
+  /// not go unnoticed.
+  @Test func unsupportedOrAlteredChunkShiftsAreRejected() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let url = dir.appendingPathComponent("bad")
+    for shift: UInt8 in [0, 11, 17, 255] {
+      #expect(throws: CryptoError.self) {
+        try CryptoFile.create(
+          at: dir.appendingPathComponent("c\(shift)"), key: key, chunkShift: shift)
+      }
+    }
+    var rng = SplitMix64(seed: 4)
+    let content = randomBytes(200_000, &rng)
+    for made in testedChunkShifts {
+      let f = try CryptoFile.create(at: url, key: key, chunkShift: made)
+      try f.write(content, at: 0)
+      try f.close()
+      let raw = try Data(contentsOf: url)
+      for shift: UInt8 in [0, 1, 11, 17, 32, 255] {
+        var t = raw
+        t[9] = shift
+        try t.write(to: url)
+        #expect(throws: CryptoError.malformed("CryptoFile chunk shift \(shift)")) {
+          try CryptoFile.open(at: url, key: key)
+        }
+        #expect(throws: CryptoError.self) { try CryptoFile.layout(ofFileAt: url) }
+      }
+      for shift in CryptoFile.chunkShifts where shift != made {
+        var t = raw
+        t[9] = shift
+        try t.write(to: url)
+        #expect(throws: (any Error).self, "made with \(made), read as \(shift)") {
+          let g = try CryptoFile.open(at: url, key: key)
+          defer { try? g.close() }
+          _ = try g.read(offset: 0, count: content.count)
+        }
+      }
+    }
+  }
+
+  /// A small read of a big file decrypts only the chunk holding it: a 4 KiB random read of a
+  /// new file costs one 4 KiB chunk, not 64 KiB.
+  @Test func smallReadsOfNewFilesTouchOneSmallChunk() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let url = dir.appendingPathComponent("r")
+    var rng = SplitMix64(seed: 5)
+    let content = randomBytes(1 << 20, &rng)
+    let f = try CryptoFile.create(at: url, key: key)
+    try f.write(content, at: 0)
+    try f.close()
+    #expect(CryptoFile.defaultChunkSize <= 16 << 10)
+    // Damage every chunk but the one at 512 KiB (and the last, checked on open): a 4 KiB read
+    // there still succeeds, so it decrypted nothing else.
+    let S = CryptoFile.slotSize()
+    var raw = try Data(contentsOf: url)
+    let target = (512 << 10) / CryptoFile.defaultChunkSize
+    let last = (1 << 20) / CryptoFile.defaultChunkSize - 1
+    for i in 0..<last where i != target { raw[32 + i * S + 30] ^= 1 }
+    try raw.write(to: url)
+    let g = try CryptoFile.open(at: url, key: key)
+    #expect(
+      try g.read(offset: 512 << 10, count: 4096) == content[(512 << 10)..<((512 << 10) + 4096)])
+    #expect(throws: CryptoError.self) { try g.read(offset: (512 << 10) - 4096, count: 4096) }
+    try g.close()
+  }
+
   @Test func noPlaintextOnDisk() throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
@@ -308,11 +511,14 @@ import ZDCCore
   /// Reads run concurrently with one another and with writes: every chunk a read returns is
   /// one whole version of that chunk (never torn, never failing authentication), and reads
   /// see a write once it returned.
-  @Test func concurrentReadsAndWritesStayConsistent() throws {
+  @Test(arguments: testedChunkShifts)
+  func concurrentReadsAndWritesStayConsistent(shift: UInt8) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
+    let CS = 1 << Int(shift)
     let chunks = 24
-    let f = try CryptoFile.create(at: dir.appendingPathComponent("c"), key: key)
+    let f = try CryptoFile.create(
+      at: dir.appendingPathComponent("c"), key: key, chunkShift: shift)
     @Sendable func version(_ v: UInt8, _ count: Int) -> Data { Data(repeating: v, count: count) }
     try f.write(version(1, chunks * CS + 777), at: 0)
     let failures = Mutex<[String]>([])

@@ -131,9 +131,12 @@ import ZDCCore
   // MARK: CryptoFile
 
   static let cryptoKey = Data(repeating: 0x5A, count: 32)
+  /// The fixture's chunks: 64 KiB, the only size before files recorded their own.
+  static let cryptoChunkShift: UInt8 = 16
+  static let cryptoChunkSize = 1 << 16
   static func cryptoPlaintext() -> Data {
     var d = Data("CryptoFile fixture v1\n".utf8)
-    d.append(Data(count: 2 * CryptoFile.chunkSize + 100 - d.count))
+    d.append(Data(count: 2 * cryptoChunkSize + 100 - d.count))
     d.append(Data("tail".utf8))
     return d
   }
@@ -145,16 +148,56 @@ import ZDCCore
     let blob = try frozen(
       "cryptofile.bin",
       try {
-        let f = try CryptoFile.create(at: work, key: Self.cryptoKey)
+        let f = try CryptoFile.create(
+          at: work, key: Self.cryptoKey, chunkShift: Self.cryptoChunkShift)
         try f.write(Data("CryptoFile fixture v1\n".utf8), at: 0)
-        try f.write(Data("tail".utf8), at: UInt64(2 * CryptoFile.chunkSize + 100))
+        try f.write(Data("tail".utf8), at: UInt64(2 * Self.cryptoChunkSize + 100))
         try f.close()
         return try Data(contentsOf: work)
       }())
     try blob.write(to: work)
+    #expect(blob[9] == Self.cryptoChunkShift)
     let f = try CryptoFile.open(at: work, key: Self.cryptoKey)
-    #expect(f.size == UInt64(2 * CryptoFile.chunkSize + 104))
+    #expect(f.chunkShift == Self.cryptoChunkShift)
+    #expect(f.size == UInt64(2 * Self.cryptoChunkSize + 104))
     #expect(try f.read(offset: 0, count: Int(f.size)) == Self.cryptoPlaintext())
     try f.close()
+  }
+
+  /// The frozen file (64 KiB chunks, as every file was before chunk sizes varied) stays
+  /// writable in its own layout: written, truncated, grown and reopened, it keeps its chunk
+  /// size and reads back as a plain model of the same operations.
+  @Test func cryptoFileVectorStaysWritable() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let work = dir.appendingPathComponent("c")
+    try FileManager.default.copyItem(at: url("cryptofile.bin"), to: work)
+    var model = Self.cryptoPlaintext()
+    var rng = SplitMix64(seed: 16)
+    let f = try CryptoFile.open(at: work, key: Self.cryptoKey)
+    let patch = randomBytes(3 * Self.cryptoChunkSize, &rng)
+    try f.write(patch, at: 1000)
+    model.append(Data(count: 1000 + patch.count - model.count))
+    model.replaceSubrange(1000..<(1000 + patch.count), with: patch)
+    try f.write(Data("end".utf8), at: 400_000)
+    model.append(Data(count: 400_000 - model.count))
+    model.append(Data("end".utf8))
+    try f.close()
+    #expect(
+      try Data(contentsOf: work).count
+        == Int(CryptoFile.physicalSize(plaintextSize: 400_003, chunkShift: Self.cryptoChunkShift)))
+    let g = try CryptoFile.open(at: work, key: Self.cryptoKey)
+    #expect(g.chunkShift == Self.cryptoChunkShift)
+    #expect(try g.read(offset: 0, count: model.count + 1) == model)
+    try g.truncate(to: 70_000)
+    model = model.prefix(70_000)
+    try g.truncate(to: 140_000)
+    model.append(Data(count: 70_000))
+    try g.close()
+    #expect(try CryptoFile.layout(ofFileAt: work) == (Self.cryptoChunkShift, 140_000))
+    let h = try CryptoFile.open(at: work, key: Self.cryptoKey)
+    #expect(h.chunkShift == Self.cryptoChunkShift)
+    #expect(try h.read(offset: 0, count: model.count + 1) == model)
+    try h.close()
   }
 }

@@ -152,7 +152,9 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(disk.usage.entries == 4)
     // The LRU order survived (no access since the reopen): new < part < old. A cap that fits
     // the staged file, the partial entry and one full entry evicts "new" only.
-    let partialBytes = UInt64(CryptoFile.headerSize + CryptoFile.slotSize)
+    let partialBytes =
+      UInt64(CryptoFile.headerSize)
+      + CacheChunks.size / UInt64(CryptoFile.defaultChunkSize) * UInt64(CryptoFile.slotSize())
     disk.capBytes = one + partialBytes + CryptoFile.physicalSize(plaintextSize: 1000)
     #expect(disk.evictIfNeeded() == 1)
     #expect(disk.cachedFile(cloudID: "new", eTag: "e") == nil)
@@ -287,8 +289,10 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     let h = try cache(disk, "c", "e", content)
     let url = h.url
     h.close()
-    // A flipped byte in chunk 1: found when that chunk is read.
-    try flipByte(at: UInt64(CryptoFile.headerSize + CryptoFile.slotSize + 100), of: url)
+    // A flipped byte in the chunk holding offset 70 000: found when that chunk is read.
+    let damaged = 70_000 / CryptoFile.defaultChunkSize
+    try flipByte(
+      at: UInt64(CryptoFile.headerSize + damaged * CryptoFile.slotSize() + 100), of: url)
     let r = try #require(disk.cachedFile(cloudID: "c", eTag: "e"))
     #expect(try r.read(offset: 0, count: 100) == content.prefix(100))
     #expect {
@@ -464,6 +468,117 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     let disk = try makeDisk(tmp, key: key)
     #expect(disk.lostStagedNodes.isEmpty)
     #expect(try disk.cachedFile(cloudID: "c4", eTag: "e4")?.readAll() == content)
+  }
+
+  /// Committed staged content in files with 64 KiB chunks (left by an earlier version, not
+  /// uploaded yet) survives a restart, with or without its index row, reads back, becomes the
+  /// base of the next version and, uploaded, the cached copy.
+  @Test func stagedContentWithOlderChunksSurvivesUpgrade() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let crashed = try TemporaryDirectory("disk-crashed")
+    let nine = marked("nine", count: 300_000)
+    let ten = marked("ten", count: 70_000)
+    do {
+      // What earlier versions made: files with 64 KiB chunks.
+      let disk = try DiskManager(
+        directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
+        insertFlushDelay: 3600, chunkShift: 16)
+      for (node, content) in [(NodeID(9), nine), (10, ten)] {
+        let s = try disk.stagingFile(forNode: node)
+        try s.write(content, at: 0)
+        try disk.commitStaging(s)
+        s.close()
+        // Version 9 in the index; version 10 committed (renamed) only.
+        if node == 9 { disk.flush() }
+      }
+      // What a crash now leaves.
+      try FileManager.default.copyItem(at: tmp.path("state"), to: crashed.path("state"))
+    }
+    #expect(try DiskIndex(path: crashed.path("state/disk.sqlite").path).allRows().count == 1)
+    let disk = try makeDisk(crashed, key: key)
+    #expect(disk.chunkShift == CryptoFile.defaultChunkShift)
+    #expect(disk.lostStagedNodes.isEmpty)
+    #expect(disk.usage.entries == 2)
+    for (node, content) in [(NodeID(9), nine), (10, ten)] {
+      #expect(disk.isDirty(nodeID: node))
+      let staged = try #require(disk.stagedData(forNode: node))
+      #expect(staged.size == UInt64(content.count))
+      #expect(try CryptoFile.layout(ofFileAt: staged.url).chunkShift == 16)
+      let reader = try #require(try disk.openStaged(forNode: node))
+      #expect(try reader.read(offset: 0, count: content.count + 1) == content)
+      reader.close()
+    }
+    #expect(
+      disk.usage.dirtyBytes
+        == CryptoFile.physicalSize(plaintextSize: 300_000, chunkShift: 16)
+        + CryptoFile.physicalSize(plaintextSize: 70_000, chunkShift: 16))
+    // The next version starts as a copy, in a file of today's chunks.
+    let s = try disk.stagingFile(forNode: 9)
+    #expect(try s.read(offset: 0, count: nine.count + 1) == nine)
+    try s.write(Data("v2".utf8), at: 150_000)
+    try disk.commitStaging(s)
+    s.close()
+    let v2 = try #require(disk.stagedData(forNode: 9))
+    #expect(try CryptoFile.layout(ofFileAt: v2.url).chunkShift == CryptoFile.defaultChunkShift)
+    var expected = nine
+    expected.replaceSubrange(150_000..<150_002, with: Data("v2".utf8))
+    #expect(try CryptoFile.open(at: v2.url, key: key).read(offset: 0, count: 400_000) == expected)
+    // Uploaded, the older file becomes the cached copy as it is.
+    #expect(try disk.markUploaded(nodeID: 10, cloudID: "c10", eTag: "e10"))
+    let h = try #require(disk.cachedFile(cloudID: "c10", eTag: "e10"))
+    #expect(try h.readAll() == ten)
+    h.close()
+  }
+
+  /// A partial cache entry whose file has 64 KiB chunks keeps its downloaded chunks across an
+  /// upgrade and takes more.
+  @Test func partialEntryWithOlderChunksKeepsItsChunks() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let content = marked("partial", count: 200_000)
+    do {
+      let disk = try DiskManager(
+        directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
+        chunkShift: 16)
+      let p = try disk.partialCachedFile(cloudID: "p", eTag: "e", size: UInt64(content.count))
+      try content[65_536..<131_072].withUnsafeBytes { try p.fill(chunks: 1..<2, with: $0) }
+      p.close()
+      disk.flush()
+    }
+    let disk = try makeDisk(tmp, key: key)
+    let slot = UInt64(CryptoFile.slotSize(chunkShift: 16))
+    #expect(disk.usage.bytes == UInt64(CryptoFile.headerSize) + slot)
+    let p = try #require(disk.cachedFile(cloudID: "p", eTag: "e"))
+    #expect(try CryptoFile.layout(ofFileAt: p.url).chunkShift == 16)
+    #expect(!p.isComplete)
+    #expect(p.missingChunks(in: 0..<4) == 0..<4)
+    #expect(p.missingChunks(in: 1..<2) == nil)
+    #expect(try p.read(offset: 70_000, count: 1000) == content[70_000..<71_000])
+    try content[0..<65_536].withUnsafeBytes { try p.fill(chunks: 0..<1, with: $0) }
+    try content[131_072...].withUnsafeBytes { try p.fill(chunks: 2..<4, with: $0) }
+    #expect(p.isComplete)
+    #expect(try p.readAll() == content)
+    #expect(disk.usage.bytes == CryptoFile.physicalSize(plaintextSize: 200_000, chunkShift: 16))
+    p.close()
+  }
+
+  /// Partial entries with today's (smaller) chunks: filling one 64 KiB piece writes whole
+  /// chunks, the pieces not filled stay holes, and the size on disk counts their slots.
+  @Test func partialEntriesCountTheirChunksSlots() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let disk = try makeDisk(tmp, key: key)
+    let content = marked("slots", count: 300_000)
+    let p = try disk.partialCachedFile(cloudID: "p", eTag: "e", size: UInt64(content.count))
+    try content[131_072..<196_608].withUnsafeBytes { try p.fill(chunks: 2..<3, with: $0) }
+    let perPiece = CacheChunks.size / UInt64(CryptoFile.defaultChunkSize)
+    #expect(
+      disk.usage.bytes
+        == UInt64(CryptoFile.headerSize) + perPiece * UInt64(CryptoFile.slotSize()))
+    #expect(try p.read(offset: 131_072, count: 65_536) == content[131_072..<196_608])
+    #expect(throws: DiskError.self) { try p.read(offset: 65_536, count: 10) }
+    p.close()
+    #expect(throws: DiskError.self) {
+      try DiskManager(directory: tmp.path("other"), key: key, chunkShift: 17)
+    }
   }
 
   @Test func truncatingOpenOfASharedVersionTruncatesIt() throws {

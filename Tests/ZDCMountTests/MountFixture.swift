@@ -21,7 +21,11 @@ final class MountFixture: @unchecked Sendable {
     ["ZDC_STATE_DIR": state.path, "ZDC_PASSPHRASE": "mount test passphrase", "LC_ALL": "C"]
   }
 
-  init() throws {
+  /// Extra arguments of `zdc mount`.
+  let mountArguments: [String]
+
+  init(mountArguments: [String] = []) throws {
+    self.mountArguments = mountArguments
     dir = try TemporaryDirectory("zdc-mount")
     state = dir.path("state")
     store = dir.path("store")
@@ -43,7 +47,7 @@ final class MountFixture: @unchecked Sendable {
   }
 
   func mount() throws {
-    let r = try runProcess(zdc, ["mount", mnt.path], environment: env)
+    let r = try runProcess(zdc, ["mount", mnt.path] + mountArguments, environment: env)
     try #require(r.status == 0, "mount failed: \(r.stdout) \(r.stderr)")
     if let range = r.stdout.range(of: "process ") {
       pid = pid_t(r.stdout[range.upperBound...].prefix { $0.isNumber })
