@@ -102,6 +102,7 @@ final class MoveRun {
   }
 
   func run() throws {
+    try deferUntilTargetDirectoryUploaded()
     if state.origin != origin.rcrdKey {
       // A pull pointed the move at another origin: a claim this move left at the former one
       // (a stale copy of the node's RCRD there) goes, then the move starts afresh.
@@ -155,6 +156,31 @@ final class MoveRun {
   }
 
   // MARK: Steps
+
+  /// The target's directory must be in the store before the node goes there: a tree walk (a
+  /// full scan elsewhere) reaches a node only through its directory. A move queued while the
+  /// directory's first upload is outstanding waits for it (an enqueue rule), but a move taken
+  /// earlier that runs again — towards the node's newer place, when the node moved on while it
+  /// was in flight — did not: committed under a directory not uploaded yet (e.g. one whose first
+  /// upload met a spurious 412 and waits for pulls), the node was found nowhere by another
+  /// device's full scan, which took it for deleted (with a local change there, uploaded again as
+  /// new: two RCRDs of one node; randomized seed 17833). The move now waits for that upload.
+  private func deferUntilTargetDirectoryUploaded() throws {
+    guard target.rcrdKey != origin.rcrdKey else { return }
+    let upload = try context.catalog.read(context.userID) { tx -> Int64? in
+      guard let parent = try tx.node(dirPrefix: target.dirPrefix), parent.trunk == nil,
+        parent.eTagRcrd == nil
+      else { return nil }
+      return try tx.pendingOperations(forNodeID: parent.id).first { $0.kind == .putRcrd }?.id
+    }
+    guard let upload else { return }
+    if try x.write({ tx in try tx.deferOperation(id: opID, until: upload) }) {
+      context.logger.info(
+        "move: its target's directory is not uploaded yet; the move waits for it",
+        metadata: ["node": "\(node.id)"])
+      throw PushIssue.deferred
+    }
+  }
 
   /// The target keys are the origin's (a case-only rename, a move back, or a move that ended
   /// where another device put the node): only the RCRD is written — `If-Match` the eTag known

@@ -922,6 +922,79 @@ import ZDCTestSupport
     #expect(try s.alpha.node("f.txt")?.mode == 0o640)
   }
 
+  /// A move failed (its answer lost) while its node moved on into a new directory, whose first
+  /// RCRD upload had not landed (it had met a spurious 412 and waited for pulls): the move ran
+  /// again towards the node's newer place — which the second move, queued meanwhile, waited for
+  /// the directory's upload to reach, and the first did not — and committed it there, under a
+  /// directory not in the store. Beta's full scan, walking the tree from its trunks, found the
+  /// node nowhere and took it for deleted; with a local change, it uploaded it again as new: two
+  /// RCRDs of one node (randomized seed 17833 with faults; likely 10478). A move now waits for
+  /// its target's directory to be uploaded first.
+  @Test func moveRunningAgainIntoADirectoryNotUploadedYetWaitsForIt() throws {
+    let backing = try StoreKind.local.make("zdc-sync-move-into-new-dir")
+    let store = backing.store
+    let dirGate = GatedStore(store)
+    let gated = GatedStore(dirGate)
+    let user = try TestUser()
+    let alpha = try Device("alpha", user: user, store: gated)
+    let beta = try Device("beta", user: user, store: store)
+    try alpha.start()
+    try beta.start()
+    try alpha.create("f.txt", "content")
+    try alpha.sync()
+    try beta.sync()
+    // Beta changes the file's mode (an RCRD upload, left queued: its engine is stopped).
+    beta.engine.stop()
+    try beta.catalog.write(user.userID) { tx in
+      var n = try #require(try tx.node(path: try beta.path("f.txt")))
+      n.mode = 0o600
+      _ = try tx.updateNode(n)
+    }
+    // Alpha's move to g writes g and loses the answer; while it is held, the node moves on into
+    // a new directory whose first upload is held.
+    let f = try alpha.rcrdKey("f.txt")
+    let g = try alpha.rcrdKey("g.txt", parentOf: "f.txt")
+    let d = try alpha.rcrdKey("d", parentOf: "f.txt")
+    gated.holdNextPut(ofKeysEndingWith: g)
+    gated.loseNextAnswer(forKey: g)
+    try alpha.move("f.txt", to: "g.txt")
+    #expect(gated.waitForHeldPut())
+    dirGate.holdNextPut(ofKeysEndingWith: d)
+    try alpha.create("d", kind: .directory)
+    #expect(dirGate.waitForHeldPut())
+    try alpha.move("g.txt", to: "d/h.txt")
+    gated.release()
+    // The first move runs again: it commits at d/h (the origin's RCRD gone), or waits for d.
+    let deadline = Date().addingTimeInterval(10)
+    while Date() < deadline {
+      if (try? store.head(key: f)) == nil { break }
+      let waiting = try alpha.catalog.read(user.userID) { tx in
+        guard let first = try tx.allOperations().first(where: { $0.kind == .move }) else {
+          return false
+        }
+        return try first.state == .pending && !tx.dependencies(ofOperation: first.id).isEmpty
+      }
+      if waiting { break }
+      Thread.sleep(forTimeInterval: 0.01)
+    }
+    // Beta scans while d's upload is held.
+    _ = try beta.engine.pull.pull(fullScan: true)
+    #expect(!beta.delegate.events.contains { $0.hasPrefix("deleted") })
+    dirGate.release()
+    try beta.start()
+    for _ in 0..<2 {
+      try alpha.sync()
+      try beta.sync()
+    }
+    for d in [alpha, beta] {
+      #expect(try d.tree() == ["/d": "dir", "/d/h.txt": "file:content"], "\(d.name)")
+      #expect(try d.operationCount() == 0, "\(d.name)")
+    }
+    #expect(try alpha.node("d/h.txt")?.mode == 0o600)
+    let rcrds = try store.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }
+    #expect(rcrds.count == 2)
+  }
+
   /// Beta, which sees the node at `from` with a full scan, moves it to `to` while alpha's put is
   /// held; then the put goes on and both devices sync.
   private func betaMovesItOnThenBothSync(_ s: Scene, _ from: String, to: String) throws {
