@@ -8,7 +8,9 @@ import ZDCCrypto
 /// `multipartState` (JSON).
 struct DataUploadState: Codable {
   /// Outer headers (base64) of the CloudFiles this operation has tried to put: each is unique
-  /// (random nonce prefix), so finding one in the store proves the put landed.
+  /// (random nonce prefix), so finding one in the store proves the put landed. The newest
+  /// `maxHeaders` are kept — with the 60 s backoff cap, hours of failing attempts; an own upload
+  /// older than that is still recognised by its content (`dataConflict`).
   var headers: [String] = []
   /// An unfinished multipart upload.
   var multipart: MultipartState?
@@ -26,9 +28,11 @@ struct DataUploadState: Codable {
     var header: String
   }
 
+  static let maxHeaders = 256
+
   mutating func remember(_ header: Data) {
     headers.append(header.base64EncodedString())
-    if headers.count > 8 { headers.removeFirst(headers.count - 8) }
+    if headers.count > Self.maxHeaders { headers.removeFirst(headers.count - Self.maxHeaders) }
   }
 }
 
@@ -706,7 +710,8 @@ struct PushExecutor {
           condition = .ifMatch(mine.eTag)
           eTag = try store.put(key: loc.dataKey, body: .data(body), condition: condition)
         } else {
-          return try dataConflict(node: node, loc: loc, path: path)
+          guard let same = try dataConflict(node: node, loc: loc, path: path) else { return }
+          eTag = same
         }
       }
     } else {
@@ -904,8 +909,7 @@ struct PushExecutor {
         try? FileManager.default.removeItem(at: url)
         state.multipart = nil
         try saveState(state)
-        try dataConflict(node: node, loc: loc, path: path)
-        return nil
+        return try dataConflict(node: node, loc: loc, path: path)
       }
     } catch StoreError.notFound {
       // The upload is gone: completed before a crash (then the object is ours) or expired.
@@ -928,8 +932,13 @@ struct PushExecutor {
   }
 
   /// The DATA changed remotely (412 that is not ours): the remote version keeps the name, the
-  /// local version becomes a conflicted copy.
-  private func dataConflict(node: Node, loc: CloudObjectRef, path: TreesystemPath) throws {
+  /// local version becomes a conflicted copy. When the remote version holds exactly the local
+  /// content (an own upload no longer recognised by its header, or another device that made the
+  /// same change) there is nothing to keep apart: returns its eTag, and the upload counts as
+  /// done with it. Returns nil when the conflict was settled with a copy.
+  private func dataConflict(node: Node, loc: CloudObjectRef, path: TreesystemPath) throws
+    -> String?
+  {
     guard let remote = try context.fetchRcrd(loc.rcrdKey), let rcrd = remote.decoded,
       rcrd.cloudID == node.cloudID, !rcrd.meta.moving
     else {
@@ -968,6 +977,14 @@ struct PushExecutor {
       state.overwrite = dataInfo.eTag
       try saveState(state)
       throw PushIssue.retryNow
+    }
+    if let s = sizes,
+      try holdsLocalContent(node: node, path: path, loc: loc, remote: dataInfo, sizes: s)
+    {
+      context.logger.info(
+        "DATA upload: the version in the store holds this content already; no conflict",
+        metadata: ["node": "\(node.id)"])
+      return dataInfo.eTag
     }
     let deviceName = context.account.deviceName
     try write { tx in
@@ -1024,6 +1041,47 @@ struct PushExecutor {
     }
     context.logger.info(
       "data conflict: local version kept as a copy", metadata: ["node": "\(node.id)"])
+    return nil
+  }
+
+  /// True when the CloudFile at `loc.dataKey` (`remote`, whose sections are `sizes`) decrypts to
+  /// the node's local metadata, thumbnail and data, compared as streams a chunk at a time. A
+  /// remote object that fails to decrypt midway is not the same content.
+  private func holdsLocalContent(
+    node: Node, path: TreesystemPath, loc: CloudObjectRef, remote: ObjectInfo,
+    sizes: CloudFileSizes
+  ) throws -> Bool {
+    let (local, _) = try content(node: node, path: path)
+    defer { local.cleanup() }
+    guard sizes.metadataSize == UInt64(local.metadata.count),
+      sizes.thumbnailSize == UInt64(local.thumbnail.count), sizes.dataSize == local.dataSize
+    else { return false }
+    let key = loc.dataKey
+    let reader: CloudFileReader
+    do {
+      reader = try CloudFileReader(
+        key: node.encryptionKey, ciphertextSize: remote.size,
+        fetch: { [store] in try store.get(key: key, range: $0) })
+      guard try reader.read(.metadata) == local.metadata,
+        try reader.read(.thumbnail) == local.thumbnail
+      else { return false }
+    } catch let e as StoreError {
+      throw e
+    } catch {
+      return false
+    }
+    var stream = LocalContentStream(local.source)
+    defer { stream.close() }
+    do {
+      try reader.stream(.data) { piece in
+        guard try stream.next(piece.count) == piece else { throw ContentDiffers() }
+      }
+    } catch let e as StoreError {
+      throw e
+    } catch {
+      return false
+    }
+    return try stream.next(1).isEmpty
   }
 
   // MARK: Move (see MoveExecutor.swift)
@@ -1235,4 +1293,48 @@ struct PushExecutor {
     }
     if kept { manager.requestPull() }
   }
+}
+
+/// Thrown to stop comparing a remote version with local content at the first difference.
+private struct ContentDiffers: Error {}
+
+/// Reads a `CloudFileSource` from its start, a requested number of bytes at a time.
+private struct LocalContentStream {
+  private let source: CloudFileSource
+  private var offset = 0
+  private var handle: FileHandle?
+
+  init(_ source: CloudFileSource) {
+    self.source = source
+    if case .file(let url) = source { handle = try? FileHandle(forReadingFrom: url) }
+  }
+
+  /// The next `count` bytes (fewer only at the end).
+  mutating func next(_ count: Int) throws -> Data {
+    switch source {
+    case .data(let d):
+      let lo = d.startIndex + min(offset, d.count)
+      let hi = d.startIndex + min(offset + count, d.count)
+      offset += hi - lo
+      return d.subdata(in: lo..<hi)
+    case .file:
+      guard let handle else { throw SyncError.dataUnavailable("cleartext file vanished") }
+      return try handle.read(upToCount: count) ?? Data()
+    case .reader(let size, let read):
+      let want = Int(min(UInt64(count), size - min(size, UInt64(offset))))
+      var out = Data(count: want)
+      var filled = 0
+      try out.withUnsafeMutableBytes { b in
+        while filled < want {
+          let n = try read(UnsafeMutableRawBufferPointer(rebasing: b[filled..<want]))
+          if n == 0 { break }
+          filled += n
+        }
+      }
+      offset += filled
+      return out.prefix(filled)
+    }
+  }
+
+  func close() { try? handle?.close() }
 }
