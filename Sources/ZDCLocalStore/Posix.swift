@@ -123,11 +123,12 @@ enum Posix {
     var out: [Entry] = []
     while let entry = readdir(dir) {
       let type = Int32(entry.pointee.d_type)
-      let name: [UInt8] = withUnsafeBytes(of: &entry.pointee.d_name) { raw in
-        guard let base = raw.baseAddress else { return [] }
-        let length = strnlen(base.assumingMemoryBound(to: CChar.self), raw.count)
-        return Array(UnsafeRawBufferPointer(start: base, count: length))
-      }
+      // The name in place: a record is only as long as its name (`d_reclen`), so the 256-byte
+      // `d_name` array must not be copied (or written back) whole.
+      let namePointer =
+        UnsafeRawPointer(entry) + MemoryLayout<dirent>.offset(of: \dirent.d_name)!
+      let length = strlen(namePointer.assumingMemoryBound(to: CChar.self))
+      let name = Array(UnsafeRawBufferPointer(start: namePointer, count: length))
       if name == [0x2E] || name == [0x2E, 0x2E] { continue }
       let isDirectory: Bool?
       switch type {

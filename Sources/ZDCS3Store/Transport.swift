@@ -407,9 +407,6 @@ final class CurlTransport: @unchecked Sendable {
   ) -> Result<HTTPResponse, TransportFailure> {
     slots.wait()
     defer { slots.signal() }
-    let h = checkout()
-    var reusable = true
-    defer { checkin(h, reusable: reusable) }
 
     var list: UnsafeMutablePointer<curl_slist>? = nil
     for header in headers {
@@ -427,6 +424,11 @@ final class CurlTransport: @unchecked Sendable {
     errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
     defer { errorBuffer.deallocate() }
 
+    // The handle is reset (or cleaned up) before the header list and error buffer it points to
+    // are freed: defers run in reverse order.
+    let h = checkout()
+    var reusable = true
+    defer { checkin(h, reusable: reusable) }
     let context = Unmanaged.passUnretained(transfer).toOpaque()
     _ = zdc_curl_setopt_string(h, CURLOPT_URL, url)
     _ = zdc_curl_setopt_long(h, CURLOPT_NOSIGNAL, 1)
