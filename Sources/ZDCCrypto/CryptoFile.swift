@@ -10,7 +10,9 @@ import ZDCCore
 /// The plaintext is split into chunks of a size fixed per file (``chunkShift``, recorded in its
 /// header: 4 KiB to 64 KiB; new files get ``defaultChunkShift``), each stored in a fixed-size
 /// slot with its own fresh random nonce, authenticated with the file's random ID, its index and
-/// whether it is the last chunk. Only the chunks an operation touches are re-encrypted, and a
+/// whether it is the last chunk. The cipher is also fixed per file (``Cipher``, in the header):
+/// new files use AES-256-GCM under a key derived for the file where the processor has AES
+/// instructions, XChaCha20-Poly1305 under the cache key elsewhere. Only the chunks an operation touches are re-encrypted, and a
 /// one-chunk write-back buffer makes small sequential writes encrypt each chunk once.
 ///
 /// A non-final slot that is all zero bytes (a filesystem hole) reads as a chunk of zeros, so
@@ -42,13 +44,34 @@ public final class CryptoFile: @unchecked Sendable {
   public static let maxChunkSize = 1 << Int(chunkShifts.upperBound)
   /// Bytes of the cleartext header.
   public static let headerSize = 32
-  /// Bytes a slot adds to its chunk: nonce (24) and tag (16).
+  /// Bytes a slot adds to its chunk: nonce (24) and tag (16). AES-256-GCM uses the first 12
+  /// bytes of the nonce field (the rest are random too): both ciphers share one layout.
   public static let slotOverhead = AEAD.nonceSize + AEAD.tagSize
+
+  /// The authenticated cipher of a file's slots (header byte 10).
+  public enum Cipher: UInt8, Sendable, CaseIterable {
+    /// XChaCha20-Poly1305 under the cache key, 24-byte nonces.
+    case xchacha20poly1305 = 0
+    /// AES-256-GCM under a key derived from the cache key and the file's ID (keyed BLAKE2b), 12-byte
+    /// nonces: random 96-bit nonces stay far from a collision within one file's writes.
+    case aes256gcm = 1
+
+    /// Whether this processor runs it.
+    public var isAvailable: Bool { self == .xchacha20poly1305 || AESGCMKey.isAvailable }
+  }
+
+  /// The cipher of new files: AES-256-GCM where the processor has AES and carry-less multiply
+  /// instructions (about 1.5 times the speed of XChaCha20-Poly1305 there), else XChaCha20-Poly1305.
+  public static let defaultCipher: Cipher = AESGCMKey.isAvailable ? .aes256gcm : .xchacha20poly1305
   static let magic: [UInt8] = Array("ZDCCRYPT".utf8)
   static let fileIDSize = 16
 
   /// log2 of this file's chunk size.
   public let chunkShift: UInt8
+  /// This file's cipher.
+  public let cipher: Cipher
+  /// The file's AES-256-GCM key, expanded (AES-256-GCM files only).
+  private let aes: AESGCMKey?
   /// Plaintext bytes per chunk of this file.
   public var chunkSize: Int { layout.chunkSize }
   /// Bytes of a full slot of this file: nonce ‖ ciphertext of a chunk ‖ tag.
@@ -92,8 +115,10 @@ public final class CryptoFile: @unchecked Sendable {
   /// `slot` must hold `headerSize + maxSlotSize` bytes; the file takes ownership of it.
   private init(
     fd: Int32, key: Data, fileID: [UInt8], layout: ChunkLayout, plaintextSize: UInt64,
-    physicalSize: UInt64, slot: UnsafeMutableRawBufferPointer
+    physicalSize: UInt64, slot: UnsafeMutableRawBufferPointer, cipher: Cipher, aes: AESGCMKey?
   ) {
+    self.cipher = cipher
+    self.aes = aes
     self.layout = layout
     chunkShift = layout.shift
     self.fd = fd
@@ -234,15 +259,39 @@ public final class CryptoFile: @unchecked Sendable {
 
   /// The layout a header (``headerSize`` bytes) declares, once its fields are checked.
   static func checkHeader(_ h: UnsafeRawBufferPointer) throws -> ChunkLayout {
+    try checkHeaderFields(h).layout
+  }
+
+  /// The layout and cipher a header (``headerSize`` bytes) declares, once its fields are
+  /// checked.
+  static func checkHeaderFields(_ h: UnsafeRawBufferPointer) throws -> (
+    layout: ChunkLayout, cipher: Cipher
+  ) {
     guard h[0..<8].elementsEqual(magic) else { throw CryptoError.malformed("CryptoFile magic") }
     guard h[8] == version else { throw CryptoError.unsupportedVersion(Int(h[8])) }
     guard chunkShifts.contains(h[9]) else {
       throw CryptoError.malformed("CryptoFile chunk shift \(h[9])")
     }
-    guard h[10..<16].allSatisfy({ $0 == 0 }) else {
+    guard let cipher = Cipher(rawValue: h[10]) else {
+      throw CryptoError.malformed("CryptoFile cipher \(h[10])")
+    }
+    guard h[11..<16].allSatisfy({ $0 == 0 }) else {
       throw CryptoError.malformed("CryptoFile header")
     }
-    return ChunkLayout(shift: h[9])
+    guard cipher.isAvailable else {
+      throw CryptoError.failed("CryptoFile cipher \(cipher) is not available on this processor")
+    }
+    return (ChunkLayout(shift: h[9]), cipher)
+  }
+
+  /// The expanded AES-256-GCM key of the file `fileID` under `key` (nil for other ciphers).
+  static func aesKey(_ cipher: Cipher, key: Data, fileID: some Collection<UInt8>) throws
+    -> AESGCMKey?
+  {
+    guard cipher == .aes256gcm else { return nil }
+    let derived = try AESGCMKey.derive(
+      from: key, context: "zdc.cryptofile.v1|aes256gcm|", id: Array(fileID))
+    return try derived.withUnsafeBytes { try AESGCMKey($0) }
   }
 
   // MARK: Opening
@@ -255,7 +304,7 @@ public final class CryptoFile: @unchecked Sendable {
   /// written before (for files made ahead of need that may never be used).
   public static func create(
     at url: URL, key: Data, chunkShift: UInt8 = defaultChunkShift,
-    deferringFirstChunk: Bool = false
+    cipher: Cipher = defaultCipher, deferringFirstChunk: Bool = false
   ) throws -> CryptoFile {
     guard key.count == AEAD.keySize else {
       throw CryptoError.invalidKey("file key must be 32 bytes")
@@ -263,13 +312,15 @@ public final class CryptoFile: @unchecked Sendable {
     guard chunkShifts.contains(chunkShift) else {
       throw CryptoError.malformed("CryptoFile chunk shift \(chunkShift) is not supported")
     }
-    let fd = try POSIXIO.open(url.path, O_RDWR | O_CREAT | O_TRUNC)
     let fileID = SecureRandom.bytes(fileIDSize)
+    let aes = try aesKey(cipher, key: key, fileID: fileID)
+    let fd = try POSIXIO.open(url.path, O_RDWR | O_CREAT | O_TRUNC)
     var header = Data(count: headerSize)
     header.withUnsafeMutableBytes { h in
       h.copyBytes(from: magic)
       h[8] = version
       h[9] = chunkShift
+      h[10] = cipher.rawValue
       fileID.withUnsafeBytes {
         UnsafeMutableRawBufferPointer(rebasing: h[16..<32]).copyMemory(from: $0)
       }
@@ -282,7 +333,8 @@ public final class CryptoFile: @unchecked Sendable {
     }
     let file = CryptoFile(
       fd: fd, key: key, fileID: [UInt8](fileID), layout: ChunkLayout(shift: chunkShift),
-      plaintextSize: 0, physicalSize: UInt64(headerSize), slot: allocateSlotScratch())
+      plaintextSize: 0, physicalSize: UInt64(headerSize), slot: allocateSlotScratch(),
+      cipher: cipher, aes: aes)
     file.bufferIndex = 0
     file.bufferLength = 0
     file.bufferDirty = true
@@ -316,13 +368,14 @@ public final class CryptoFile: @unchecked Sendable {
       let got = try POSIXIO.pread(fd, UnsafeMutableRawBufferPointer(rebasing: buf[0..<want]), 0)
       guard got >= headerSize else { throw CryptoError.truncated("CryptoFile header") }
       let h = UnsafeRawBufferPointer(rebasing: buf[0..<headerSize])
-      let layout = try checkHeader(h)
+      let (layout, cipher) = try checkHeaderFields(h)
+      let aes = try aesKey(cipher, key: key, fileID: h[16..<32])
       guard let size = layout.plaintextSize(physicalSize: physical) else {
         throw CryptoError.truncated("CryptoFile of \(physical) bytes cannot be valid")
       }
       let file = CryptoFile(
         fd: fd, key: key, fileID: [UInt8](h[16..<32]), layout: layout, plaintextSize: size,
-        physicalSize: physical, slot: buf)
+        physicalSize: physical, slot: buf, cipher: cipher, aes: aes)
       scratch = nil  // owned by the file now
       owned = true
       let last = layout.lastIndex(size)
@@ -381,12 +434,9 @@ public final class CryptoFile: @unchecked Sendable {
     let nonce = UnsafeRawBufferPointer(rebasing: slot[at..<(at + AEAD.nonceSize)])
     let body = UnsafeMutableRawBufferPointer(
       rebasing: slot[(at + AEAD.nonceSize)..<(at + layout.slotSize)])
-    _ = try withAD(index: index, last: last) { a in
-      try key.withUnsafeBytes { k in
-        try AEAD.seal(
-          UnsafeRawBufferPointer(rebasing: buffer[0..<length]), into: body, nonce: nonce,
-          associatedData: a, key: k)
-      }
+    try withAD(index: index, last: last) { a in
+      try sealChunk(
+        UnsafeRawBufferPointer(rebasing: buffer[0..<length]), into: body, nonce: nonce, ad: a)
     }
     chunkEncryptions += 1
     runCount += 1
@@ -453,14 +503,11 @@ public final class CryptoFile: @unchecked Sendable {
           .copyMemory(
             from: UnsafeRawBufferPointer(rebasing: nonces[nonce..<(nonce + AEAD.nonceSize)]))
         do {
-          _ = try withAD(index: chunk, last: chunk == last) { a in
-            try key.withUnsafeBytes { k in
-              try AEAD.seal(
-                UnsafeRawBufferPointer(rebasing: job.bytes[from..<(from + length)]),
-                into: UnsafeMutableRawBufferPointer(rebasing: out[AEAD.nonceSize...]),
-                nonce: UnsafeRawBufferPointer(rebasing: out[0..<AEAD.nonceSize]),
-                associatedData: a, key: k)
-            }
+          try withAD(index: chunk, last: chunk == last) { a in
+            try sealChunk(
+              UnsafeRawBufferPointer(rebasing: job.bytes[from..<(from + length)]),
+              into: UnsafeMutableRawBufferPointer(rebasing: out[AEAD.nonceSize...]),
+              nonce: UnsafeRawBufferPointer(rebasing: out[0..<AEAD.nonceSize]), ad: a)
           }
         } catch {
           job.fail(error)
@@ -480,6 +527,57 @@ public final class CryptoFile: @unchecked Sendable {
     try wrote(to: offset + UInt64(count), endsFile: tail == last)
   }
 
+  /// AES-256-GCM's nonce (the first 12 bytes of the slot's nonce field) and associated data:
+  /// the chunk's (`ad`) followed by the nonce field's other 12 bytes, so that every byte of an
+  /// AES-256-GCM slot is authenticated too.
+  private func withAESAD<T>(
+    _ ad: UnsafeRawBufferPointer, nonce: UnsafeRawBufferPointer,
+    _ body: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) throws -> T
+  ) rethrows -> T {
+    let n = AESGCMKey.nonceSize
+    let rest = nonce.count - n
+    return try withUnsafeTemporaryAllocation(byteCount: ad.count + rest, alignment: 8) { a in
+      UnsafeMutableRawBufferPointer(rebasing: a[0..<ad.count]).copyMemory(from: ad)
+      UnsafeMutableRawBufferPointer(rebasing: a[ad.count...])
+        .copyMemory(from: UnsafeRawBufferPointer(rebasing: nonce[n...]))
+      return try body(
+        UnsafeRawBufferPointer(a), UnsafeRawBufferPointer(rebasing: nonce[0..<n]))
+    }
+  }
+
+  /// Encrypts a chunk into ciphertext ‖ tag with the file's cipher; `nonce` is the slot's
+  /// 24-byte nonce field (AES-256-GCM takes its first 12 bytes). Touches no mutable state.
+  private func sealChunk(
+    _ plaintext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer,
+    nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer
+  ) throws {
+    if let aes {
+      _ = try withAESAD(ad, nonce: nonce) { a, n in
+        try aes.seal(plaintext, into: out, nonce: n, associatedData: a)
+      }
+    } else {
+      _ = try key.withUnsafeBytes { k in
+        try AEAD.seal(plaintext, into: out, nonce: nonce, associatedData: ad, key: k)
+      }
+    }
+  }
+
+  /// Authenticates and decrypts ciphertext ‖ tag with the file's cipher (see `sealChunk`).
+  private func openChunk(
+    _ ciphertext: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer,
+    nonce: UnsafeRawBufferPointer, ad: UnsafeRawBufferPointer
+  ) throws {
+    if let aes {
+      _ = try withAESAD(ad, nonce: nonce) { a, n in
+        try aes.open(ciphertext, into: out, nonce: n, associatedData: a)
+      }
+    } else {
+      _ = try key.withUnsafeBytes { k in
+        try AEAD.open(ciphertext, into: out, nonce: nonce, associatedData: ad, key: k)
+      }
+    }
+  }
+
   /// Authenticates and decrypts the slot of chunk `index` (`slot` holds nonce ‖ ciphertext ‖
   /// tag of `length` plaintext bytes) into `out`; a hole (a non-final all-zero slot) gives
   /// zeros. Touches no mutable state.
@@ -496,14 +594,11 @@ public final class CryptoFile: @unchecked Sendable {
       return
     }
     do {
-      _ = try withAD(index: index, last: last) { a in
-        try key.withUnsafeBytes { k in
-          try AEAD.open(
-            UnsafeRawBufferPointer(rebasing: slot[AEAD.nonceSize..<count]),
-            into: UnsafeMutableRawBufferPointer(rebasing: out[0..<length]),
-            nonce: UnsafeRawBufferPointer(rebasing: slot[0..<AEAD.nonceSize]),
-            associatedData: a, key: k)
-        }
+      try withAD(index: index, last: last) { a in
+        try openChunk(
+          UnsafeRawBufferPointer(rebasing: slot[AEAD.nonceSize..<count]),
+          into: UnsafeMutableRawBufferPointer(rebasing: out[0..<length]),
+          nonce: UnsafeRawBufferPointer(rebasing: slot[0..<AEAD.nonceSize]), ad: a)
       }
     } catch CryptoError.authenticationFailed {
       throw CryptoError.authenticationFailed("CryptoFile chunk \(index)")

@@ -133,50 +133,52 @@ func cryptoFile(shifts: [UInt8]) throws {
   let url = URL(fileURLWithPath: "/tmp/zdc-bench-\(getpid()).cryptofile")
   defer { try? FileManager.default.removeItem(at: url) }
   let source = SecureRandom.bytes(1 << 20)
-  for shift in shifts {
-    let label = "CryptoFile \(1 << (Int(shift) - 10)) KiB chunks:"
-    print(label)
-    for callSize in [4096, 128 * 1024, 1 << 20] {
-      let piece = source.prefix(callSize)
-      let f = try CryptoFile.create(at: url, key: key, chunkShift: shift)
-      let w = try time {
-        try piece.withUnsafeBytes { p in
-          var off: UInt64 = 0
-          while off < UInt64(size) {
-            try f.write(p, at: off)
-            off += UInt64(callSize)
-          }
-        }
-        try f.sync()
-      }
-      report("  sequential write, \(callSize / 1024) KiB calls (+fsync)", bytes: size, seconds: w)
-      var buf = Data(count: callSize)
-      let r = try time {
-        try buf.withUnsafeMutableBytes { b in
-          var off: UInt64 = 0
-          while true {
-            let n = try f.read(into: b, at: off)
-            if n == 0 { break }
-            off += UInt64(n)
-          }
-          precondition(off == UInt64(size))
-        }
-      }
-      report("  sequential read, \(callSize / 1024) KiB calls", bytes: size, seconds: r)
-      if callSize == 4096 {
-        var rng = SystemRandomNumberGenerator()
-        let ops = 100_000
-        let rr = try time {
-          try buf.withUnsafeMutableBytes { b in
-            for _ in 0..<ops {
-              let page = UInt64.random(in: 0..<UInt64(size / 4096), using: &rng)
-              _ = try f.read(into: b, at: page * 4096)
+  for cipher in CryptoFile.Cipher.allCases where cipher.isAvailable {
+    for shift in shifts {
+      let label = "CryptoFile \(cipher), \(1 << (Int(shift) - 10)) KiB chunks:"
+      print(label)
+      for callSize in [4096, 128 * 1024, 1 << 20] {
+        let piece = source.prefix(callSize)
+        let f = try CryptoFile.create(at: url, key: key, chunkShift: shift, cipher: cipher)
+        let w = try time {
+          try piece.withUnsafeBytes { p in
+            var off: UInt64 = 0
+            while off < UInt64(size) {
+              try f.write(p, at: off)
+              off += UInt64(callSize)
             }
           }
+          try f.sync()
         }
-        reportOps("  random 4 KiB reads (page cache)", ops: ops, seconds: rr)
+        report("  sequential write, \(callSize / 1024) KiB calls (+fsync)", bytes: size, seconds: w)
+        var buf = Data(count: callSize)
+        let r = try time {
+          try buf.withUnsafeMutableBytes { b in
+            var off: UInt64 = 0
+            while true {
+              let n = try f.read(into: b, at: off)
+              if n == 0 { break }
+              off += UInt64(n)
+            }
+            precondition(off == UInt64(size))
+          }
+        }
+        report("  sequential read, \(callSize / 1024) KiB calls", bytes: size, seconds: r)
+        if callSize == 4096 {
+          var rng = SystemRandomNumberGenerator()
+          let ops = 100_000
+          let rr = try time {
+            try buf.withUnsafeMutableBytes { b in
+              for _ in 0..<ops {
+                let page = UInt64.random(in: 0..<UInt64(size / 4096), using: &rng)
+                _ = try f.read(into: b, at: page * 4096)
+              }
+            }
+          }
+          reportOps("  random 4 KiB reads (page cache)", ops: ops, seconds: rr)
+        }
+        try f.close()
       }
-      try f.close()
     }
   }
 }

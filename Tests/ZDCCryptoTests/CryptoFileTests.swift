@@ -9,6 +9,10 @@ import ZDCCore
 /// made before chunk sizes varied (caches and staged content an upgrade keeps).
 let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
 
+/// The ciphers this processor runs (XChaCha20-Poly1305 everywhere: the files made before
+/// AES-256-GCM, and new files on processors without AES instructions).
+let testedCiphers = CryptoFile.Cipher.allCases.filter(\.isAvailable)
+
 @Suite struct CryptoFileTests {
   let key = SecureRandom.bytes(32)
 
@@ -35,6 +39,12 @@ let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
   /// (Also for a file created with its first chunk deferred, as spare staging files are.)
   @Test(arguments: [false, true], testedChunkShifts)
   func randomOperationsMatchModel(deferred: Bool, shift: UInt8) throws {
+    for cipher in testedCiphers {
+      try randomOperationsMatchModel(deferred: deferred, shift: shift, cipher: cipher)
+    }
+  }
+
+  func randomOperationsMatchModel(deferred: Bool, shift: UInt8, cipher: CryptoFile.Cipher) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
     let CS = 1 << Int(shift)
@@ -42,7 +52,7 @@ let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
       var rng = SplitMix64(seed: seed)
       let url = dir.appendingPathComponent("f\(seed)")
       var f = try CryptoFile.create(
-        at: url, key: key, chunkShift: shift, deferringFirstChunk: deferred)
+        at: url, key: key, chunkShift: shift, cipher: cipher, deferringFirstChunk: deferred)
       var model = Data()
       for step in 0..<400 {
         switch Int.random(in: 0..<100, using: &rng) {
@@ -80,7 +90,7 @@ let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
           try f.close()
           #expect(try CryptoFile.plaintextSize(ofFileAt: url) == UInt64(model.count))
           f = try CryptoFile.open(at: url, key: key)
-          try #require(f.chunkShift == shift)
+          try #require(f.chunkShift == shift && f.cipher == cipher)
         }
         try #require(f.size == UInt64(model.count), "seed \(seed) step \(step)")
         if step % 50 == 49 { try #require(try all(f) == model, "seed \(seed) step \(step)") }
@@ -192,13 +202,13 @@ let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
     try h.close()
   }
 
-  @Test(arguments: testedChunkShifts)
-  func holeAsLastSlotOrTamperedSlotIsRejected(shift: UInt8) throws {
+  @Test(arguments: testedChunkShifts, testedCiphers)
+  func holeAsLastSlotOrTamperedSlotIsRejected(shift: UInt8, cipher: CryptoFile.Cipher) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
     let CS = 1 << Int(shift)
     let url = dir.appendingPathComponent("t")
-    let f = try CryptoFile.create(at: url, key: key, chunkShift: shift)
+    let f = try CryptoFile.create(at: url, key: key, chunkShift: shift, cipher: cipher)
     var rng = SplitMix64(seed: 1)
     let content = randomBytes(3 * CS + 100, &rng)
     try f.write(content, at: 0)
@@ -216,7 +226,10 @@ let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
     var z = raw
     z.replaceSubrange((32 + 3 * S)..<raw.count, with: Data(count: raw.count - 32 - 3 * S))
     try check(z, "zeroed last slot")
-    for p in [0, 8, 9, 12, 20, 32, 32 + 30, 32 + S - 1, 32 + S + 100, raw.count - 1] {
+    // Every byte of the header and of the first slot's nonce field (AES-256-GCM uses 12 of its
+    // 24 bytes as the nonce and authenticates the others), and bytes further on.
+    for p in Array(0..<56) + [32 + 60, 32 + S - 1, 32 + S + 100, raw.count - 1]
+    where !(16..<32).contains(p) || p == 16 || p == 31 {
       var t = raw
       t[p] ^= 1
       try check(t, "flip at \(p)")
@@ -422,6 +435,60 @@ let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
       try h.close()
     }
     #expect(CryptoFile.defaultChunkSize == 1 << Int(CryptoFile.defaultChunkShift))
+  }
+
+  /// The cipher is chosen at creation (AES-256-GCM by default where the processor has it),
+  /// recorded in header byte 10 and kept by every later write; files of either cipher open, an
+  /// unknown cipher is malformed, and a file read with the other cipher fails authentication.
+  @Test func cipherIsChosenAtCreationAndKept() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    #expect(
+      CryptoFile.defaultCipher
+        == (CryptoFile.Cipher.aes256gcm.isAvailable ? .aes256gcm : .xchacha20poly1305))
+    var rng = SplitMix64(seed: 5)
+    let content = randomBytes(100_000, &rng)
+    for cipher in [nil] + testedCiphers.map(Optional.some) {
+      let expected = cipher ?? CryptoFile.defaultCipher
+      let url = dir.appendingPathComponent("c\(expected.rawValue)")
+      let f =
+        try cipher.map { try CryptoFile.create(at: url, key: key, cipher: $0) }
+        ?? CryptoFile.create(at: url, key: key)
+      #expect(f.cipher == expected)
+      try f.write(content, at: 0)
+      try f.close()
+      var raw = try Data(contentsOf: url)
+      #expect(raw[10] == expected.rawValue)
+      let g = try CryptoFile.open(at: url, key: key)
+      #expect(g.cipher == expected)
+      try g.write(Data("patch".utf8), at: 70_000)
+      try g.close()
+      raw = try Data(contentsOf: url)
+      #expect(raw[10] == expected.rawValue)
+      var model = content
+      model.replaceSubrange(70_000..<70_005, with: Data("patch".utf8))
+      let h = try CryptoFile.open(at: url, key: key)
+      #expect(try all(h) == model)
+      try h.close()
+      for id: UInt8 in [2, 3, 255] {
+        var t = raw
+        t[10] = id
+        try t.write(to: url)
+        #expect(throws: CryptoError.malformed("CryptoFile cipher \(id)")) {
+          try CryptoFile.open(at: url, key: key)
+        }
+      }
+      for other in testedCiphers where other != expected {
+        var t = raw
+        t[10] = other.rawValue
+        try t.write(to: url)
+        #expect(throws: CryptoError.self) {
+          let o = try CryptoFile.open(at: url, key: key)
+          defer { try? o.close() }
+          _ = try o.read(offset: 0, count: model.count)
+        }
+      }
+    }
   }
 
   /// Chunk shifts outside the supported range are refused when creating a file and reported
