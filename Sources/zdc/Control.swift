@@ -165,7 +165,9 @@ final class ControlServer: @unchecked Sendable {
       out["uploadDoneBytes"] = p.push.inFlightDoneBytes
       out["uploadFailed"] = p.push.failedItems
       out["downloading"] = p.download.inFlightItems
-      out["lastPull"] = p.lastPull.map { ISO8601DateFormatter().string(from: $0) } ?? NSNull()
+      // The Swift-native ISO 8601 style (corelibs' ISO8601DateFormatter goes through
+      // CFDateFormatter, which is not safe to create from concurrent requests on Linux).
+      out["lastPull"] = p.lastPull.map { $0.formatted(.iso8601) } ?? NSNull()
       out["lastError"] = p.lastError ?? NSNull()
     } else {
       out["sync"] = "not running"
