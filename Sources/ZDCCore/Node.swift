@@ -62,7 +62,9 @@ public struct FileTime: Sendable, Hashable, Codable, Comparable, CustomStringCon
     (a.seconds, a.nanoseconds) < (b.seconds, b.nanoseconds)
   }
 
-  public var description: String { "\(seconds).\(String(format: "%09d", nanoseconds))" }
+  public var description: String {
+    "\(seconds).\(Digits.zeroPadded(nanoseconds, width: 9))"
+  }
 }
 
 /// What was last learned about a node's DATA object in the cloud.

@@ -1,4 +1,5 @@
 import Foundation
+import ZDCCore
 
 /// The reversible mapping between treesystem names and the names shown through the mount.
 ///
@@ -41,7 +42,7 @@ public enum NameEscape {
     if let pct = cut.lastIndex(of: "%"), cut.distance(from: pct, to: cut.endIndex) < 3 {
       cut = String(cut[..<pct])
     }
-    return prefix + cut + "%~" + String(format: "%016llx", fnv1a(Array(name.utf8)))
+    return prefix + cut + "%~" + Digits.zeroPadded(fnv1a(Array(name.utf8)), width: 16, radix: 16)
   }
 
   /// What a name typed through the mount means.

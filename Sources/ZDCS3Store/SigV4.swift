@@ -1,4 +1,5 @@
 public import Foundation
+import ZDCCore
 
 /// RFC 3986 percent-encoding as AWS Signature Version 4 requires it.
 public enum URIEncoding {
@@ -131,9 +132,12 @@ public struct SigV4Signer: Sendable {
     var t = time_t(date.timeIntervalSince1970.rounded(.down))
     var tm = tm()
     gmtime_r(&t, &tm)
-    let day = String(
-      format: "%04d%02d%02d", Int(tm.tm_year) + 1900, Int(tm.tm_mon) + 1, Int(tm.tm_mday))
-    let time = String(format: "%02d%02d%02d", Int(tm.tm_hour), Int(tm.tm_min), Int(tm.tm_sec))
+    let year: String = Digits.zeroPadded(Int(tm.tm_year) + 1900, width: 4)
+    let month: String = Digits.zeroPadded(Int(tm.tm_mon) + 1, width: 2)
+    let day: String = year + month + Digits.zeroPadded(tm.tm_mday, width: 2)
+    let hours: String = Digits.zeroPadded(tm.tm_hour, width: 2)
+    let minutes: String = Digits.zeroPadded(tm.tm_min, width: 2)
+    let time: String = hours + minutes + Digits.zeroPadded(tm.tm_sec, width: 2)
     return ("\(day)T\(time)Z", day)
   }
 }

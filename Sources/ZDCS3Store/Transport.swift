@@ -334,7 +334,7 @@ final class CurlTransport: @unchecked Sendable {
       }
       let delay = backoff(attempt: attempt)
       logger.notice(
-        "S3 \(request.method) \(request.encodedPath) failed (\(retryReason)); retry \(attempt) of \(maxAttempts - 1) in \(String(format: "%.2f", delay)) s"
+        "S3 \(request.method) \(request.encodedPath) failed (\(retryReason)); retry \(attempt) of \(maxAttempts - 1) in \((delay * 100).rounded() / 100) s"
       )
       Thread.sleep(forTimeInterval: delay)
     }

@@ -254,7 +254,7 @@ public final class DownloadManager: @unchecked Sendable {
     }
     let op = begin(t.node.id, kind: "download", total: total ?? 0)
     let tmp = disk.cacheDirectory.appendingPathComponent(
-      "dl-" + SecureRandom.bytes(12).map { String(format: "%02x", $0) }.joined())
+      "dl-" + Hex.encode(SecureRandom.bytes(12)))
     defer { _ = Glibc.unlink(tmp.path) }
     do {
       let info: ObjectInfo

@@ -130,12 +130,16 @@ public enum ConflictNames {
 
   /// `name (conflicted copy YYYY-MM-DD HHMMSS device).ext`, in UTC.
   public static func conflictedCopy(of name: String, date: Date, deviceName: String) -> String {
-    var cal = Calendar(identifier: .gregorian)
-    cal.timeZone = TimeZone(identifier: "UTC")!
-    let c = cal.dateComponents([.year, .month, .day, .hour, .minute, .second], from: date)
-    let stamp = String(
-      format: "%04d-%02d-%02d %02d%02d%02d", c.year ?? 0, c.month ?? 0, c.day ?? 0, c.hour ?? 0,
-      c.minute ?? 0, c.second ?? 0)
+    var t = time_t(date.timeIntervalSince1970.rounded(.down))
+    var c = tm()
+    gmtime_r(&t, &c)
+    let year: String = Digits.zeroPadded(Int(c.tm_year) + 1900, width: 4)
+    let month: String = Digits.zeroPadded(Int(c.tm_mon) + 1, width: 2)
+    let day: String = Digits.zeroPadded(c.tm_mday, width: 2)
+    let hours: String = Digits.zeroPadded(c.tm_hour, width: 2)
+    let minutes: String = Digits.zeroPadded(c.tm_min, width: 2)
+    let seconds: String = Digits.zeroPadded(c.tm_sec, width: 2)
+    let stamp = "\(year)-\(month)-\(day) \(hours)\(minutes)\(seconds)"
     let (base, ext) = split(name)
     return "\(base) (conflicted copy \(stamp) \(deviceName))\(ext)"
   }

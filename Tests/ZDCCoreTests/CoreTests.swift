@@ -134,3 +134,16 @@ import ZDCCore
     #expect(ULID(date: Date()) != ULID(date: Date()))
   }
 }
+
+@Suite struct DigitsTests {
+  @Test func zeroPaddedInAnyRadix() {
+    #expect(Digits.zeroPadded(7, width: 2) == "07")
+    #expect(Digits.zeroPadded(2026, width: 4) == "2026")
+    #expect(Digits.zeroPadded(12345, width: 2) == "12345")
+    #expect(Digits.zeroPadded(0, width: 9) == "000000000")
+    #expect(Digits.zeroPadded(-5, width: 3) == "-005")
+    #expect(Digits.zeroPadded(UInt64(0xBEEF), width: 16, radix: 16) == "000000000000beef")
+    #expect(Digits.zeroPadded(UInt64.max, width: 16, radix: 16) == "ffffffffffffffff")
+    #expect(FileTime(seconds: 12, nanoseconds: 3400).description == "12.000003400")
+  }
+}

@@ -1,7 +1,8 @@
 import Foundation
 import Testing
-import ZDCFileSystem
 import ZDCTestSupport
+
+@testable import ZDCFileSystem
 
 #if canImport(Glibc)
   import Glibc
@@ -355,5 +356,12 @@ import ZDCTestSupport
     }
     #expect(throws: FileSystemError.invalidArgument) { try NameEscape.parse("%%abc") }
     #expect(throws: FileSystemError.invalidArgument) { try NameEscape.parse("%%a%zz") }
+    // A hashed name ends with "%~" and the 16 lower-case hex digits of the name's FNV-1a hash.
+    let long = String(repeating: "/", count: 300)
+    let hash = NameEscape.fnv1a(Array(long.utf8))
+    let hex = String(hash, radix: 16)
+    #expect(
+      NameEscape.shown(long).hasSuffix(
+        "%~" + String(repeating: "0", count: 16 - hex.count) + hex))
   }
 }

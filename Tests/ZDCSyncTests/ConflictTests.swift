@@ -24,6 +24,18 @@ import ZDCTestSupport
     return Pair(backing: backing, a: a, b: b)
   }
 
+  @Test func conflictedCopyNamesCarryTheUTCTimeAndDevice() {
+    // 2025-11-26 03:04:05.9 UTC
+    let date = Date(timeIntervalSince1970: 1_764_126_245.9)
+    #expect(
+      ConflictNames.conflictedCopy(of: "report.final.txt", date: date, deviceName: "laptop")
+        == "report.final (conflicted copy 2025-11-26 030405 laptop).txt")
+    #expect(
+      ConflictNames.conflictedCopy(of: "Makefile", date: date, deviceName: "pc")
+        == "Makefile (conflicted copy 2025-11-26 030405 pc)")
+    #expect(ConflictNames.numbered("a.tar", 2) == "a 2.tar")
+  }
+
   @Test(arguments: StoreKind.all)
   func dataConflictKeepsBothVersions(_ kind: StoreKind) throws {
     let p = try pair("data", kind)
