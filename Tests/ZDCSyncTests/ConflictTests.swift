@@ -24,6 +24,41 @@ import ZDCTestSupport
     return Pair(backing: backing, a: a, b: b)
   }
 
+  /// The same with multipart uploads (the 412 comes from completing the upload).
+  @Test(arguments: StoreKind.all)
+  func identicalLargeEditsNeedNoCopy(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-same-mp")
+    let user = try TestUser()
+    let multipart: (inout PushConfiguration, inout PullConfiguration) -> Void = { push, _ in
+      push.multipartThreshold = 6 << 20
+      push.partSize = 5 << 20
+    }
+    let a = try Device("alpha", user: user, store: backing.store, configure: multipart)
+    let b = try Device("beta", user: user, store: backing.store, configure: multipart)
+    try a.start()
+    try b.start()
+    try a.create("big.bin", "small at first")
+    try a.sync()
+    try b.sync()
+    a.engine.push.stop()
+    b.engine.push.stop()
+    let content = SecureRandom.bytes(7 << 20)
+    try a.write("big.bin", content)
+    try b.write("big.bin", content)
+    try a.engine.push.start()
+    try a.sync()
+    try b.engine.push.start()
+    try b.sync()
+    try a.sync()
+    for d in [a, b] {
+      #expect(try d.tree(withContent: false).keys.sorted() == ["/big.bin"])
+      #expect(d.delegate.conflicts.isEmpty)
+    }
+    #expect(try b.cloudContent("big.bin") == content)
+    a.engine.stop()
+    b.engine.stop()
+  }
+
   @Test func conflictedCopyNamesCarryTheUTCTimeAndDevice() {
     // 2025-11-26 03:04:05.9 UTC
     let date = Date(timeIntervalSince1970: 1_764_126_245.9)
