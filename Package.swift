@@ -131,9 +131,10 @@ let package = Package(
 
     .target(
       name: "ZDCTestSupport",
-      dependencies: ["ZDCCore", "ZDCS3Store"],
+      dependencies: ["ZDCCore", "ZDCS3Store", "CSpawn"],
       path: "Tests/ZDCTestSupport",
       swiftSettings: strict),
+    .target(name: "CSpawn", path: "Tests/CSpawn"),
     .testTarget(
       name: "ZDCS3StoreTests", dependencies: ["ZDCS3Store", "ZDCCore", "ZDCTestSupport"],
       swiftSettings: strict),
