@@ -18,6 +18,12 @@ public enum AEAD {
     return p
   }()
 
+  /// An output buffer's address; a valid one (never written) when the buffer is empty.
+  @inline(__always)
+  static func mutableBytes(_ b: UnsafeMutableRawBufferPointer) -> UnsafeMutablePointer<UInt8> {
+    b.baseAddress?.assumingMemoryBound(to: UInt8.self) ?? empty
+  }
+
   @inline(__always)
   static func bytes(_ b: UnsafeRawBufferPointer) -> UnsafePointer<UInt8> {
     guard let base = b.baseAddress else { return UnsafePointer(empty) }
@@ -65,10 +71,10 @@ public enum AEAD {
     guard output.count >= ciphertext.count - tagSize else {
       throw CryptoError.failed("AEAD output buffer too small")
     }
-    let out = output.baseAddress.map { $0.assumingMemoryBound(to: UInt8.self) } ?? empty
     var written: UInt64 = 0
     let rc = crypto_aead_xchacha20poly1305_ietf_decrypt(
-      out, &written, nil, bytes(ciphertext), UInt64(ciphertext.count), bytes(associatedData),
+      mutableBytes(output), &written, nil, bytes(ciphertext), UInt64(ciphertext.count),
+      bytes(associatedData),
       UInt64(associatedData.count), bytes(nonce), bytes(key))
     guard rc == 0 else { throw CryptoError.authenticationFailed("AEAD tag mismatch") }
     return Int(written)

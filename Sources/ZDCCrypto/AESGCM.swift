@@ -48,20 +48,7 @@ final class AESGCMKey: @unchecked Sendable {
 
   /// A 32-byte key for one use of `key`: keyed BLAKE2b of `context` ‖ `id`.
   static func derive(from key: Data, context: String, id: [UInt8]) throws -> Data {
-    var input = Data(context.utf8)
-    input.append(contentsOf: id)
-    var out = Data(count: AEAD.keySize)
-    let rc = out.withUnsafeMutableBytes { o in
-      input.withUnsafeBytes { i in
-        key.withUnsafeBytes { k in
-          crypto_generichash(
-            o.baseAddress!.assumingMemoryBound(to: UInt8.self), AEAD.keySize,
-            AEAD.bytes(i), UInt64(i.count), AEAD.bytes(k), k.count)
-        }
-      }
-    }
-    guard rc == 0 else { throw CryptoError.failed("crypto_generichash") }
-    return out
+    try KeyDerivation.blake2b256(key: [UInt8](key), message: Array(context.utf8) + id)
   }
 
   /// Encrypts `plaintext` into the first `plaintext.count + tagSize` bytes of `output` (which
@@ -102,12 +89,9 @@ final class AESGCMKey: @unchecked Sendable {
     guard output.count >= ciphertext.count - Self.tagSize else {
       throw CryptoError.failed("AES-256-GCM output buffer too small")
     }
-    let out =
-      output.baseAddress.map { $0.assumingMemoryBound(to: UInt8.self) }
-      ?? UnsafeMutablePointer(mutating: AEAD.bytes(UnsafeRawBufferPointer(start: nil, count: 0)))
     var written: UInt64 = 0
     let rc = crypto_aead_aes256gcm_decrypt_afternm(
-      out, &written, nil, AEAD.bytes(ciphertext), UInt64(ciphertext.count),
+      AEAD.mutableBytes(output), &written, nil, AEAD.bytes(ciphertext), UInt64(ciphertext.count),
       AEAD.bytes(associatedData), UInt64(associatedData.count), AEAD.bytes(nonce),
       state.assumingMemoryBound(to: crypto_aead_aes256gcm_state.self))
     guard rc == 0 else { throw CryptoError.authenticationFailed("AES-256-GCM tag mismatch") }

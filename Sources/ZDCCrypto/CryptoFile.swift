@@ -12,8 +12,9 @@ import ZDCCore
 /// slot with its own fresh random nonce, authenticated with the file's random ID, its index and
 /// whether it is the last chunk. The cipher is also fixed per file (``Cipher``, in the header):
 /// new files use AES-256-GCM under a key derived for the file where the processor has AES
-/// instructions, XChaCha20-Poly1305 under the cache key elsewhere. Only the chunks an operation touches are re-encrypted, and a
-/// one-chunk write-back buffer makes small sequential writes encrypt each chunk once.
+/// instructions, XChaCha20-Poly1305 under the cache key elsewhere. Only the chunks an operation
+/// touches are re-encrypted, and a one-chunk write-back buffer makes small sequential writes
+/// encrypt each chunk once.
 ///
 /// A non-final slot that is all zero bytes (a filesystem hole) reads as a chunk of zeros, so
 /// extending a file or writing sparsely never encrypts the gap. As a consequence, someone who
@@ -52,8 +53,8 @@ public final class CryptoFile: @unchecked Sendable {
   public enum Cipher: UInt8, Sendable, CaseIterable {
     /// XChaCha20-Poly1305 under the cache key, 24-byte nonces.
     case xchacha20poly1305 = 0
-    /// AES-256-GCM under a key derived from the cache key and the file's ID (keyed BLAKE2b), 12-byte
-    /// nonces: random 96-bit nonces stay far from a collision within one file's writes.
+    /// AES-256-GCM under a key derived from the cache key and the file's ID (keyed BLAKE2b),
+    /// 12-byte nonces: random 96-bit nonces stay far from a collision within one file's writes.
     case aes256gcm = 1
 
     /// Whether this processor runs it.
@@ -61,7 +62,8 @@ public final class CryptoFile: @unchecked Sendable {
   }
 
   /// The cipher of new files: AES-256-GCM where the processor has AES and carry-less multiply
-  /// instructions (about 1.5 times the speed of XChaCha20-Poly1305 there), else XChaCha20-Poly1305.
+  /// instructions (about 1.5 times the speed of XChaCha20-Poly1305 there), else
+  /// XChaCha20-Poly1305.
   public static let defaultCipher: Cipher = AESGCMKey.isAvailable ? .aes256gcm : .xchacha20poly1305
   static let magic: [UInt8] = Array("ZDCCRYPT".utf8)
   static let fileIDSize = 16

@@ -18,10 +18,15 @@ public enum KeyDerivation {
     guard secret.count >= Int(crypto_generichash_KEYBYTES_MIN),
       secret.count <= Int(crypto_generichash_KEYBYTES_MAX)
     else { throw CryptoError.invalidKey("secret must be 16...64 bytes") }
-    let message = Array("zdc.subkey.v1|\(purpose.rawValue)".utf8)
+    return try blake2b256(
+      key: [UInt8](secret), message: Array("zdc.subkey.v1|\(purpose.rawValue)".utf8))
+  }
+
+  /// `BLAKE2b-256(key: key, message: message)` (a key of 16 to 64 bytes).
+  static func blake2b256(key: [UInt8], message: [UInt8]) throws -> Data {
+    Sodium.ensure()
     var out = [UInt8](repeating: 0, count: 32)
-    let s = [UInt8](secret)
-    guard crypto_generichash(&out, 32, message, UInt64(message.count), s, s.count) == 0 else {
+    guard crypto_generichash(&out, 32, message, UInt64(message.count), key, key.count) == 0 else {
       throw CryptoError.failed("crypto_generichash")
     }
     return Data(out)
