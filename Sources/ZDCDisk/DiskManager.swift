@@ -1164,7 +1164,8 @@ public final class DiskManager: @unchecked Sendable {
         }
         guard Glibc.rename(from.path, to.path) == 0 else {
           let code = errno
-          try? index.update(e.row)
+          let previous = stateLock.withLock { e.row }
+          try? index.update(previous)
           throw DiskError.io("rename of an uploaded staging file: errno \(code)")
         }
         stateLock.withLock { replaceRow(e, row) }

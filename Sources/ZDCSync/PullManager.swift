@@ -114,27 +114,32 @@ public final class PullManager: @unchecked Sendable {
 
   /// Starts periodic pulls on the manager's own thread.
   public func start() {
-    let go = cond.withLock { () -> Bool in
-      guard stopped else { return false }
+    // The semaphore is handed to the thread, never read from the property outside the lock: a
+    // later start replaces the property.
+    let done = cond.withLock { () -> DispatchSemaphore? in
+      guard stopped else { return nil }
       stopped = false
       loopDone = DispatchSemaphore(value: 0)
-      return true
+      return loopDone
     }
-    guard go else { return }
-    let t = Thread { [self] in loop() }
+    guard let done else { return }
+    let t = Thread { [self] in
+      loop()
+      done.signal()
+    }
     t.name = "zdc.pull"
     t.start()
   }
 
   /// Stops periodic pulls (a pull in progress finishes first).
   public func stop() {
-    let wait = cond.withLock { () -> Bool in
-      guard !stopped else { return false }
+    let done = cond.withLock { () -> DispatchSemaphore? in
+      guard !stopped else { return nil }
       stopped = true
       cond.broadcast()
-      return true
+      return loopDone
     }
-    if wait { loopDone.wait() }
+    done?.wait()
   }
 
   /// Asks for a pull soon (on the manager's thread when started).
@@ -160,7 +165,6 @@ public final class PullManager: @unchecked Sendable {
         context.progress.update { $0.lastError = "pull: \(error)" }
       }
     }
-    loopDone.signal()
   }
 
   /// Pulls now, blocking the caller until the catalog reflects the store (as of the pull's

@@ -143,6 +143,8 @@ public final class PushManager: @unchecked Sendable {
 
   /// Starts the queue: operations left in flight by a previous run are returned to it first.
   public func start() throws {
+    // Started already: nothing to do (a second dispatcher would run beside the first).
+    guard cond.withLock({ stopped }) else { return }
     // Uploads left in flight by a crash may have landed: they run again first, still in
     // flight (so a delete of their node meanwhile knows to look for their objects), and adopt
     // what they find of themselves. Other kinds go back to the queue.
@@ -161,12 +163,16 @@ public final class PushManager: @unchecked Sendable {
     cond.withLock {
       for id in resumed { parked[id] = (Date(), 0) }
     }
-    cond.withLock {
-      guard stopped else { return }
+    // The semaphore is handed to the dispatcher thread, never read from the property outside
+    // the lock: a later start replaces the property.
+    let done = cond.withLock { () -> DispatchSemaphore? in
+      guard stopped else { return nil }
       stopped = false
       hasDispatcher = true
       dispatcherDone = DispatchSemaphore(value: 0)
+      return dispatcherDone
     }
+    guard let done else { return }
     cond.withLock {
       if workers == nil {
         workers = WorkerPool(
@@ -176,6 +182,7 @@ public final class PushManager: @unchecked Sendable {
     let t = Thread { [self] in
       WorkerPool.lowerPriority(config.workerNice)
       dispatchLoop()
+      done.signal()
     }
     t.name = "zdc.push.dispatcher"
     t.start()
@@ -184,13 +191,13 @@ public final class PushManager: @unchecked Sendable {
 
   /// Stops taking operations and waits for the running ones to finish or give up.
   public func stop() {
-    let wait = cond.withLock { () -> Bool in
-      guard !stopped else { return false }
+    let done = cond.withLock { () -> DispatchSemaphore? in
+      guard !stopped else { return nil }
       stopped = true
       cond.broadcast()
-      return hasDispatcher
+      return hasDispatcher ? dispatcherDone : nil
     }
-    if wait { dispatcherDone.wait() }
+    done?.wait()
     cond.withLock {
       while !running.isEmpty { cond.wait() }
       hasDispatcher = false
@@ -282,7 +289,6 @@ public final class PushManager: @unchecked Sendable {
         wake = false
       }
     }
-    dispatcherDone.signal()
   }
 
   private func takeJobs(_ slots: Int) -> [PushJob] {
