@@ -27,6 +27,10 @@ let package = Package(
       name: "CCurlSystem", path: "Sources/CCurlSystem", pkgConfig: "libcurl",
       providers: [.apt(["libcurl4-openssl-dev"])]),
     .target(name: "CCurl", dependencies: ["CCurlSystem"], path: "Sources/CCurl"),
+    .systemLibrary(
+      name: "COpenSSLSystem", path: "Sources/COpenSSLSystem", pkgConfig: "libcrypto",
+      providers: [.apt(["libssl-dev"])]),
+    .target(name: "CAESGCM", dependencies: ["COpenSSLSystem"], path: "Sources/CAESGCM"),
     .target(
       name: "CSQLiteTuning", dependencies: [.product(name: "GRDBSQLite", package: "GRDB.swift")],
       path: "Sources/CSQLiteTuning"),
@@ -42,7 +46,7 @@ let package = Package(
       swiftSettings: strict),
     .target(
       name: "ZDCCrypto",
-      dependencies: ["ZDCCore", "CSodium"],
+      dependencies: ["ZDCCore", "CSodium", "CAESGCM"],
       swiftSettings: strict),
     .target(
       name: "ZDCSQLite",
@@ -140,7 +144,7 @@ let package = Package(
       swiftSettings: strict),
     .testTarget(name: "ZDCCoreTests", dependencies: ["ZDCCore"], swiftSettings: strict),
     .testTarget(
-      name: "ZDCCryptoTests", dependencies: ["ZDCCore", "ZDCCrypto"],
+      name: "ZDCCryptoTests", dependencies: ["ZDCCore", "ZDCCrypto", "CSodium"],
       swiftSettings: strict),
     .testTarget(
       name: "ZDCCatalogTests",

@@ -1,50 +1,44 @@
+import CAESGCM
 import CSodium
 import Foundation
 
 /// AES-256-GCM authenticated encryption under one key whose expansion is computed once (key 32
-/// bytes, nonce 12 bytes, tag 16 bytes), for the local cache on processors with AES-NI and
-/// carry-less multiplication. Only ``isAvailable`` processors may use it.
+/// bytes, nonce 12 bytes, tag 16 bytes), for the local cache. New files use it where
+/// ``isHardwareAccelerated`` (the processor has AES and carry-less multiplication instructions); files
+/// that already use it open on any processor.
 ///
 /// A GCM nonce must never repeat under one key: callers use a key of their own (see
 /// ``derive(from:context:id:)``) and random nonces, for few enough messages that a collision is
 /// negligible.
 final class AESGCMKey: @unchecked Sendable {
-  // @unchecked: `state` is written once, in `init`, and only read afterwards.
+  // @unchecked: `gcm` is set once, in `init`; the C side serves concurrent calls itself.
 
   /// Nonce size in bytes.
   static let nonceSize = 12
   /// Authentication tag size in bytes.
   static let tagSize = 16
 
-  /// True when this processor runs libsodium's AES-256-GCM (AES-NI and PCLMUL).
-  static let isAvailable: Bool = {
+  /// True when this processor has AES-NI and PCLMUL, so that AES-256-GCM outruns
+  /// XChaCha20-Poly1305 (libsodium's probe of the processor).
+  static let isHardwareAccelerated: Bool = {
     Sodium.ensure()
     return crypto_aead_aes256gcm_is_available() == 1
   }()
 
-  private let state: UnsafeMutableRawPointer
-  private let stateSize = crypto_aead_aes256gcm_statebytes()
+  private let gcm: OpaquePointer
 
-  /// Expands `key` (32 bytes). Fails where ``isAvailable`` is false.
+  /// Expands `key` (32 bytes).
   init(_ key: UnsafeRawBufferPointer) throws {
-    guard Self.isAvailable else { throw CryptoError.failed("AES-256-GCM is not available") }
-    guard key.count == AEAD.keySize else {
+    guard key.count == AEAD.keySize, let base = key.baseAddress else {
       throw CryptoError.invalidKey("AES-256-GCM key must be 32 bytes")
     }
-    state = .allocate(byteCount: stateSize, alignment: 16)
-    let rc = crypto_aead_aes256gcm_beforenm(
-      state.assumingMemoryBound(to: crypto_aead_aes256gcm_state.self), AEAD.bytes(key))
-    guard rc == 0 else {
-      sodium_memzero(state, stateSize)
-      state.deallocate()
-      throw CryptoError.failed("crypto_aead_aes256gcm_beforenm")
+    guard let gcm = zdc_gcm_new(base.assumingMemoryBound(to: UInt8.self)) else {
+      throw CryptoError.failed("libcrypto could not set up an AES-256-GCM key")
     }
+    self.gcm = gcm
   }
 
-  deinit {
-    sodium_memzero(state, stateSize)
-    state.deallocate()
-  }
+  deinit { zdc_gcm_free(gcm) }
 
   /// A 32-byte key for one use of `key`: keyed BLAKE2b of `context` ‖ `id`.
   static func derive(from key: Data, context: String, id: [UInt8]) throws -> Data {
@@ -64,13 +58,11 @@ final class AESGCMKey: @unchecked Sendable {
     guard let out = output.baseAddress, output.count >= plaintext.count + Self.tagSize else {
       throw CryptoError.failed("AES-256-GCM output buffer too small")
     }
-    var written: UInt64 = 0
-    let rc = crypto_aead_aes256gcm_encrypt_afternm(
-      out.assumingMemoryBound(to: UInt8.self), &written, AEAD.bytes(plaintext),
-      UInt64(plaintext.count), AEAD.bytes(associatedData), UInt64(associatedData.count), nil,
-      AEAD.bytes(nonce), state.assumingMemoryBound(to: crypto_aead_aes256gcm_state.self))
-    guard rc == 0 else { throw CryptoError.failed("crypto_aead_aes256gcm_encrypt_afternm") }
-    return Int(written)
+    let rc = zdc_gcm_seal(
+      gcm, out.assumingMemoryBound(to: UInt8.self), AEAD.bytes(plaintext), plaintext.count,
+      AEAD.bytes(associatedData), associatedData.count, AEAD.bytes(nonce))
+    guard rc == 0 else { throw CryptoError.failed("AES-256-GCM encryption failed") }
+    return plaintext.count + Self.tagSize
   }
 
   /// Decrypts and authenticates ciphertext ‖ tag into `output` and returns the plaintext
@@ -89,12 +81,11 @@ final class AESGCMKey: @unchecked Sendable {
     guard output.count >= ciphertext.count - Self.tagSize else {
       throw CryptoError.failed("AES-256-GCM output buffer too small")
     }
-    var written: UInt64 = 0
-    let rc = crypto_aead_aes256gcm_decrypt_afternm(
-      AEAD.mutableBytes(output), &written, nil, AEAD.bytes(ciphertext), UInt64(ciphertext.count),
-      AEAD.bytes(associatedData), UInt64(associatedData.count), AEAD.bytes(nonce),
-      state.assumingMemoryBound(to: crypto_aead_aes256gcm_state.self))
-    guard rc == 0 else { throw CryptoError.authenticationFailed("AES-256-GCM tag mismatch") }
-    return Int(written)
+    let rc = zdc_gcm_open(
+      gcm, AEAD.mutableBytes(output), AEAD.bytes(ciphertext), ciphertext.count,
+      AEAD.bytes(associatedData), associatedData.count, AEAD.bytes(nonce))
+    if rc == -1 { throw CryptoError.authenticationFailed("AES-256-GCM tag mismatch") }
+    guard rc == 0 else { throw CryptoError.failed("AES-256-GCM decryption failed") }
+    return ciphertext.count - Self.tagSize
   }
 }

@@ -1,11 +1,12 @@
+import CSodium
 import Foundation
+import Synchronization
 import Testing
 
 @testable import ZDCCrypto
 
-/// AES-256-GCM with an expanded key, on processors that have it.
-@Suite(.enabled(if: AESGCMKey.isAvailable, "this processor has no AES-NI/PCLMUL"))
-struct AESGCMTests {
+/// AES-256-GCM with an expanded key (OpenSSL's libcrypto).
+@Suite struct AESGCMTests {
   func seal(_ key: AESGCMKey, _ plain: [UInt8], nonce: [UInt8], ad: [UInt8]) throws -> [UInt8] {
     var out = [UInt8](repeating: 0, count: plain.count + AESGCMKey.tagSize)
     _ = try out.withUnsafeMutableBytes { o in
@@ -90,6 +91,94 @@ struct AESGCMTests {
     #expect(try AESGCMKey.derive(from: master, context: "c", id: [1, 3]) != a)
     #expect(try AESGCMKey.derive(from: master, context: "d", id: [1, 2]) != a)
     #expect(try AESGCMKey.derive(from: SecureRandom.bytes(32), context: "c", id: [1, 2]) != a)
+  }
+
+  /// The same bytes as libsodium's AES-256-GCM both ways, which wrote the AES files of
+  /// earlier versions (on processors where libsodium has it).
+  @Test(.enabled(if: AESGCMKey.isHardwareAccelerated, "libsodium has no AES-256-GCM here"))
+  func agreesWithLibsodium() throws {
+    #expect(sodium_init() >= 0)
+    var rng = SystemRandomNumberGenerator()
+    for size in [0, 1, 15, 16, 17, 4096, 65_536 + 17] {
+      for adSize in [0, 12, 40] {
+        let keyBytes = SecureRandom.bytes(32)
+        let k = try key(keyBytes)
+        let plain = (0..<size).map { _ in UInt8.random(in: 0...255, using: &rng) }
+        let ad = (0..<adSize).map { _ in UInt8.random(in: 0...255, using: &rng) }
+        let nonce = [UInt8](SecureRandom.bytes(12))
+        var theirs = [UInt8](repeating: 0, count: size + 16)
+        var written: UInt64 = 0
+        let rc = keyBytes.withUnsafeBytes { kb in
+          crypto_aead_aes256gcm_encrypt(
+            &theirs, &written, plain, UInt64(size), ad, UInt64(adSize), nil, nonce,
+            kb.baseAddress!.assumingMemoryBound(to: UInt8.self))
+        }
+        #expect(rc == 0 && written == UInt64(size + 16))
+        #expect(try seal(k, plain, nonce: nonce, ad: ad) == theirs, "size \(size) ad \(adSize)")
+        #expect(try open(k, theirs, nonce: nonce, ad: ad) == plain, "size \(size) ad \(adSize)")
+      }
+    }
+  }
+
+  /// In place both ways; a failed open leaves zeros, not unauthenticated plaintext.
+  @Test func inPlaceAndNothingLeftOnFailure() throws {
+    let k = try key(SecureRandom.bytes(32))
+    let nonce = [UInt8](SecureRandom.bytes(12))
+    let ad: [UInt8] = [9]
+    let plain = [UInt8]((0..<5000).map { UInt8(truncatingIfNeeded: $0 &* 13) })
+    let expected = try seal(k, plain, nonce: nonce, ad: ad)
+    var buffer = plain + [UInt8](repeating: 0, count: 16)
+    try nonce.withUnsafeBytes { n in
+      try ad.withUnsafeBytes { a in
+        try buffer.withUnsafeMutableBytes { b in
+          let sealed = try k.seal(
+            UnsafeRawBufferPointer(rebasing: b[0..<plain.count]), into: b, nonce: n,
+            associatedData: a)
+          #expect(sealed == plain.count + 16)
+        }
+        #expect(buffer == expected)
+        try buffer.withUnsafeMutableBytes { b in
+          let opened = try k.open(UnsafeRawBufferPointer(b), into: b, nonce: n, associatedData: a)
+          #expect(opened == plain.count)
+        }
+        #expect(Array(buffer.prefix(plain.count)) == plain)
+        var tampered = expected
+        tampered[tampered.count - 1] ^= 0x80
+        var out = [UInt8](repeating: 0xAA, count: plain.count)
+        #expect(throws: CryptoError.self) {
+          try out.withUnsafeMutableBytes { o in
+            try tampered.withUnsafeBytes { c in try k.open(c, into: o, nonce: n, associatedData: a)
+            }
+          }
+        }
+        #expect(out.allSatisfy { $0 == 0 })
+      }
+    }
+  }
+
+  /// Many threads at once on one key (more than the contexts it keeps ready): every message
+  /// round-trips, none is mixed up with another thread's.
+  @Test func manyThreadsShareOneKey() throws {
+    let k = try key(SecureRandom.bytes(32))
+    let failures = Atomic<Int>(0)
+    DispatchQueue.concurrentPerform(iterations: 24) { t in
+      for i in 0..<300 {
+        let plain = [UInt8](repeating: UInt8(truncatingIfNeeded: t &* 31 &+ i), count: 100 + i)
+        var nonce = [UInt8](repeating: 0, count: 12)
+        nonce[0] = UInt8(t)
+        nonce[1] = UInt8(truncatingIfNeeded: i)
+        nonce[2] = UInt8(truncatingIfNeeded: i >> 8)
+        do {
+          let sealed = try seal(k, plain, nonce: nonce, ad: [UInt8(t)])
+          if try open(k, sealed, nonce: nonce, ad: [UInt8(t)]) != plain {
+            failures.add(1, ordering: .relaxed)
+          }
+        } catch {
+          failures.add(1, ordering: .relaxed)
+        }
+      }
+    }
+    #expect(failures.load(ordering: .relaxed) == 0)
   }
 
   @Test func rejectsBadSizes() throws {
