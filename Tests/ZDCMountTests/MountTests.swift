@@ -284,21 +284,15 @@ import ZDCTestSupport
     try m.sh("echo x > f")
     let twice = try runProcess(m.zdc, ["mount", m.mnt.path], environment: m.env)
     #expect(twice.status == 64 && twice.stderr.contains("already mounted"))
-    let holder = Process()
-    holder.executableURL = URL(fileURLWithPath: "/bin/sh")
-    holder.arguments = ["-c", "exec sleep 30 3<'\(m.mnt.path)/f'"]
-    try holder.run()
-    defer {
-      if holder.isRunning { kill(holder.processIdentifier, SIGKILL) }
-    }
+    let holder = try ChildProcess("/bin/sh", ["-c", "exec sleep 30 3<'\(m.mnt.path)/f'"])
+    defer { holder.stop() }
     usleep(300_000)
     let busy = try runProcess(m.zdc, ["unmount", m.mnt.path], environment: m.env)
     #expect(busy.status == 75, "\(busy.stdout) \(busy.stderr)")
     #expect(busy.stderr.contains("busy"))
     #expect(m.isMounted)
     // SIGKILL: the test runner may ignore SIGTERM, and children inherit that.
-    kill(holder.processIdentifier, SIGKILL)
-    holder.waitUntilExit()
+    holder.stop()
     let ok = try runProcess(m.zdc, ["unmount", m.mnt.path], environment: m.env)
     #expect(ok.status == 0, "\(ok.stderr)")
     #expect(!m.isMounted)
@@ -312,17 +306,12 @@ import ZDCTestSupport
     var env = ProcessInfo.processInfo.environment
     env["ZDC_STATE_DIR"] = dir.path("state").path
     env["ZDC_PASSPHRASE"] = "first use"
-    let p = Process()
-    p.executableURL = zdc
-    p.arguments = [
-      "mount", mnt.path, "--foreground", "--store", dir.path("store").path, "--kdf", "minimum",
-    ]
-    p.environment = env
-    p.standardOutput = FileHandle.nullDevice
-    p.standardError = FileHandle.nullDevice
-    try p.run()
+    let p = try ChildProcess(
+      zdc.path,
+      ["mount", mnt.path, "--foreground", "--store", dir.path("store").path, "--kdf", "minimum"],
+      environment: env)
     defer {
-      if p.isRunning { kill(p.processIdentifier, SIGKILL) }
+      p.stop()
       _ = try? runProcess(URL(fileURLWithPath: "/usr/bin/fusermount3"), ["-u", "-z", mnt.path])
     }
     func mounted() -> Bool {
@@ -335,9 +324,8 @@ import ZDCTestSupport
     #expect(FileManager.default.fileExists(atPath: dir.path("state/config.json").path))
     try Data("hi".utf8).write(to: mnt.appendingPathComponent("f"))
     #expect(try String(contentsOf: mnt.appendingPathComponent("f"), encoding: .utf8) == "hi")
-    kill(p.processIdentifier, SIGTERM)
-    p.waitUntilExit()
-    #expect(p.terminationStatus == 0)
+    p.kill(SIGTERM)
+    #expect(p.wait() == 0)
     #expect(!mounted())
   }
 

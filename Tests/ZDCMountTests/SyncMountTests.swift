@@ -391,14 +391,9 @@ final class SyncDevice: @unchecked Sendable {
     let content = try Self.random(50_000) + Self.marker("waiting")
     try content.write(to: a.file("waiting.bin"))
     let out = dir.path("unmount.out")
-    _ = FileManager.default.createFile(atPath: out.path, contents: nil)
-    let waiting = Process()
-    waiting.executableURL = a.zdc
-    waiting.arguments = ["unmount", a.mnt.path]
-    waiting.environment = a.env
-    waiting.standardOutput = try FileHandle(forWritingTo: out)
-    try waiting.run()
-    defer { if waiting.isRunning { kill(waiting.processIdentifier, SIGKILL) } }
+    let waiting = try ChildProcess(
+      a.zdc.path, ["unmount", a.mnt.path], environment: a.env, stdout: .file(out.path))
+    defer { waiting.stop() }
     var text = ""
     for _ in 0..<100 {
       text = (try? String(contentsOf: out, encoding: .utf8)) ?? ""
@@ -412,7 +407,7 @@ final class SyncDevice: @unchecked Sendable {
     #expect(r.status == 0, "\(r.stdout) \(r.stderr)")
     for _ in 0..<100 where waiting.isRunning { usleep(100_000) }
     #expect(!waiting.isRunning)
-    #expect(waiting.terminationStatus == 0)
+    #expect(waiting.wait() == 0)
     if let pid = a.pid {
       for _ in 0..<100 where SyncDevice.isAlive(pid) { usleep(100_000) }
       #expect(!SyncDevice.isAlive(pid))
@@ -441,16 +436,11 @@ final class SyncDevice: @unchecked Sendable {
     try Data("not a store".utf8).write(to: store)
     try Self.random(80_000).write(to: a.file("big.bin"))
     let typescript = dir.path("typescript")
-    let waiting = Process()
-    waiting.executableURL = URL(fileURLWithPath: "/usr/bin/script")
-    waiting.arguments = [
-      "-q", "-f", "-e", "-c", "'\(a.zdc.path)' unmount '\(a.mnt.path)'", typescript.path,
-    ]
-    waiting.environment = a.env.merging(["TERM": "xterm"]) { $1 }
-    waiting.standardInput = FileHandle.nullDevice
-    waiting.standardOutput = FileHandle.nullDevice
-    try waiting.run()
-    defer { if waiting.isRunning { kill(waiting.processIdentifier, SIGKILL) } }
+    let waiting = try ChildProcess(
+      "/usr/bin/script",
+      ["-q", "-f", "-e", "-c", "'\(a.zdc.path)' unmount '\(a.mnt.path)'", typescript.path],
+      environment: a.env.merging(["TERM": "xterm"]) { $1 })
+    defer { waiting.stop() }
     var text = ""
     for _ in 0..<100 {
       text = (try? String(contentsOf: typescript, encoding: .utf8)) ?? ""

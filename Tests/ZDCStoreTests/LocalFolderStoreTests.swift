@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import ZDCCore
 import ZDCLocalStore
+import ZDCTestSupport
 
 #if canImport(Glibc)
   import Glibc
@@ -178,34 +179,27 @@ struct LocalFolderStoreTests {
   /// Runs the helper in `count` processes at once; returns each one's standard output.
   static func runHelpers(_ count: Int, arguments: (Int) -> [String]) throws -> [String] {
     let helper = try helperURL()
-    var processes: [(Process, Pipe, URL)] = []
+    var processes: [(ChildProcess, URL)] = []
     defer {
-      for (process, _, errURL) in processes {
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-        process.waitUntilExit()
+      for (process, errURL) in processes {
+        process.stop()
         try? FileManager.default.removeItem(at: errURL)
       }
     }
     for i in 0..<count {
-      let process = Process()
-      process.executableURL = helper
-      process.arguments = arguments(i)
-      let out = Pipe()
-      process.standardOutput = out
       let errURL = FileManager.default.temporaryDirectory.appendingPathComponent(
         "zdc-helper-\(UUID().uuidString).err")
-      _ = FileManager.default.createFile(atPath: errURL.path, contents: nil)
-      process.standardError = try FileHandle(forWritingTo: errURL)
-      try process.run()
-      processes.append((process, out, errURL))
+      let process = try ChildProcess(
+        helper.path, arguments(i), stdout: .pipe, stderr: .file(errURL.path))
+      processes.append((process, errURL))
     }
     var outputs: [String] = []
-    for (process, out, errURL) in processes {
+    for (process, errURL) in processes {
       // Read to the end first, so that a full pipe cannot block the helper.
-      let data = out.fileHandleForReading.readDataToEndOfFile()
-      process.waitUntilExit()
+      let data = ChildProcess.readToEnd(process.stdoutFD)
+      let status = process.wait()
       let err = (try? String(contentsOf: errURL, encoding: .utf8)) ?? ""
-      #expect(process.terminationStatus == 0, "helper failed: \(err)")
+      #expect(status == 0, "helper failed: \(err)")
       outputs.append(String(decoding: data, as: UTF8.self))
     }
     return outputs

@@ -10,36 +10,39 @@ import ZDCTestSupport
 /// A running helper device whose output lines are collected as they come.
 final class HelperRun: @unchecked Sendable {
   // Safe: `process` and `reader` are set once; the output goes through a locked `LineBox`.
-  let process = Process()
+  let process: ChildProcess
   private let reader: Thread
+  private let box: LineBox
+  /// Signalled by the reader at the end of the output.
+  private let drained: DispatchSemaphore
 
   init(_ args: [String], environment: [String: String] = [:]) throws {
-    process.executableURL = BuiltProducts.executable("zdc-testhelper")
-    process.arguments = args
-    process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-    let out = Pipe()
-    process.standardOutput = out
-    process.standardError = FileHandle.nullDevice
-    let handle = out.fileHandleForReading
+    process = try ChildProcess(
+      BuiltProducts.executable("zdc-testhelper").path, args,
+      environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
+      stdout: .pipe)
+    let fd = process.stdoutFD
     let box = LineBox()
-    reader = Thread {
-      while true {
-        let chunk = handle.availableData
-        if chunk.isEmpty { break }
-        box.append(chunk)
-      }
-    }
+    let drained = DispatchSemaphore(value: 0)
     self.box = box
-    try process.run()
+    self.drained = drained
+    reader = Thread {
+      var buffer = [UInt8](repeating: 0, count: 65536)
+      while true {
+        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n < 0 && errno == EINTR { continue }
+        if n <= 0 { break }
+        box.append(Data(buffer[0..<n]))
+      }
+      drained.signal()
+    }
     reader.start()
   }
-  private let box: LineBox
 
   var lines: [String] { box.lines }
 
   func kill() {
-    if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
-    process.waitUntilExit()
+    process.stop()
   }
 
   func wait(timeout: TimeInterval) -> Bool {
@@ -49,9 +52,15 @@ final class HelperRun: @unchecked Sendable {
       kill()
       return false
     }
-    process.waitUntilExit()
-    Thread.sleep(forTimeInterval: 0.05)  // let the reader drain the pipe
+    // The whole output (a grandchild holding the pipe would keep it open: bounded).
+    _ = drained.wait(timeout: .now() + 5)
     return true
+  }
+
+  deinit {
+    process.stop()
+    // The reader reads from the pipe the process object closes.
+    _ = drained.wait(timeout: .now() + 5)
   }
 }
 

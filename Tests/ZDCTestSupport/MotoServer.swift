@@ -59,7 +59,8 @@ public func connectLoopback(port: UInt16) -> Int32 {
 
 /// A `moto_server` process on 127.0.0.1, started by a test suite and stopped by its PID.
 public final class MotoServer: Sendable {
-  public let pid: pid_t
+  private let process: ChildProcess
+  public var pid: pid_t { process.pid }
   public let port: UInt16
   public let tls: Bool
   /// The credentials stores on this server use.
@@ -70,10 +71,10 @@ public final class MotoServer: Sendable {
   @TaskLocal public static var current: MotoServer?
 
   private init(
-    pid: pid_t, port: UInt16, tls: Bool,
+    process: ChildProcess, port: UInt16, tls: Bool,
     credentials: S3Credentials = S3Credentials(accessKeyID: "testing", secretAccessKey: "testing")
   ) {
-    self.pid = pid
+    self.process = process
     self.port = port
     self.tls = tls
     self.credentials = credentials
@@ -81,7 +82,7 @@ public final class MotoServer: Sendable {
 
   /// The same server, used with other credentials (stop the original, not this).
   public func using(_ credentials: S3Credentials) -> MotoServer {
-    MotoServer(pid: pid, port: port, tls: tls, credentials: credentials)
+    MotoServer(process: process, port: port, tls: tls, credentials: credentials)
   }
 
   /// The command that starts moto: `$MOTO_SERVER`, else `moto_server` on `PATH`.
@@ -120,35 +121,24 @@ public final class MotoServer: Sendable {
   {
     let argv = command() + ["-H", "127.0.0.1", "-p", String(port)] + (tls ? ["-s"] : [])
     let log = logPath(port: port)
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-    posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-    posix_spawn_file_actions_adddup2(&actions, 1, 2)
-    var cArgs: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
-    defer { for p in cArgs { free(p) } }
     var env = ProcessInfo.processInfo.environment
     env.merge(extra) { $1 }
-    var cEnv: [UnsafeMutablePointer<CChar>?] = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
-    defer { for p in cEnv { free(p) } }
-    var pid: pid_t = 0
-    let rc = posix_spawnp(&pid, argv[0], &actions, nil, &cArgs, &cEnv)
-    guard rc == 0 else { throw HelperError("cannot start \(argv[0]): errno \(rc)") }
-    let server = MotoServer(pid: pid, port: port, tls: tls)
+    let process = try ChildProcess(
+      argv[0], Array(argv.dropFirst()), environment: env, stdout: .file(log), stderr: .stdout,
+      searchPath: true)
+    let server = MotoServer(process: process, port: port, tls: tls)
     let deadline = Date().addingTimeInterval(30)
     while Date() < deadline {
-      var status: Int32 = 0
-      if waitpid(pid, &status, WNOHANG) == pid {
+      if !process.isRunning {
         let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
         if output.contains("in use") {
           unlink(log)
           throw PortTaken()
         }
-        throw HelperError("moto_server exited at start (status \(status)); see \(log)")
+        throw HelperError("moto_server exited at start (status \(process.wait())); see \(log)")
       }
       // Only our server's socket counts (another program may listen on the port).
-      if listens(pid: pid, port: port) { return server }
+      if listens(pid: process.pid, port: port) { return server }
       usleep(100_000)
     }
     server.stop()
@@ -157,7 +147,8 @@ public final class MotoServer: Sendable {
 
   /// True when process `pid` holds a TCP socket listening on `port` (from `/proc`).
   static func listens(pid: pid_t, port: UInt16) -> Bool {
-    let hexPort = String(format: ":%04X", port)
+    let hex = String(port, radix: 16, uppercase: true)
+    let hexPort = ":" + String(repeating: "0", count: max(0, 4 - hex.count)) + hex
     guard let table = try? String(contentsOfFile: "/proc/net/tcp", encoding: .utf8) else {
       return false
     }
@@ -180,14 +171,12 @@ public final class MotoServer: Sendable {
   /// Stops the server: SIGTERM, then SIGKILL after 5 s, and reaps it; removes its log.
   public func stop() {
     defer { unlink(Self.logPath(port: port)) }
-    kill(pid, SIGTERM)
-    var status: Int32 = 0
+    process.kill(SIGTERM)
     for _ in 0..<50 {
-      if waitpid(pid, &status, WNOHANG) == pid { return }
+      if !process.isRunning { return }
       usleep(100_000)
     }
-    kill(pid, SIGKILL)
-    waitpid(pid, &status, 0)
+    process.stop()
   }
 
   public static func logPath(port: UInt16) -> String {

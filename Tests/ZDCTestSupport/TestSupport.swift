@@ -56,9 +56,7 @@ public struct ProcessResult: Sendable {
 
 /// Runs an executable to completion, feeding `input` on stdin and collecting its output.
 ///
-/// Spawns with `posix_spawn` and reads both pipes on the calling thread (`poll`), not with
-/// Foundation's `Process`, whose Linux implementation is not safe to use from many threads at
-/// once (the test process runs suites in parallel).
+/// Spawns a ``ChildProcess`` and reads both pipes on the calling thread (`poll`).
 public func runProcess(
   _ executable: URL, _ arguments: [String], environment: [String: String] = [:],
   input: String? = nil
@@ -67,68 +65,20 @@ public func runProcess(
   env["ZDC_PASSPHRASE"] = nil
   env["ZDC_STATE_DIR"] = nil
   for (k, v) in environment { env[k] = v }
-  // Pipes: [read, write], close-on-exec (the child gets its ends as 0, 1 and 2 by dup2).
-  var pipes: [[Int32]] = []
-  defer { for p in pipes { for fd in p where fd >= 0 { close(fd) } } }
-  for _ in 0..<3 {
-    var fds: [Int32] = [-1, -1]
-    guard zdc_pipe_cloexec(&fds) == 0 else { throw HelperError("pipe2: errno \(errno)") }
-    pipes.append(fds)
-  }
-  var actions = posix_spawn_file_actions_t()
-  posix_spawn_file_actions_init(&actions)
-  defer { posix_spawn_file_actions_destroy(&actions) }
-  posix_spawn_file_actions_adddup2(&actions, pipes[0][0], 0)
-  posix_spawn_file_actions_adddup2(&actions, pipes[1][1], 1)
-  posix_spawn_file_actions_adddup2(&actions, pipes[2][1], 2)
-  // Nothing else this process has open reaches the child.
-  zdc_spawn_closefrom(&actions, 3)
-  var attributes = posix_spawnattr_t()
-  posix_spawnattr_init(&attributes)
-  defer { posix_spawnattr_destroy(&attributes) }
-  var noSignals = sigset_t()
-  sigemptyset(&noSignals)
-  var allSignals = sigset_t()
-  sigfillset(&allSignals)
-  posix_spawnattr_setsigmask(&attributes, &noSignals)
-  posix_spawnattr_setsigdefault(&attributes, &allSignals)
-  posix_spawnattr_setpgroup(&attributes, 0)
-  posix_spawnattr_setflags(
-    &attributes,
-    Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP))
-  let argv = [executable.path] + arguments
-  var cArgs: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
-  defer { for p in cArgs { free(p) } }
-  var cEnv: [UnsafeMutablePointer<CChar>?] = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
-  defer { for p in cEnv { free(p) } }
-  var pid: pid_t = 0
-  let rc = posix_spawn(&pid, executable.path, &actions, &attributes, &cArgs, &cEnv)
-  guard rc == 0 else { throw HelperError("cannot start \(executable.path): errno \(rc)") }
-  // The child's ends, and stdin once written.
-  for (i, end) in [(0, 0), (1, 1), (2, 1)] {
-    close(pipes[i][end])
-    pipes[i][end] = -1
-  }
-  if let input {
-    var bytes = Array(input.utf8)[...]
-    while !bytes.isEmpty {
-      let n = bytes.withUnsafeBytes { write(pipes[0][1], $0.baseAddress, $0.count) }
-      if n < 0 && errno == EINTR { continue }
-      if n <= 0 { break }  // the child closed its stdin
-      bytes = bytes.dropFirst(n)
-    }
-  }
-  close(pipes[0][1])
-  pipes[0][1] = -1
+  let child = try ChildProcess(
+    executable.path, arguments, environment: env, stdin: .pipe, stdout: .pipe, stderr: .pipe)
+  if let input { child.writeStdin(Array(input.utf8)) }
+  child.closeStdin()
   // Both outputs until both end.
   var outputs = [Data(), Data()]
-  var open = [pipes[1][0], pipes[2][0]]
+  var open = [child.stdoutFD, child.stderrFD]
   var buffer = [UInt8](repeating: 0, count: 65536)
   while open.contains(where: { $0 >= 0 }) {
     var polled = open.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
     let ready = poll(&polled, nfds_t(polled.count), -1)
     if ready < 0 {
       if errno == EINTR { continue }
+      child.stop()
       throw HelperError("poll: errno \(errno)")
     }
     for (i, p) in polled.enumerated() where p.fd >= 0 && p.revents != 0 {
@@ -136,19 +86,13 @@ public func runProcess(
       if n > 0 {
         outputs[i].append(contentsOf: buffer[0..<n])
       } else if n == 0 || errno != EINTR && errno != EAGAIN {
-        close(p.fd)
-        pipes[i + 1][0] = -1
+        // At its end (the descriptor itself is the child object's to close).
         open[i] = -1
       }
     }
   }
-  var status: Int32 = 0
-  while waitpid(pid, &status, 0) < 0 {
-    guard errno == EINTR else { throw HelperError("waitpid: errno \(errno)") }
-  }
-  let code = status & 0x7f == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
   return ProcessResult(
-    status: code, stdout: String(decoding: outputs[0], as: UTF8.self),
+    status: child.wait(), stdout: String(decoding: outputs[0], as: UTF8.self),
     stderr: String(decoding: outputs[1], as: UTF8.self))
 }
 
