@@ -31,6 +31,7 @@ let package = Package(
       name: "COpenSSLSystem", path: "Sources/COpenSSLSystem", pkgConfig: "libcrypto",
       providers: [.apt(["libssl-dev"])]),
     .target(name: "CAESGCM", dependencies: ["COpenSSLSystem"], path: "Sources/CAESGCM"),
+    .target(name: "CLinux", path: "Sources/CLinux"),
     .target(
       name: "CSQLiteTuning", dependencies: [.product(name: "GRDBSQLite", package: "GRDB.swift")],
       path: "Sources/CSQLiteTuning"),
@@ -42,11 +43,11 @@ let package = Package(
     // Layers, dependencies pointing one way (DESIGN §2).
     .target(
       name: "ZDCCore",
-      dependencies: [],
+      dependencies: ["CLinux"],
       swiftSettings: strict),
     .target(
       name: "ZDCCrypto",
-      dependencies: ["ZDCCore", "CSodium", "CAESGCM"],
+      dependencies: ["ZDCCore", "CSodium", "CAESGCM", "CLinux"],
       swiftSettings: strict),
     .target(
       name: "ZDCSQLite",

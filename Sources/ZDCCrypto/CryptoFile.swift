@@ -1,3 +1,4 @@
+import CLinux
 import CSodium
 public import Foundation
 import Glibc
@@ -450,13 +451,26 @@ public final class CryptoFile: @unchecked Sendable {
     let offset = layout.slotOffset(runStart)
     try POSIXIO.pwrite(fd, UnsafeRawBufferPointer(rebasing: slot[0..<runBytes]), offset)
     slotWrites += 1
-    try wrote(to: offset + UInt64(runBytes), endsFile: endsFile)
+    try wrote(runBytes, to: offset + UInt64(runBytes), endsFile: endsFile)
     runCount = 0
     runBytes = 0
   }
 
-  /// Records a write of slots ending at `end`; cuts the file there when they end it.
-  private func wrote(to end: UInt64, endsFile: Bool) throws {
+  /// Bytes written since the file's writeback was last started.
+  private var unsubmitted = 0
+  /// How much is written before the file's writeback is started: the device writes a large
+  /// file while it is being written, instead of all of it at the `fsync` that ends it.
+  static let writebackStep = 8 << 20
+
+  /// Records a write of slots ending at `end` (`count` bytes); cuts the file there when they
+  /// end it.
+  private func wrote(_ count: Int, to end: UInt64, endsFile: Bool) throws {
+    unsubmitted += count
+    if unsubmitted >= Self.writebackStep {
+      unsubmitted = 0
+      // Only a hint: a failure here is reported by the writes and syncs that follow.
+      _ = zdc_start_writeback(fd)
+    }
     if endsFile {
       if physicalSize > end { try POSIXIO.truncate(fd, end) }
       physicalSize = end
@@ -521,7 +535,7 @@ public final class CryptoFile: @unchecked Sendable {
     let offset = layout.slotOffset(chunks.lowerBound)
     try POSIXIO.pwrite(fd, UnsafeRawBufferPointer(rebasing: scratch[0..<count]), offset)
     slotWrites += 1
-    try wrote(to: offset + UInt64(count), endsFile: tail == last)
+    try wrote(count, to: offset + UInt64(count), endsFile: tail == last)
   }
 
   /// AES-256-GCM's nonce (the first 12 bytes of the slot's nonce field) and associated data:

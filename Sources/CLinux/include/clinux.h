@@ -1,0 +1,14 @@
+// CLinux: Linux calls Swift's Glibc module does not declare (they need _GNU_SOURCE).
+#ifndef ZDC_CLINUX_H
+#define ZDC_CLINUX_H
+
+/// Starts writing the file's dirty pages to its device without waiting for them
+/// (`sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE)`): a later `fsync` then has little left
+/// to write. Returns 0, or -1 with `errno` set.
+int zdc_start_writeback(int fd);
+
+/// Names the calling thread (`pthread_setname_np`; the first 15 bytes are kept). Returns 0 or
+/// an error number.
+int zdc_set_thread_name(const char *name);
+
+#endif
