@@ -112,8 +112,8 @@ public final class PullManager: @unchecked Sendable {
     self.push = push
   }
 
-  /// Starts periodic pulls on the manager's own thread.
-  public func start() {
+  /// Starts periodic pulls on the manager's own thread; throws when the system refuses a thread.
+  public func start() throws {
     // The semaphore is handed to the thread, never read from the property outside the lock: a
     // later start replaces the property.
     let done = cond.withLock { () -> DispatchSemaphore? in
@@ -123,12 +123,15 @@ public final class PullManager: @unchecked Sendable {
       return loopDone
     }
     guard let done else { return }
-    let t = Thread { [self] in
-      loop()
-      done.signal()
+    do {
+      try Threads.start(name: "zdc.pull") { [self] in
+        loop()
+        done.signal()
+      }
+    } catch {
+      cond.withLock { stopped = true }
+      throw error
     }
-    t.name = "zdc.pull"
-    t.start()
   }
 
   /// Stops periodic pulls (a pull in progress finishes first).

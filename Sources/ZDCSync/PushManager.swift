@@ -173,19 +173,28 @@ public final class PushManager: @unchecked Sendable {
       return dispatcherDone
     }
     guard let done else { return }
-    cond.withLock {
-      if workers == nil {
-        workers = WorkerPool(
-          name: "zdc.push.worker", count: config.maxConcurrentOperations, nice: config.workerNice)
+    do {
+      try cond.withLock {
+        if workers == nil {
+          workers = try WorkerPool(
+            name: "zdc.push.worker", count: config.maxConcurrentOperations,
+            nice: config.workerNice)
+        }
       }
+      try Threads.start(name: "zdc.push.dispatcher") { [self] in
+        WorkerPool.lowerPriority(config.workerNice)
+        dispatchLoop()
+        done.signal()
+      }
+    } catch {
+      cond.withLock {
+        stopped = true
+        hasDispatcher = false
+        workers?.stop()
+        workers = nil
+      }
+      throw error
     }
-    let t = Thread { [self] in
-      WorkerPool.lowerPriority(config.workerNice)
-      dispatchLoop()
-      done.signal()
-    }
-    t.name = "zdc.push.dispatcher"
-    t.start()
     scheduleLogFlush(after: 0)
   }
 

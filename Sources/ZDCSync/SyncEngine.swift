@@ -31,7 +31,7 @@ public final class SyncEngine: Sendable {
   /// Starts pushing and periodic pulling.
   public func start() throws {
     try push.start()
-    pull.start()
+    try pull.start()
     pull.pullSoon()
   }
 

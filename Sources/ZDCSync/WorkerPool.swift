@@ -1,4 +1,5 @@
 import Foundation
+import ZDCCore
 
 #if canImport(Glibc)
   import Glibc
@@ -12,15 +13,19 @@ final class WorkerPool: @unchecked Sendable {
   private var jobs: [@Sendable () -> Void] = []
   private var stopped = false
 
-  /// Starts `count` threads named `name` at nice value `nice` (0: unchanged).
-  init(name: String, count: Int, nice: Int32) {
-    for i in 0..<max(1, count) {
-      let t = Thread { [self] in
-        Self.lowerPriority(nice)
-        loop()
+  /// Starts `count` threads named `name` at nice value `nice` (0: unchanged); throws when the
+  /// system refuses one (those already started end).
+  init(name: String, count: Int, nice: Int32) throws {
+    do {
+      for i in 0..<max(1, count) {
+        try Threads.start(name: "\(name).\(i)") { [self] in
+          Self.lowerPriority(nice)
+          loop()
+        }
       }
-      t.name = "\(name).\(i)"
-      t.start()
+    } catch {
+      stop()
+      throw error
     }
   }
 

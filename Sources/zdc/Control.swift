@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import ZDCCore
 import ZDCFileSystem
 import ZDCSync
 
@@ -60,10 +61,8 @@ final class ControlServer: @unchecked Sendable {
     chmod(path, 0o600)
   }
 
-  func start() {
-    let t = Thread { [self] in acceptLoop() }
-    t.name = "zdc.control"
-    t.start()
+  func start() throws {
+    try Threads.start(name: "zdc.control") { [self] in acceptLoop() }
   }
 
   func stop() {
@@ -91,7 +90,7 @@ final class ControlServer: @unchecked Sendable {
         return
       }
       // One thread per connection: a long `sync` must not hold up `status`.
-      let t = Thread { [self] in
+      let started: ()? = try? Threads.start(name: "zdc.control.connection") { [self] in
         let h = FileHandle(fileDescriptor: c, closeOnDealloc: true)
         let line = h.readLine() ?? ""
         let writeLock = NSLock()
@@ -100,8 +99,8 @@ final class ControlServer: @unchecked Sendable {
         }
         writeLock.withLock { h.writeIgnoringErrors(Data((out + "\n").utf8)) }
       }
-      t.name = "zdc.control.connection"
-      t.start()
+      // No thread for it: the client sees the connection close without an answer.
+      if started == nil { close(c) }
     }
   }
 
@@ -120,12 +119,12 @@ final class ControlServer: @unchecked Sendable {
       }
       let timeout = (request?["timeout"] as? Double) ?? 120
       let done = DispatchSemaphore(value: 0)
-      let reporter = Thread { [self] in
+      // Without a reporter thread the sync runs all the same, with no progress lines.
+      try? Threads.start(name: "zdc.control.progress") { [self] in
         while done.wait(timeout: .now() + 0.5) == .timedOut {
           emit(Self.json(["progress": statusFields()]))
         }
       }
-      reporter.start()
       do {
         if try sync.syncNow(timeout: timeout) {
           out["inSync"] = true

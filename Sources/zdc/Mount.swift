@@ -207,7 +207,7 @@ extension ZDC {
         socketPath: stateDirectory.url.appendingPathComponent("control.sock").path,
         mountpoint: mp, fileSystem: fs, sync: sync,
         storeRequests: Self.requestCounter(account.store))
-      control.start()
+      try control.start()
       logger.info("mounted")
       if daemonChild {
         FileHandle.standardOutput.writeIgnoringErrors(Data("ready\n".utf8))

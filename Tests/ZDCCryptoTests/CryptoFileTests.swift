@@ -650,7 +650,9 @@ let testedCiphers = CryptoFile.Cipher.allCases
     let inode = st.st_ino
     let stop = Mutex(false)
     let damage = Mutex<[String]>([])
-    let thread = Thread {
+    let finished = DispatchSemaphore(value: 0)
+    try Threads.start(name: "test.sentinel") {
+      defer { finished.signal() }
       while !stop.withLock({ $0 }) {
         let fd = open(sentinel, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { continue }
@@ -672,7 +674,6 @@ let testedCiphers = CryptoFile.Cipher.allCases
         }
       }
     }
-    thread.start()
     let wrongKey = SecureRandom.bytes(32)
     var failures = 0
     for _ in 0..<3000 {
@@ -680,7 +681,7 @@ let testedCiphers = CryptoFile.Cipher.allCases
       do { _ = try CryptoFile.open(at: url, key: wrongKey) } catch { failures += 1 }
     }
     stop.withLock { $0 = true }
-    while !thread.isFinished { usleep(1000) }
+    finished.wait()
     #expect(failures > 0)
     #expect(damage.withLock { $0 } == [])
   }

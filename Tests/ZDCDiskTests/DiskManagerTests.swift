@@ -428,7 +428,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     let group = DispatchGroup()
     for t in 0..<8 {
       group.enter()
-      Thread {
+      try Threads.start(name: "test.reader") {
         defer { group.leave() }
         for round in 0..<50 {
           let i = (t + round) % 8
@@ -441,7 +441,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
             try? cache(disk, "c\(i)", "e", marked("c\(i)", count: 100_000)).close()
           }
         }
-      }.start()
+      }
     }
     group.wait()
     #expect(failures.value == 0)

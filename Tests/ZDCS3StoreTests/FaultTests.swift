@@ -271,12 +271,12 @@ import ZDCTestSupport
     for i in 0..<24 {
       // One thread per caller, however many cores there are.
       group.enter()
-      Thread {
+      try Threads.start(name: "test.put") {
         defer { group.leave() }
         do {
           _ = try store.put(key: "c\(i)", body: .data(Data([UInt8(i)])), condition: .none)
         } catch { failures.withLock { $0 += 1 } }
-      }.start()
+      }
     }
     group.wait()
     #expect(failures.withLock { $0 } == 0)

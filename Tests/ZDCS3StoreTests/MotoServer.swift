@@ -82,8 +82,8 @@ final class RSSSampler: @unchecked Sendable {
   private var peak = 0
   let start = currentRSS()
 
-  init() {
-    Thread { [self] in
+  init() throws {
+    try Threads.start(name: "test.rss") { [self] in
       while true {
         let now = currentRSS()
         lock.lock()
@@ -93,7 +93,7 @@ final class RSSSampler: @unchecked Sendable {
         if !go { return }
         usleep(2000)
       }
-    }.start()
+    }
   }
 
   /// Stops sampling; returns how far the resident set grew above where it started, in bytes.

@@ -15,7 +15,7 @@ import ZDCTestSupport
     let partSize = 16 * Self.mib
     let source = dir.file("source")
     try writePatternFile(source, seed: 42, size: size)
-    let rss = RSSSampler()
+    let rss = try RSSSampler()
 
     // First "session": start, upload two parts, then stop.
     let uploadID = try store.createMultipartUpload(key: "big.data")
@@ -65,7 +65,7 @@ import ZDCTestSupport
     #expect(growth < 56 * Int(Self.mib), "resident set grew by \(growth) bytes")
     // The sampler does see an object read into memory (48 MiB: above glibc's largest mmap
     // threshold, so it takes fresh pages rather than reused ones).
-    let control = RSSSampler()
+    let control = try RSSSampler()
     let inMemory = try store.get(key: "big.data", range: ByteRange(0, 48 * Self.mib))
     #expect(inMemory.count == 48 * Int(Self.mib))
     #expect(control.stop() >= 32 * Int(Self.mib))

@@ -9,9 +9,8 @@ import ZDCTestSupport
 
 /// A running helper device whose output lines are collected as they come.
 final class HelperRun: @unchecked Sendable {
-  // Safe: `process` and `reader` are set once; the output goes through a locked `LineBox`.
+  // Safe: `process` is set once; the output goes through a locked `LineBox`.
   let process: ChildProcess
-  private let reader: Thread
   private let box: LineBox
   /// Signalled by the reader at the end of the output.
   private let drained: DispatchSemaphore
@@ -26,7 +25,7 @@ final class HelperRun: @unchecked Sendable {
     let drained = DispatchSemaphore(value: 0)
     self.box = box
     self.drained = drained
-    reader = Thread {
+    try Threads.start(name: "test.helper.out") {
       var buffer = [UInt8](repeating: 0, count: 65536)
       while true {
         let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
@@ -36,7 +35,6 @@ final class HelperRun: @unchecked Sendable {
       }
       drained.signal()
     }
-    reader.start()
   }
 
   var lines: [String] { box.lines }

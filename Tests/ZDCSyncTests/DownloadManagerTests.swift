@@ -193,7 +193,7 @@ func text(_ marker: String, count: Int) -> Data {
     let group = DispatchGroup()
     for _ in 0..<20 {
       group.enter()
-      Thread {
+      try Threads.start(name: "test.download") {
         defer { group.leave() }
         do {
           let h = try f.downloads.downloadData(nodeID: node.id)
@@ -202,7 +202,7 @@ func text(_ marker: String, count: Int) -> Data {
         } catch {
           results.add(false)
         }
-      }.start()
+      }
     }
     group.wait()
     #expect(results.all.count == 20)
@@ -275,14 +275,14 @@ func text(_ marker: String, count: Int) -> Data {
     let results = Results()
     for _ in 0..<10 {
       group.enter()
-      Thread {
+      try Threads.start(name: "test.download") {
         defer { group.leave() }
         let h = try? f.downloads.downloadRange(nodeID: node.id, range: far, readAhead: 0)
         results.add(
           (try? h?.read(offset: far.lowerBound, count: 10))
             == content[(15 << 20)..<((15 << 20) + 10)])
         h?.close()
-      }.start()
+      }
     }
     group.wait()
     #expect(results.all.allSatisfy { $0 })

@@ -183,7 +183,7 @@ import ZDCTestSupport
       } catch { failure = error }
     }
     betaGate.release()
-    beta.engine.pull.start()
+    try beta.engine.pull.start()
     for _ in 0..<2 {
       try beta.sync()
       try alpha.sync()

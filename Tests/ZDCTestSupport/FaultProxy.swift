@@ -1,4 +1,5 @@
 import Foundation
+import ZDCCore
 public import ZDCS3Store
 
 #if canImport(Glibc)
@@ -90,8 +91,7 @@ public final class FaultProxy: @unchecked Sendable {
     }
     port = UInt16(bigEndian: out.sin_port)
     listenFD = fd
-    let thread = Thread { [self] in acceptLoop() }
-    thread.start()
+    try Threads.start(name: "test.proxy") { [self] in acceptLoop() }
   }
 
   /// `http://127.0.0.1:PORT`.
@@ -226,8 +226,11 @@ public final class FaultProxy: @unchecked Sendable {
       lock.lock()
       connections += 1
       lock.unlock()
-      let thread = Thread { [self] in serve(client) }
-      thread.start()
+      do {
+        try Threads.start(name: "test.proxy.conn") { [self] in serve(client) }
+      } catch {
+        close(client)
+      }
     }
   }
 
