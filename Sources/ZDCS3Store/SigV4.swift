@@ -129,15 +129,9 @@ public struct SigV4Signer: Sendable {
 
   /// `yyyyMMdd'T'HHmmss'Z'` and `yyyyMMdd` in UTC.
   static func timestamps(_ date: Date) -> (String, String) {
-    var t = time_t(date.timeIntervalSince1970.rounded(.down))
-    var tm = tm()
-    gmtime_r(&t, &tm)
-    let year: String = Digits.zeroPadded(Int(tm.tm_year) + 1900, width: 4)
-    let month: String = Digits.zeroPadded(Int(tm.tm_mon) + 1, width: 2)
-    let day: String = year + month + Digits.zeroPadded(tm.tm_mday, width: 2)
-    let hours: String = Digits.zeroPadded(tm.tm_hour, width: 2)
-    let minutes: String = Digits.zeroPadded(tm.tm_min, width: 2)
-    let time: String = hours + minutes + Digits.zeroPadded(tm.tm_sec, width: 2)
+    let u = Digits.utc(date)
+    let day = u.year + u.month + u.day
+    let time = u.hour + u.minute + u.second
     return ("\(day)T\(time)Z", day)
   }
 }

@@ -130,16 +130,8 @@ public enum ConflictNames {
 
   /// `name (conflicted copy YYYY-MM-DD HHMMSS device).ext`, in UTC.
   public static func conflictedCopy(of name: String, date: Date, deviceName: String) -> String {
-    var t = time_t(date.timeIntervalSince1970.rounded(.down))
-    var c = tm()
-    gmtime_r(&t, &c)
-    let year: String = Digits.zeroPadded(Int(c.tm_year) + 1900, width: 4)
-    let month: String = Digits.zeroPadded(Int(c.tm_mon) + 1, width: 2)
-    let day: String = Digits.zeroPadded(c.tm_mday, width: 2)
-    let hours: String = Digits.zeroPadded(c.tm_hour, width: 2)
-    let minutes: String = Digits.zeroPadded(c.tm_min, width: 2)
-    let seconds: String = Digits.zeroPadded(c.tm_sec, width: 2)
-    let stamp = "\(year)-\(month)-\(day) \(hours)\(minutes)\(seconds)"
+    let u = Digits.utc(date)
+    let stamp = "\(u.year)-\(u.month)-\(u.day) \(u.hour)\(u.minute)\(u.second)"
     let (base, ext) = split(name)
     return "\(base) (conflicted copy \(stamp) \(deviceName))\(ext)"
   }

@@ -90,17 +90,20 @@ final class ControlServer: @unchecked Sendable {
         return
       }
       // One thread per connection: a long `sync` must not hold up `status`.
-      let started: ()? = try? Threads.start(name: "zdc.control.connection") { [self] in
-        let h = FileHandle(fileDescriptor: c, closeOnDealloc: true)
-        let line = h.readLine() ?? ""
-        let writeLock = NSLock()
-        let out = answer(line) { progress in
-          writeLock.withLock { h.writeIgnoringErrors(Data((progress + "\n").utf8)) }
+      do {
+        try Threads.start(name: "zdc.control.connection") { [self] in
+          let h = FileHandle(fileDescriptor: c, closeOnDealloc: true)
+          let line = h.readLine() ?? ""
+          let writeLock = NSLock()
+          let out = answer(line) { progress in
+            writeLock.withLock { h.writeIgnoringErrors(Data((progress + "\n").utf8)) }
+          }
+          writeLock.withLock { h.writeIgnoringErrors(Data((out + "\n").utf8)) }
         }
-        writeLock.withLock { h.writeIgnoringErrors(Data((out + "\n").utf8)) }
+      } catch {
+        // No thread for it: the client sees the connection close without an answer.
+        close(c)
       }
-      // No thread for it: the client sees the connection close without an answer.
-      if started == nil { close(c) }
     }
   }
 

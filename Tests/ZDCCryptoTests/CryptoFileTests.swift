@@ -9,10 +9,6 @@ import ZDCCore
 /// made before chunk sizes varied (caches and staged content an upgrade keeps).
 let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
 
-/// The ciphers this processor runs (XChaCha20-Poly1305 everywhere: the files made before
-/// AES-256-GCM, and new files on processors without AES instructions).
-let testedCiphers = CryptoFile.Cipher.allCases
-
 @Suite struct CryptoFileTests {
   let key = SecureRandom.bytes(32)
 
@@ -39,7 +35,7 @@ let testedCiphers = CryptoFile.Cipher.allCases
   /// (Also for a file created with its first chunk deferred, as spare staging files are.)
   @Test(arguments: [false, true], testedChunkShifts)
   func randomOperationsMatchModel(deferred: Bool, shift: UInt8) throws {
-    for cipher in testedCiphers {
+    for cipher in CryptoFile.Cipher.allCases {
       try randomOperationsMatchModel(deferred: deferred, shift: shift, cipher: cipher)
     }
   }
@@ -202,7 +198,7 @@ let testedCiphers = CryptoFile.Cipher.allCases
     try h.close()
   }
 
-  @Test(arguments: testedChunkShifts, testedCiphers)
+  @Test(arguments: testedChunkShifts, CryptoFile.Cipher.allCases)
   func holeAsLastSlotOrTamperedSlotIsRejected(shift: UInt8, cipher: CryptoFile.Cipher) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
@@ -448,7 +444,7 @@ let testedCiphers = CryptoFile.Cipher.allCases
         == (AESGCMKey.isHardwareAccelerated ? .aes256gcm : .xchacha20poly1305))
     var rng = SplitMix64(seed: 5)
     let content = randomBytes(100_000, &rng)
-    for cipher in [nil] + testedCiphers.map(Optional.some) {
+    for cipher in [nil] + CryptoFile.Cipher.allCases.map(Optional.some) {
       let expected = cipher ?? CryptoFile.defaultCipher
       let url = dir.appendingPathComponent("c\(expected.rawValue)")
       let f =
@@ -478,7 +474,7 @@ let testedCiphers = CryptoFile.Cipher.allCases
           try CryptoFile.open(at: url, key: key)
         }
       }
-      for other in testedCiphers where other != expected {
+      for other in CryptoFile.Cipher.allCases where other != expected {
         var t = raw
         t[10] = other.rawValue
         try t.write(to: url)

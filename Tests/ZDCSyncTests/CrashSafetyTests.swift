@@ -26,13 +26,7 @@ final class HelperRun: @unchecked Sendable {
     self.box = box
     self.drained = drained
     try Threads.start(name: "test.helper.out") {
-      var buffer = [UInt8](repeating: 0, count: 65536)
-      while true {
-        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        if n < 0 && errno == EINTR { continue }
-        if n <= 0 { break }
-        box.append(Data(buffer[0..<n]))
-      }
+      ChildProcess.forEachChunk(fd) { box.append($0) }
       drained.signal()
     }
   }

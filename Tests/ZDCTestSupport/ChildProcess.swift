@@ -178,15 +178,22 @@ public final class ChildProcess: @unchecked Sendable {
   /// Everything the child writes to `fd` (one of its pipes) until it closes it.
   public static func readToEnd(_ fd: Int32) -> Data {
     var out = Data()
+    forEachChunk(fd) { out.append($0) }
+    return out
+  }
+
+  /// Calls `body` with each piece the child writes to `fd` (one of its pipes), as it comes,
+  /// until the child closes it.
+  public static func forEachChunk(_ fd: Int32, _ body: (Data) -> Void) {
     var buffer = [UInt8](repeating: 0, count: 65536)
     while true {
       let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
       if n > 0 {
-        out.append(contentsOf: buffer[0..<n])
+        body(Data(buffer[0..<n]))
       } else if n < 0 && errno == EINTR {
         continue
       } else {
-        return out
+        return
       }
     }
   }
