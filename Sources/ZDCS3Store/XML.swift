@@ -1,24 +1,27 @@
-import Foundation
+public import Foundation
 
 #if canImport(FoundationXML)
   import FoundationXML
 #endif
 
 /// A parsed XML element: name, text content and child elements (namespaces dropped).
-struct XMLElement: Sendable {
-  var name: String
-  var text: String = ""
-  var children: [XMLElement] = []
+@_spi(Testing) public struct XMLElement: Sendable {
+  /// The element's name, without its namespace prefix.
+  public var name: String
+  /// The text content.
+  public var text: String = ""
+  /// The child elements, in document order.
+  public var children: [XMLElement] = []
 
   /// The first child with this name.
-  func child(_ name: String) -> XMLElement? { children.first { $0.name == name } }
+  public func child(_ name: String) -> XMLElement? { children.first { $0.name == name } }
   /// Every child with this name.
-  func all(_ name: String) -> [XMLElement] { children.filter { $0.name == name } }
+  public func all(_ name: String) -> [XMLElement] { children.filter { $0.name == name } }
   /// The text of the first child with this name.
-  func value(_ name: String) -> String? { child(name)?.text }
+  public func value(_ name: String) -> String? { child(name)?.text }
 
   /// Parses a document; `nil` if it is not well-formed XML.
-  static func parse(_ data: Data) -> XMLElement? {
+  public static func parse(_ data: Data) -> XMLElement? {
     let delegate = TreeBuilder()
     let parser = XMLParser(data: data)
     parser.shouldProcessNamespaces = false

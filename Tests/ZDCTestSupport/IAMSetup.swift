@@ -1,37 +1,22 @@
 import Foundation
 import ZDCCore
 
-@testable public import ZDCS3Store
+@_spi(Testing) public import ZDCS3Store
 
 /// The IAM calls `createIAMUser` makes before moto starts checking signatures.
 public let iamSetupActions = 5
 
 /// Calls one of moto's query APIs (IAM, STS) with a signed form POST.
-public func queryCall(
+func queryCall(
   _ server: MotoServer, service: String, version: String, credentials: S3Credentials,
   _ params: [(String, String)]
 ) throws -> ZDCS3Store.XMLElement {
-  let form = (params + [("Version", version)])
-    .map { "\($0.0)=\(URIEncoding.encode($0.1, keepSlash: false))" }
-    .joined(separator: "&")
-  let body = Data(form.utf8)
-  let host = "127.0.0.1:\(server.port)"
-  let request = HTTPRequest(
-    kind: .createBucket, method: "POST", host: host, baseURL: "http://\(host)", encodedPath: "/",
-    body: .data(body), payloadHash: SigV4Signer.payloadHash(body),
-    contentType: "application/x-www-form-urlencoded")
-  let signer = SigV4Signer(credentials: credentials, region: "us-east-1", service: service)
-  let transport = CurlTransport(options: fastRetries(attempts: 1), logger: .init(label: "query"))
-  let response = try transport.perform(request) { r, date in
-    signer.sign(
-      method: r.method, encodedPath: r.encodedPath, query: [],
-      headers: [("host", r.host), ("content-type", r.contentType ?? "")],
-      payloadHash: r.payloadHash, date: date
-    ).headers
-  }
-  guard response.isSuccess, let doc = XMLElement.parse(response.body) else {
+  let answer = try QueryAPI.call(
+    baseURL: "http://127.0.0.1:\(server.port)", service: service, version: version,
+    credentials: credentials, params)
+  guard answer.isSuccess, let doc = answer.document else {
     throw HelperError(
-      "\(service) \(params.first?.1 ?? "") failed: HTTP \(response.status) \(String(decoding: response.body, as: UTF8.self))"
+      "\(service) \(params.first?.1 ?? "") failed: HTTP \(answer.status) \(String(decoding: answer.body, as: UTF8.self))"
     )
   }
   return doc
