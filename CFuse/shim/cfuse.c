@@ -1,7 +1,15 @@
+#define _GNU_SOURCE
 #include "cfuse.h"
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fuse.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 int zdc_fuse_use_version(void) { return FUSE_USE_VERSION; }
 int zdc_fuse_runtime_version(void) { return fuse_version(); }
@@ -66,3 +74,67 @@ int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, cons
 }
 
 void zdc_malloc_keep_freed(int bytes) { mallopt(M_TRIM_THRESHOLD, bytes); }
+
+// FUSE_HANDLE_KILLPRIV_V2 through custom device I/O. The INIT request is read and answered on
+// one thread, so the thread remembers the request's unique id between the two.
+static _Thread_local uint64_t init_unique;
+static _Thread_local int init_offered;
+static atomic_int killpriv_v2_negotiated;
+
+static ssize_t killpriv_read(int fd, void *buf, size_t len, void *userdata) {
+  (void)userdata;
+  ssize_t n = read(fd, buf, len);
+  if (n >= (ssize_t)(sizeof(struct fuse_in_header) + 16)) {
+    const struct fuse_in_header *in = buf;
+    if (in->opcode == FUSE_INIT) {
+      const struct fuse_init_in *arg = (const void *)((const char *)buf + sizeof(*in));
+      init_unique = in->unique;
+      init_offered = (arg->flags & FUSE_HANDLE_KILLPRIV_V2) != 0;
+    }
+  }
+  return n;
+}
+
+static ssize_t killpriv_writev(int fd, struct iovec *iov, int count, void *userdata) {
+  (void)userdata;
+  if (init_offered && count >= 2 && iov[0].iov_len >= sizeof(struct fuse_out_header) &&
+      iov[1].iov_len >= 16) {
+    struct fuse_out_header *out = iov[0].iov_base;
+    if (out->unique == init_unique && out->error == 0) {
+      struct fuse_init_out *arg = iov[1].iov_base;
+      arg->flags |= FUSE_HANDLE_KILLPRIV_V2;
+      init_offered = 0;
+      ssize_t n = writev(fd, iov, count);
+      if (n >= 0) atomic_store(&killpriv_v2_negotiated, 1);
+      return n;
+    }
+  }
+  return writev(fd, iov, count);
+}
+
+static ssize_t killpriv_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout,
+                                       size_t len, unsigned int flags, void *userdata) {
+  (void)userdata;
+  return splice(fdin, offin, fdout, offout, len, flags);
+}
+
+static ssize_t killpriv_splice_send(int fdin, off_t *offin, int fdout, off_t *offout,
+                                    size_t len, unsigned int flags, void *userdata) {
+  (void)userdata;
+  return splice(fdin, offin, fdout, offout, len, flags);
+}
+
+int zdc_fuse_session_handle_killpriv_v2(struct fuse_session *se) {
+  static const struct fuse_custom_io io = {
+      .writev = killpriv_writev,
+      .read = killpriv_read,
+      .splice_receive = killpriv_splice_receive,
+      .splice_send = killpriv_splice_send,
+  };
+  int fd = fuse_session_fd(se);
+  if (fd < 0) return -EBADF;
+  int rc = fuse_session_custom_io(se, &io, fd);
+  return rc > 0 ? -rc : rc;
+}
+
+int zdc_fuse_killpriv_v2_negotiated(void) { return atomic_load(&killpriv_v2_negotiated); }

@@ -421,9 +421,12 @@ public final class FileSystem: @unchecked Sendable {
   }
 
   /// Changes mode, size, times (and refuses a change of owner).
-  public func setattr(_ ino: Inode, _ changes: AttributeChanges, handle: FileHandleID? = nil)
-    throws -> Attributes
-  {
+  /// A size change by a `caller` other than the superuser clears a file's set-user-ID and
+  /// set-group-ID bits (see ``modeAfterUnprivilegedWrite(_:)``).
+  public func setattr(
+    _ ino: Inode, _ changes: AttributeChanges, handle: FileHandleID? = nil,
+    caller: Caller = .superuser
+  ) throws -> Attributes {
     let (id, section) = resolve(ino)
     if let u = changes.uid, u != options.uid { throw FileSystemError.notPermitted }
     if let g = changes.gid, g != options.gid { throw FileSystemError.notPermitted }
@@ -433,6 +436,7 @@ public final class FileSystem: @unchecked Sendable {
         let isDir = try read { tx in try isDirectory(try existingNode(id, tx), tx) }
         if section == .node, isDir { throw FileSystemError.isADirectory }
         try truncate(id, to: size)
+        if !caller.isSuperuser, changes.mode == nil { try clearPrivilegeBits(id) }
       case .meta, .thumb:
         try mutateSection(id, section) {
           $0 = Data($0.prefix(Int(size))) + Data(count: max(0, Int(size) - $0.count))
@@ -448,15 +452,21 @@ public final class FileSystem: @unchecked Sendable {
         c.lock.withLock { if c.writer != nil { c.pendingMtime = mtime } }
       }
       if section == .node || section == .data {
-        try write(commit: .soon) { tx in
-          guard var n = try tx.node(id: id) else { return }
-          if let m = changes.mode { n.mode = m & 0o7777 }
+        let lostSearch = try write(commit: .soon) { tx -> Bool in
+          guard var n = try tx.node(id: id) else { return false }
+          var lostSearch = false
+          if let m = changes.mode {
+            lostSearch = try n.mode & 0o111 & ~m != 0 && isDirectory(n, tx)
+            n.mode = m & 0o7777
+          }
           if let mtime { n.mtime = mtime }
           if n.kind != .trunk { try tx.updateNode(n) }
           if mtime != nil, lock.withLock({ recentCommits[id] }) != nil {
             noteCommit(id, size: n.dataSize, mtime: n.mtime)
           }
+          return lostSearch
         }
+        if lostSearch { try forgetChildEntries(of: id) }
       }
     }
     return try getattr(ino)
@@ -527,15 +537,15 @@ public final class FileSystem: @unchecked Sendable {
   }
 
   /// Creates (or, without `O_EXCL`, opens) a regular file and opens it.
-  public func create(parent: Inode, name: String, mode: UInt32, flags: Int32) throws -> (
-    Attributes, OpenedFile
-  ) {
+  public func create(
+    parent: Inode, name: String, mode: UInt32, flags: Int32, caller: Caller = .superuser
+  ) throws -> (Attributes, OpenedFile) {
     let (pid, _) = resolve(parent)
     if let section = Section(fileName: name) {
       // Writing a directory's hidden section creates it.
       _ = try read { tx in try requireDirectory(parent, tx) }
       let ino = inode(of: pid, section)
-      let opened = try open(ino, flags: flags)
+      let opened = try open(ino, flags: flags, caller: caller)
       noteLookup(ino)
       return (try getattr(ino), opened)
     }
@@ -547,10 +557,12 @@ public final class FileSystem: @unchecked Sendable {
     } catch FileSystemError.exists where flags & O_EXCL == 0 {
       // Raced with another create, or the name differs only in case from a sibling's.
       guard let a = try? lookup(parent: parent, name: name) else { throw FileSystemError.exists }
-      return (a, try open(a.inode, flags: flags))
+      return (a, try open(a.inode, flags: flags, caller: caller))
     }
     // A node this call made: empty, with no staged or cached content to look for.
-    return (attrs, try open(attrs.inode, flags: flags & ~O_TRUNC, newNode: node))
+    return (
+      attrs, try open(attrs.inode, flags: flags & ~O_TRUNC, newNode: node, caller: caller)
+    )
   }
 
   // MARK: Removing
@@ -829,6 +841,25 @@ public final class FileSystem: @unchecked Sendable {
     }
   }
 
+  /// Makes the kernel forget its cached entries of a directory's children, so that the next
+  /// path lookup through the directory asks again (and meets the permission check of a
+  /// directory that may no longer be searched).
+  func forgetChildEntries(of id: NodeID) throws {
+    let ino = inode(of: id, .node)
+    var names = [Section.data, .meta, .thumb].map(\.fileName)
+    var after: NodeID = 0
+    while true {
+      let children = try read { tx in try tx.children(of: id, afterID: after, limit: 1024) }
+      names += children.map { NameEscape.shown($0.name) }
+      guard let last = children.last, children.count == 1024 else { break }
+      after = last.id
+    }
+    let all = names
+    post { n in
+      for name in all { n.invalidateEntry(parent: ino, name: name) }
+    }
+  }
+
   // MARK: Statistics
 
   /// Figures for `statfs(2)`: space of the filesystem holding the state directory.
@@ -845,8 +876,52 @@ public final class FileSystem: @unchecked Sendable {
   }
 
   /// Checks that an inode exists (permissions are the kernel's, with `default_permissions`).
-  public func access(_ ino: Inode, mask: Int32) throws {
-    _ = try getattr(ino)
+  public func access(_ ino: Inode, mask: Int32, caller: Caller = .superuser) throws {
+    try checkAccess(ino, AccessMask(rawValue: UInt32(mask & 7)), caller: caller)
+  }
+
+  /// Refuses with ``FileSystemError/accessDenied`` an access that `ino`'s permission bits do
+  /// not give `caller` (owner, group or other bits, as `caller` is the inode's owner, in its
+  /// group, or neither). The superuser may do anything but execute a regular file that has no
+  /// execute bit. An empty mask checks only that the inode exists.
+  public func checkAccess(_ ino: Inode, _ mask: AccessMask, caller: Caller) throws {
+    let a = try getattr(ino)
+    guard Self.permits(a, mask, caller) else { throw FileSystemError.accessDenied }
+  }
+
+  static func permits(_ a: Attributes, _ mask: AccessMask, _ caller: Caller) -> Bool {
+    if caller.isSuperuser {
+      return !mask.contains(.execute) || a.type == .directory || a.mode & 0o111 != 0
+    }
+    let bits =
+      caller.uid == a.uid ? (a.mode >> 6) & 7 : caller.gid == a.gid ? (a.mode >> 3) & 7 : a.mode & 7
+    return mask.rawValue & ~bits == 0
+  }
+
+  /// A regular file's mode once written or truncated by a caller that is not the superuser:
+  /// without set-user-ID, and without set-group-ID when the group may execute (as the kernel
+  /// clears them for local file systems).
+  static func modeAfterUnprivilegedWrite(_ mode: UInt32) -> UInt32 {
+    var m = mode & ~UInt32(S_ISUID)
+    if m & UInt32(S_IXGRP) != 0 { m &= ~UInt32(S_ISGID) }
+    return m
+  }
+
+  /// Clears a file node's set-user-ID and set-group-ID bits as an unprivileged write does
+  /// (see ``modeAfterUnprivilegedWrite(_:)``), and tells the kernel.
+  func clearPrivilegeBits(_ id: NodeID) throws {
+    let changed = try write(commit: .soon) { tx -> Bool in
+      guard var n = try tx.node(id: id), n.kind == .file else { return false }
+      let m = Self.modeAfterUnprivilegedWrite(n.mode)
+      guard m != n.mode else { return false }
+      n.mode = m
+      try tx.updateNode(n)
+      return true
+    }
+    if changed {
+      let ino = inode(of: id, .node)
+      post { $0.invalidateAttributes(ino) }
+    }
   }
 
   // MARK: Notifications

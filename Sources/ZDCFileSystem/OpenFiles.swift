@@ -11,12 +11,16 @@ import ZDCSync
 
 /// One open file description.
 final class OpenHandle: @unchecked Sendable {
-  // @unchecked: immutable after creation.
+  // @unchecked: immutable after creation, but for `clearsPrivileges`, which the content's
+  // lock guards.
   let id: FileHandleID
   let key: ContentKey
   let content: NodeContent
   let writable: Bool
   let append: Bool
+  /// The first write through this handle clears the file's set-user-ID and set-group-ID bits
+  /// (an unprivileged caller opened it for writing while it had them).
+  var clearsPrivileges = false
 
   init(id: FileHandleID, key: ContentKey, content: NodeContent, writable: Bool, append: Bool) {
     self.id = id
@@ -320,14 +324,16 @@ extension FileSystem {
 
   // MARK: Open and close
 
-  /// Opens a file (`O_TRUNC`, `O_APPEND`, access mode honoured).
-  public func open(_ ino: Inode, flags: Int32) throws -> OpenedFile {
-    try open(ino, flags: flags, newNode: nil)
+  /// Opens a file (`O_TRUNC`, `O_APPEND`, access mode honoured). Writes and truncation by a
+  /// `caller` other than the superuser clear the file's set-user-ID and set-group-ID bits
+  /// (see ``modeAfterUnprivilegedWrite(_:)``).
+  public func open(_ ino: Inode, flags: Int32, caller: Caller = .superuser) throws -> OpenedFile {
+    try open(ino, flags: flags, newNode: nil, caller: caller)
   }
 
   /// Opens a file; `newNode` is a file node the caller has just created (empty, nothing
   /// staged or cached: its first write starts a new staging version without looking).
-  func open(_ ino: Inode, flags: Int32, newNode: Node?) throws -> OpenedFile {
+  func open(_ ino: Inode, flags: Int32, newNode: Node?, caller: Caller) throws -> OpenedFile {
     let (id, section) = resolve(ino)
     let node =
       try newNode
@@ -344,6 +350,10 @@ extension FileSystem {
     let key = ContentKey(id, section)
     let accmode = flags & O_ACCMODE
     let writable = accmode == O_WRONLY || accmode == O_RDWR
+    let privileged =
+      writable && section == .node && !caller.isSuperuser
+      && node.kind == .file && Self.modeAfterUnprivilegedWrite(node.mode) != node.mode
+    if privileged, flags & O_TRUNC != 0 { try clearPrivilegeBits(id) }
     let (handle, content) = lock.withLock { () -> (FileHandleID, NodeContent) in
       let c = contents[key] ?? NodeContent(key: key)
       contents[key] = c
@@ -351,8 +361,10 @@ extension FileSystem {
       if writable { c.writableCount += 1 }
       let h = nextHandle
       nextHandle += 1
-      handles[h] = OpenHandle(
+      let oh = OpenHandle(
         id: h, key: key, content: c, writable: writable, append: flags & O_APPEND != 0)
+      oh.clearsPrivileges = privileged && flags & O_TRUNC == 0
+      handles[h] = oh
       return (h, c)
     }
     var served: ContentVersion?
@@ -512,6 +524,10 @@ extension FileSystem {
         c.buffer = b
         c.dirty = true
         return
+      }
+      if oh.clearsPrivileges {
+        try clearPrivilegeBits(c.key.nodeID)
+        oh.clearsPrivileges = false
       }
       do {
         let w = try ensureWriterLocked(c, truncate: false)

@@ -41,6 +41,8 @@ public enum FileSystemError: Error, Sendable, Equatable, CustomStringConvertible
   case unavailable
   /// The local disk (state directory: staging, cache, catalog) is full.
   case noSpace
+  /// The caller's permission bits do not allow the access.
+  case accessDenied
 
   public var description: String {
     switch self {
@@ -60,8 +62,42 @@ public enum FileSystemError: Error, Sendable, Equatable, CustomStringConvertible
     case .io(let m): return "I/O error: \(m)"
     case .unavailable: return "content unavailable"
     case .noSpace: return "no space left on the local disk"
+    case .accessDenied: return "permission denied"
     }
   }
+}
+
+/// The process a request comes from: its user and group (the kernel's `fsuid` and `fsgid`).
+public struct Caller: Sendable, Hashable {
+  /// The user ID.
+  public var uid: UInt32
+  /// The group ID.
+  public var gid: UInt32
+
+  public init(uid: UInt32, gid: UInt32) {
+    self.uid = uid
+    self.gid = gid
+  }
+
+  /// The superuser, which permission bits do not restrict (but for executing a file that no
+  /// one may execute).
+  public static let superuser = Caller(uid: 0, gid: 0)
+
+  /// True for the superuser.
+  public var isSuperuser: Bool { uid == 0 }
+}
+
+/// The access a request needs, as `access(2)`'s mask spells it.
+public struct AccessMask: OptionSet, Sendable, Hashable {
+  public let rawValue: UInt32
+  public init(rawValue: UInt32) { self.rawValue = rawValue }
+
+  /// Read a file, list a directory (`R_OK`).
+  public static let read = AccessMask(rawValue: 4)
+  /// Write a file, add or remove a directory's entries (`W_OK`).
+  public static let write = AccessMask(rawValue: 2)
+  /// Execute a file, search a directory (`X_OK`).
+  public static let execute = AccessMask(rawValue: 1)
 }
 
 /// How an inode presents.
@@ -216,4 +252,6 @@ public protocol KernelNotifier: AnyObject, Sendable {
   func invalidateEntry(parent: Inode, name: String)
   /// The entry `name` of `parent`, inode `child`, is gone.
   func deleteEntry(parent: Inode, child: Inode, name: String)
+  /// Forget cached attributes of an inode (its cached content stays).
+  func invalidateAttributes(_ inode: Inode)
 }

@@ -25,5 +25,6 @@ func errnoCode(for error: any Error) -> Int32 {
   case .io: return EIO
   case .unavailable: return EIO
   case .noSpace: return ENOSPC
+  case .accessDenied: return EACCES
   }
 }

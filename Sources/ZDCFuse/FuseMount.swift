@@ -30,6 +30,9 @@ final class FuseContext: @unchecked Sendable {
   // @unchecked: `session` is set once before the loop starts and only read afterwards.
   let fs: FileSystem
   var session: OpaquePointer?
+  /// True when the kernel checks permission bits (`default_permissions`); otherwise the
+  /// callbacks do, for callers other than the superuser. Set once before the mount.
+  var kernelChecksPermissions = false
   let log = Logger(label: "zdc.fuse")
   /// Entry and attribute cache lifetime. Changes made through the mount go through the
   /// kernel, and a pull that changes what the kernel may hold invalidates it explicitly; the
@@ -124,7 +127,17 @@ public final class FuseMount: @unchecked Sendable {
     zdc_malloc_keep_freed(64 << 20)
     guard let a = zdc_fuse_args_new() else { throw FuseMountError.session }
     args = a
-    var opts = ["default_permissions", "fsname=zdcfs", "subtype=zdc"]
+    // With other users let in (`allow_other`), the kernel checks permission bits itself
+    // (`default_permissions`). Without, only the mounting user (and root with `allow_root`)
+    // can reach the mount, and the adapter checks the owner's bits (see `FuseContext`): the
+    // kernel would otherwise ask for the parent's attributes before each path lookup that
+    // follows a change to the directory.
+    var opts = ["fsname=zdcfs", "subtype=zdc"]
+    let requested = extraOptions.flatMap { $0.split(separator: ",").map(String.init) }
+    if requested.contains("allow_other") || requested.contains("default_permissions") {
+      opts.append("default_permissions")
+      context.kernelChecksPermissions = true
+    }
     opts += extraOptions
     for arg in ["zdc", "-o", opts.joined(separator: ",")] {
       _ = zdc_fuse_args_add(a, arg)
@@ -148,6 +161,10 @@ public final class FuseMount: @unchecked Sendable {
     guard fuse_session_mount(se, mountpoint) == 0 else {
       fuse_remove_signal_handlers(se)
       throw FuseMountError.mount(mountpoint)
+    }
+    let killpriv = zdc_fuse_session_handle_killpriv_v2(se)
+    if killpriv != 0 {
+      context.log.warning("FUSE_HANDLE_KILLPRIV_V2 not set up (errno \(-killpriv))")
     }
     fileSystem.notifier = KernelNotifications(context: context)
   }
@@ -183,6 +200,11 @@ final class KernelNotifications: KernelNotifier, @unchecked Sendable {
     _ = name.withCString {
       fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, strlen($0))
     }
+  }
+
+  func invalidateAttributes(_ inode: Inode) {
+    guard let se = context.session else { return }
+    _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(inode), -1, 0)
   }
 
   func deleteEntry(parent: Inode, child: Inode, name: String) {

@@ -20,6 +20,45 @@ enum FuseOperations {
 
   static func name(_ p: UnsafePointer<CChar>?) -> String { p.map { String(cString: $0) } ?? "" }
 
+  /// The process a request comes from.
+  static func caller(_ req: fuse_req_t?) -> Caller {
+    guard let c = fuse_req_ctx(req) else { return .superuser }
+    return Caller(uid: c.pointee.uid, gid: c.pointee.gid)
+  }
+
+  /// Refuses an access that `ino`'s permission bits do not give the caller, when the kernel
+  /// leaves permission checks to the file system (no `default_permissions`); the superuser
+  /// passes.
+  static func require(
+    _ req: fuse_req_t?, _ ctx: FuseContext, _ ino: fuse_ino_t, _ mask: AccessMask
+  ) throws {
+    guard !ctx.kernelChecksPermissions else { return }
+    let c = caller(req)
+    guard !c.isSuperuser else { return }
+    try ctx.fs.checkAccess(Inode(ino), mask, caller: c)
+  }
+
+  /// Refuses a change of a directory's entries the caller may not make (see ``require``).
+  static func requireEntryChange(_ req: fuse_req_t?, _ parent: fuse_ino_t) throws {
+    try require(req, context(req), parent, [.write, .execute])
+  }
+
+  /// Refuses a change of an inode's mode or times by a caller that neither owns the inode
+  /// nor is the superuser (`utimensat` to the current time needs only write access), when
+  /// the kernel leaves permission checks to the file system.
+  static func requireOwner(
+    _ req: fuse_req_t?, _ ctx: FuseContext, _ ino: fuse_ino_t, orWrite: Bool
+  ) throws {
+    guard !ctx.kernelChecksPermissions else { return }
+    let c = caller(req)
+    guard !c.isSuperuser, try ctx.fs.getattr(Inode(ino)).uid != c.uid else { return }
+    if orWrite {
+      try ctx.fs.checkAccess(Inode(ino), .write, caller: c)
+    } else {
+      throw FileSystemError.notPermitted
+    }
+  }
+
   static func stat(_ a: Attributes) -> stat {
     var st = Glibc.stat()
     st.st_ino = ino_t(a.inode)
@@ -111,6 +150,7 @@ enum FuseOperations {
       let n = FuseOperations.name(name)
       let ctx = FuseOperations.context(req)
       do {
+        try FuseOperations.require(req, ctx, parent, .execute)
         var e = FuseOperations.entry(try ctx.fs.lookup(parent: Inode(parent), name: n), ctx)
         fuse_reply_entry(req, &e)
       } catch FileSystemError.notFound {
@@ -156,7 +196,15 @@ enum FuseOperations {
       let handle = fi.map { FileHandleID($0.pointee.fh) }
       let ctx = FuseOperations.context(req)
       FuseOperations.replyAttr(req) { fs in
-        let a = try fs.setattr(Inode(ino), changes, handle: handle)
+        if changes.size != nil, handle == nil { try FuseOperations.require(req, ctx, ino, .write) }
+        if changes.mode != nil || changes.mtime != nil || changes.atime != nil {
+          let onlyNow =
+            changes.mode == nil
+            && [changes.mtime, changes.atime].allSatisfy { $0 == nil || $0 == .now }
+          try FuseOperations.requireOwner(req, ctx, ino, orWrite: onlyNow)
+        }
+        let a = try fs.setattr(
+          Inode(ino), changes, handle: handle, caller: FuseOperations.caller(req))
         if changes.size != nil { ctx.waitForStores(ino) }
         return a
       }
@@ -170,14 +218,16 @@ enum FuseOperations {
     ops.mkdir = { req, parent, name, mode in
       let n = FuseOperations.name(name)
       FuseOperations.replyEntry(req) {
-        try $0.mkdir(parent: Inode(parent), name: n, mode: UInt32(mode))
+        try FuseOperations.requireEntryChange(req, parent)
+        return try $0.mkdir(parent: Inode(parent), name: n, mode: UInt32(mode))
       }
     }
     ops.symlink = { req, link, parent, name in
       let n = FuseOperations.name(name)
       let target = FuseOperations.name(link)
       FuseOperations.replyEntry(req) {
-        try $0.symlink(target: target, parent: Inode(parent), name: n)
+        try FuseOperations.requireEntryChange(req, parent)
+        return try $0.symlink(target: target, parent: Inode(parent), name: n)
       }
     }
     ops.link = { req, ino, newParent, newName in
@@ -188,16 +238,24 @@ enum FuseOperations {
     }
     ops.unlink = { req, parent, name in
       let n = FuseOperations.name(name)
-      FuseOperations.replyOK(req) { try $0.unlink(parent: Inode(parent), name: n) }
+      FuseOperations.replyOK(req) {
+        try FuseOperations.requireEntryChange(req, parent)
+        try $0.unlink(parent: Inode(parent), name: n)
+      }
     }
     ops.rmdir = { req, parent, name in
       let n = FuseOperations.name(name)
-      FuseOperations.replyOK(req) { try $0.rmdir(parent: Inode(parent), name: n) }
+      FuseOperations.replyOK(req) {
+        try FuseOperations.requireEntryChange(req, parent)
+        try $0.rmdir(parent: Inode(parent), name: n)
+      }
     }
     ops.rename = { req, parent, name, newParent, newName, flags in
       let a = FuseOperations.name(name)
       let b = FuseOperations.name(newName)
       FuseOperations.replyOK(req) {
+        try FuseOperations.requireEntryChange(req, parent)
+        if newParent != parent { try FuseOperations.requireEntryChange(req, newParent) }
         try $0.rename(
           parent: Inode(parent), name: a, newParent: Inode(newParent), newName: b,
           flags: RenameFlags(rawValue: flags))
@@ -208,7 +266,12 @@ enum FuseOperations {
         guard let fi else { throw FileSystemError.badHandle }
         let ctx = FuseOperations.context(req)
         let flags = fi.pointee.flags
-        let opened = try ctx.fs.open(Inode(ino), flags: flags)
+        var mask: AccessMask = []
+        let accmode = flags & O_ACCMODE
+        if accmode != O_WRONLY { mask.insert(.read) }
+        if accmode != O_RDONLY || flags & O_TRUNC != 0 { mask.insert(.write) }
+        try FuseOperations.require(req, ctx, ino, mask)
+        let opened = try ctx.fs.open(Inode(ino), flags: flags, caller: FuseOperations.caller(req))
         if flags & O_ACCMODE != O_RDONLY { ctx.waitForStores(ino) }
         fi.pointee.fh = UInt64(opened.handle)
         zdc_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
@@ -222,8 +285,10 @@ enum FuseOperations {
       let ctx = FuseOperations.context(req)
       do {
         guard let fi else { throw FileSystemError.badHandle }
+        try FuseOperations.requireEntryChange(req, parent)
         let (attrs, opened) = try ctx.fs.create(
-          parent: Inode(parent), name: n, mode: UInt32(mode), flags: fi.pointee.flags)
+          parent: Inode(parent), name: n, mode: UInt32(mode), flags: fi.pointee.flags,
+          caller: FuseOperations.caller(req))
         // It may have opened an existing file (a name another device just created).
         ctx.waitForStores(fuse_ino_t(attrs.inode))
         fi.pointee.fh = UInt64(opened.handle)
@@ -276,8 +341,10 @@ enum FuseOperations {
     }
     ops.opendir = { req, ino, fi in
       do {
-        let attrs = try FuseOperations.context(req).fs.getattr(Inode(ino))
+        let ctx = FuseOperations.context(req)
+        let attrs = try ctx.fs.getattr(Inode(ino))
         guard attrs.type == .directory else { throw FileSystemError.notADirectory }
+        try FuseOperations.require(req, ctx, ino, .read)
         fuse_reply_open(req, fi)
       } catch { FuseOperations.fail(req, error) }
     }
@@ -310,18 +377,29 @@ enum FuseOperations {
       let data = value.map { Data(bytes: $0, count: size) } ?? Data()
       let mode: XattrMode =
         flags & 1 != 0 ? .create : (flags & 2 != 0 ? .replace : .any)  // XATTR_CREATE, _REPLACE
-      FuseOperations.replyOK(req) { try $0.setxattr(Inode(ino), name: n, value: data, mode: mode) }
+      FuseOperations.replyOK(req) {
+        if n.hasPrefix("user.") {
+          try FuseOperations.require(req, FuseOperations.context(req), ino, .write)
+        }
+        try $0.setxattr(Inode(ino), name: n, value: data, mode: mode)
+      }
     }
     ops.getxattr = { req, ino, name, size in
       let n = FuseOperations.name(name)
       do {
-        let v = try FuseOperations.context(req).fs.getxattr(Inode(ino), name: n)
+        // Only `user.` names are checked: the kernel's own `security.capability` question
+        // before a write must not fail on a file the writer may not read.
+        let ctx = FuseOperations.context(req)
+        if n.hasPrefix("user.") { try FuseOperations.require(req, ctx, ino, .read) }
+        let v = try ctx.fs.getxattr(Inode(ino), name: n)
         FuseOperations.replyXattr(req, v, size)
       } catch { FuseOperations.fail(req, error) }
     }
     ops.listxattr = { req, ino, size in
       do {
-        let names = try FuseOperations.context(req).fs.listxattr(Inode(ino))
+        let ctx = FuseOperations.context(req)
+        try FuseOperations.require(req, ctx, ino, .read)
+        let names = try ctx.fs.listxattr(Inode(ino))
         var bytes = Data()
         for n in names {
           bytes.append(contentsOf: Array(n.utf8))
@@ -332,10 +410,16 @@ enum FuseOperations {
     }
     ops.removexattr = { req, ino, name in
       let n = FuseOperations.name(name)
-      FuseOperations.replyOK(req) { try $0.removexattr(Inode(ino), name: n) }
+      FuseOperations.replyOK(req) {
+        if n.hasPrefix("user.") {
+          try FuseOperations.require(req, FuseOperations.context(req), ino, .write)
+        }
+        try $0.removexattr(Inode(ino), name: n)
+      }
     }
     ops.access = { req, ino, mask in
-      FuseOperations.replyOK(req) { try $0.access(Inode(ino), mask: mask) }
+      let caller = FuseOperations.caller(req)
+      FuseOperations.replyOK(req) { try $0.access(Inode(ino), mask: mask, caller: caller) }
     }
   }
 

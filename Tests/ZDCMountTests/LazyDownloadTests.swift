@@ -238,6 +238,9 @@ import ZDCTestSupport
     func deleteEntry(parent: Inode, child: Inode, name: String) {
       lock.withLock { calls.append("delete \(parent) \(child) \(name)") }
     }
+    func invalidateAttributes(_ inode: Inode) {
+      lock.withLock { calls.append("attributes \(inode)") }
+    }
     func wait(for count: Int) -> [String] {
       for _ in 0..<200 where lock.withLock({ calls.count }) < count { usleep(10_000) }
       return lock.withLock { calls }

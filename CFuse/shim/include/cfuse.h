@@ -61,4 +61,15 @@ unsigned int zdc_conn_wanted(const struct fuse_conn_info *conn);
 int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, const void *buf,
                      size_t size);
 
+/// Makes the mounted session `se` accept the kernel's FUSE_HANDLE_KILLPRIV_V2 offer, which
+/// libfuse 3.14 cannot negotiate: the session's device I/O goes through wrappers that add the
+/// flag to the INIT reply when the kernel's INIT request offered it (the kernel then stops
+/// asking for `security.capability` before every write). The file system takes on clearing
+/// set-user-ID and set-group-ID bits on write and truncate. Call after fuse_session_mount and
+/// before the loop. Returns 0 or -errno.
+int zdc_fuse_session_handle_killpriv_v2(struct fuse_session *se);
+
+/// True once the running session's INIT reply carried FUSE_HANDLE_KILLPRIV_V2.
+int zdc_fuse_killpriv_v2_negotiated(void);
+
 #endif

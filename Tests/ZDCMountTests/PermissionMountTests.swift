@@ -1,0 +1,111 @@
+import Foundation
+import Testing
+import ZDCTestSupport
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// Permission bits and set-user-ID clearing, as a local file system applies them, compared
+/// step by step with a plain directory: for an unprivileged user who mounts and uses the mount
+/// (the file system checks the bits itself then), and for the superuser.
+@Suite(.serialized) struct PermissionMountTests {
+  /// Each step prints its exit status or the resulting mode; only standard output is compared
+  /// (error messages name the paths).
+  static let script = """
+    echo hi > f; chmod 0444 f; echo x > f; echo "write to 0444: $?"
+    test -w f; echo "test -w: $?"; test -r f; echo "test -r: $?"; cat f
+    chmod 0200 f; cat f; echo "read 0200: $?"; echo y >> f; echo "append 0200: $?"
+    getfattr -n user.x f >/dev/null 2>&1; echo "getxattr 0200: $?"
+    chmod 0644 f; setfattr -n user.x -v 1 f; echo "setxattr 0644: $?"
+    chmod 0444 f; setfattr -n user.y -v 1 f 2>/dev/null; echo "setxattr 0444: $?"
+    touch -d @1000000000 f; echo "utime own 0444: $?"; : > f; echo "truncate 0444: $?"
+    mkdir d; touch d/a; chmod 0500 d; touch d/b; echo "create in 0500: $?"
+    rm d/a; echo "rm in 0500: $?"; mv d/a d/c; echo "mv in 0500: $?"; ls d
+    mkdir d2; mv f d2/ 2>/dev/null; echo "mv to d2: $?"
+    chmod 0300 d; ls d; echo "ls 0300: $?"; chmod 0600 d; cat d/a; echo "cat via 0600 dir: $?"
+    cd d; echo "cd 0600: $?"; chmod 0755 d; cd d && cd ..; echo "cd 0755: $?"
+    cp /bin/true t; ./t; echo "exec 0755: $?"; chmod 0644 t; ./t; echo "exec 0644: $?"
+    test -x t; echo "test -x 0644: $?"
+    echo s > s; chmod 4755 s; stat -c %a s; echo more >> s; stat -c %a s
+    chmod 2775 s; echo more >> s; stat -c %a s; chmod 2745 s; echo more >> s; stat -c %a s
+    chmod 6775 s; truncate -s 1 s; stat -c %a s
+    chmod 4755 s; python3 -c 'import os; os.truncate("s", 0)'; stat -c %a s
+    chmod 4755 s; echo new > s; stat -c %a s; cat s
+    """
+
+  /// The script's standard output in `dir`, run by `user` (`nil`: this process's user).
+  static func run(in dir: URL, as user: UInt32?) throws -> String {
+    let prefix = user.map { ["setpriv", "--reuid=\($0)", "--regid=\($0)", "--clear-groups"] } ?? []
+    let r = try runProcess(
+      URL(fileURLWithPath: "/usr/bin/env"),
+      prefix + ["bash", "-c", "cd '\(dir.path)' && { \(script)\n}"], environment: ["LC_ALL": "C"])
+    return r.stdout
+  }
+
+  static let nobody: UInt32 = 65534
+
+  @Test(.enabled(if: getuid() == 0, "needs root to act as another user"))
+  func anUnprivilegedOwnerMeetsLocalPermissionRules() throws {
+    let dir = try TemporaryDirectory("zdc-perm")
+    // The user must reach the binary and own its directories; /dev/fuse must be open to it
+    // (Debian makes it 0666; some containers keep it 0600, restored afterwards).
+    chmod(dir.url.path, 0o755)
+    let zdc = dir.path("zdc")
+    try FileManager.default.copyItem(at: BuiltProducts.executable("zdc"), to: zdc)
+    let home = dir.path("home")
+    let reference = dir.path("reference")
+    let mnt = dir.path("mnt")
+    for d in [home, reference, mnt] {
+      try FileManager.default.createDirectory(at: d, withIntermediateDirectories: true)
+      try #require(chown(d.path, Self.nobody, Self.nobody) == 0)
+    }
+    var st = stat()
+    try #require(stat("/dev/fuse", &st) == 0)
+    let fuseMode = st.st_mode & 0o777
+    if fuseMode & 0o006 != 0o006 { chmod("/dev/fuse", 0o666) }
+    defer { if fuseMode & 0o006 != 0o006 { chmod("/dev/fuse", fuseMode) } }
+
+    let env = [
+      "HOME": home.path, "ZDC_STATE_DIR": home.path + "/state",
+      "ZDC_PASSPHRASE": "permission test passphrase", "LC_ALL": "C",
+    ]
+    func asNobody(_ args: [String]) throws -> ProcessResult {
+      try runProcess(
+        URL(fileURLWithPath: "/usr/bin/setpriv"),
+        ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups"] + args,
+        environment: env)
+    }
+    let initResult = try asNobody([
+      zdc.path, "init", "--kdf", "minimum", "--store", home.path + "/store",
+    ])
+    try #require(initResult.status == 0, "init: \(initResult.stderr)")
+    let mounted = try asNobody([zdc.path, "mount", mnt.path])
+    try #require(mounted.status == 0, "mount: \(mounted.stdout) \(mounted.stderr)")
+    let pid = mounted.stdout.range(of: "process ").flatMap {
+      pid_t(mounted.stdout[$0.upperBound...].prefix { $0.isNumber })
+    }
+    defer {
+      _ = try? asNobody(["/usr/bin/fusermount3", "-u", "-z", mnt.path])
+      if let pid {
+        for _ in 0..<100 where kill(pid, 0) == 0 { usleep(50_000) }
+        if kill(pid, 0) == 0 { kill(pid, SIGKILL) }
+      }
+    }
+    let expected = try Self.run(in: reference, as: Self.nobody)
+    let got = try Self.run(in: mnt, as: Self.nobody)
+    #expect(
+      expected.contains("test -w: 1") && expected.hasSuffix("new\n"),
+      "the reference run went wrong: \(expected)")
+    #expect(got == expected)
+  }
+
+  @Test func theSuperuserMeetsLocalPermissionRules() throws {
+    let m = try MountFixture()
+    let reference = m.dir.path("reference")
+    try FileManager.default.createDirectory(at: reference, withIntermediateDirectories: true)
+    let expected = try Self.run(in: reference, as: nil)
+    let got = try Self.run(in: m.mnt, as: nil)
+    #expect(got == expected)
+  }
+}
