@@ -50,6 +50,81 @@ import ZDCFileSystem
     #expect(!rest.contains("f50"))
   }
 
+  @Test func accessChecksFollowOwnerGroupAndOtherBits() throws {
+    let w = try LazyDownloadTests.World()
+    var options = FileSystemOptions()
+    options.uid = 1000
+    options.gid = 100
+    let fs = try FileSystem(
+      catalog: w.catalog, userID: w.userID, disk: w.disk, downloads: nil, options: options)
+    let (f, h) = try fs.create(parent: 1, name: "f", mode: 0o640, flags: O_WRONLY)
+    try fs.release(h.handle)
+    let owner = Caller(uid: 1000, gid: 5)
+    let member = Caller(uid: 1001, gid: 100)
+    let other = Caller(uid: 1001, gid: 5)
+    for (caller, allowed) in [(owner, [AccessMask.read, .write]), (member, [.read]), (other, [])] {
+      for mask in [AccessMask.read, .write, .execute] {
+        if allowed.contains(mask) {
+          try fs.checkAccess(f.inode, mask, caller: caller)
+        } else {
+          #expect(throws: FileSystemError.accessDenied) {
+            try fs.checkAccess(f.inode, mask, caller: caller)
+          }
+        }
+      }
+    }
+    // The superuser may read and write anything, but not execute a file no one may execute.
+    try fs.access(f.inode, mask: R_OK | W_OK, caller: .superuser)
+    #expect(throws: FileSystemError.accessDenied) {
+      try fs.access(f.inode, mask: X_OK, caller: .superuser)
+    }
+    try fs.access(f.inode, mask: F_OK, caller: other)
+    #expect(throws: FileSystemError.notFound) { try fs.access(99_999, mask: F_OK, caller: owner) }
+  }
+
+  @Test func unprivilegedWritesClearSetUserAndGroupIDs() throws {
+    let w = try LazyDownloadTests.World()
+    let fs = try w.fileSystem(online: false)
+    let user = Caller(uid: 1000, gid: 1000)
+    func file(_ name: String, _ mode: UInt32) throws -> Inode {
+      let (a, h) = try fs.create(parent: 1, name: name, mode: 0o644, flags: O_WRONLY)
+      try fs.release(h.handle)
+      var c = AttributeChanges()
+      c.mode = mode
+      _ = try fs.setattr(a.inode, c)
+      return a.inode
+    }
+    func write(_ ino: Inode, as caller: Caller, flags: Int32 = O_WRONLY) throws {
+      let h = try fs.open(ino, flags: flags, caller: caller)
+      _ = try Data("x".utf8).withUnsafeBytes { try fs.write(h.handle, offset: 0, bytes: $0) }
+      try fs.release(h.handle)
+    }
+    let a = try file("a", 0o4755)
+    let openedOnly = try fs.open(a, flags: O_WRONLY, caller: user)
+    try fs.release(openedOnly.handle)
+    #expect(try fs.getattr(a).mode == 0o4755, "opening for writing changes nothing")
+    try write(a, as: user)
+    #expect(try fs.getattr(a).mode == 0o755)
+    let b = try file("b", 0o6775)
+    try write(b, as: .superuser)
+    #expect(try fs.getattr(b).mode == 0o6775, "the superuser's writes keep the bits")
+    try write(b, as: user)
+    #expect(try fs.getattr(b).mode == 0o775)
+    let c = try file("c", 0o2745)
+    try write(c, as: user)
+    #expect(try fs.getattr(c).mode == 0o2745, "set-group-ID stays when the group may not execute")
+    let d = try file("d", 0o4755)
+    try write(d, as: user, flags: O_WRONLY | O_TRUNC)
+    #expect(try fs.getattr(d).mode == 0o755)
+    let e = try file("e", 0o4755)
+    var truncate = AttributeChanges()
+    truncate.size = 0
+    _ = try fs.setattr(e, truncate, caller: user)
+    #expect(try fs.getattr(e).mode == 0o755)
+    let dir = try fs.mkdir(parent: 1, name: "dir", mode: 0o2775)
+    #expect(try fs.getattr(dir.inode).mode == 0o2775)
+  }
+
   @Test func typedErrorsForPOSIXCases() throws {
     let w = try LazyDownloadTests.World()
     let fs = try w.fileSystem(online: false)
