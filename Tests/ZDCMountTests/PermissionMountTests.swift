@@ -17,6 +17,7 @@ import ZDCTestSupport
     test -w f; echo "test -w: $?"; test -r f; echo "test -r: $?"; cat f
     chmod 0200 f; cat f; echo "read 0200: $?"; echo y >> f; echo "append 0200: $?"
     getfattr -n user.x f >/dev/null 2>&1; echo "getxattr 0200: $?"
+    python3 -c 'import os; os.listxattr("f")'; echo "listxattr 0200: $?"; ls -l f >/dev/null; echo "ls -l 0200: $?"
     chmod 0644 f; setfattr -n user.x -v 1 f; echo "setxattr 0644: $?"
     chmod 0444 f; setfattr -n user.y -v 1 f 2>/dev/null; echo "setxattr 0444: $?"
     touch -d @1000000000 f; echo "utime own 0444: $?"; : > f; echo "truncate 0444: $?"
