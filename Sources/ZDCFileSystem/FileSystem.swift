@@ -436,7 +436,9 @@ public final class FileSystem: @unchecked Sendable {
         let isDir = try read { tx in try isDirectory(try existingNode(id, tx), tx) }
         if section == .node, isDir { throw FileSystemError.isADirectory }
         try truncate(id, to: size)
-        if !caller.isSuperuser, changes.mode == nil { try clearPrivilegeBits(id) }
+        if section == .node, !caller.isSuperuser, changes.mode == nil {
+          try clearPrivilegeBits(id)
+        }
       case .meta, .thumb:
         try mutateSection(id, section) {
           $0 = Data($0.prefix(Int(size))) + Data(count: max(0, Int(size) - $0.count))
@@ -454,9 +456,9 @@ public final class FileSystem: @unchecked Sendable {
       if section == .node || section == .data {
         let lostSearch = try write(commit: .soon) { tx -> Bool in
           guard var n = try tx.node(id: id) else { return false }
-          var lostSearch = false
+          var lost = false
           if let m = changes.mode {
-            lostSearch = try n.mode & 0o111 & ~m != 0 && isDirectory(n, tx)
+            lost = try n.mode & 0o111 & ~m != 0 && isDirectory(n, tx)
             n.mode = m & 0o7777
           }
           if let mtime { n.mtime = mtime }
@@ -464,7 +466,7 @@ public final class FileSystem: @unchecked Sendable {
           if mtime != nil, lock.withLock({ recentCommits[id] }) != nil {
             noteCommit(id, size: n.dataSize, mtime: n.mtime)
           }
-          return lostSearch
+          return lost
         }
         if lostSearch { try forgetChildEntries(of: id) }
       }
@@ -875,7 +877,8 @@ public final class FileSystem: @unchecked Sendable {
       nameMax: UInt64(NameEscape.maxBytes))
   }
 
-  /// Checks that an inode exists (permissions are the kernel's, with `default_permissions`).
+  /// `access(2)`: checks `mask` (`R_OK`, `W_OK`, `X_OK`; `F_OK` is existence) against the
+  /// inode's permission bits for `caller` (see ``checkAccess(_:_:caller:)``).
   public func access(_ ino: Inode, mask: Int32, caller: Caller = .superuser) throws {
     try checkAccess(ino, AccessMask(rawValue: UInt32(mask & 7)), caller: caller)
   }
