@@ -69,7 +69,4 @@ int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, cons
 /// before the loop. Returns 0 or -errno.
 int zdc_fuse_session_handle_killpriv_v2(struct fuse_session *se);
 
-/// True once the running session's INIT reply carried FUSE_HANDLE_KILLPRIV_V2.
-int zdc_fuse_killpriv_v2_negotiated(void);
-
 #endif
