@@ -134,7 +134,9 @@ public final class FuseMount: @unchecked Sendable {
     // follows a change to the directory.
     var opts = ["fsname=zdcfs", "subtype=zdc"]
     let requested = extraOptions.flatMap { $0.split(separator: ",").map(String.init) }
-    if requested.contains("allow_other") || requested.contains("default_permissions") {
+    if requested.contains("default_permissions") {
+      context.kernelChecksPermissions = true
+    } else if requested.contains("allow_other") {
       opts.append("default_permissions")
       context.kernelChecksPermissions = true
     }

@@ -101,6 +101,22 @@ import ZDCTestSupport
     #expect(got == expected)
   }
 
+  /// The options the kernel shows for a mount point.
+  static func mountOptions(_ mnt: URL) throws -> [String] {
+    let mounts = try String(contentsOfFile: "/proc/mounts", encoding: .utf8)
+    let line = mounts.split(separator: "\n").map { $0.split(separator: " ") }
+      .first { $0.count > 3 && $0[1] == mnt.path }
+    return try #require(line)[3].split(separator: ",").map(String.init)
+  }
+
+  @Test func theKernelChecksPermissionBitsOnlyWhenOthersAreLetIn() throws {
+    let own = try MountFixture()
+    #expect(try !Self.mountOptions(own.mnt).contains("default_permissions"))
+    let shared = try MountFixture(mountArguments: ["-o", "allow_other"])
+    let options = try Self.mountOptions(shared.mnt)
+    #expect(options.contains("default_permissions") && options.contains("allow_other"))
+  }
+
   @Test func theSuperuserMeetsLocalPermissionRules() throws {
     let m = try MountFixture()
     let reference = m.dir.path("reference")
