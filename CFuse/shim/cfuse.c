@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fuse.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -78,6 +79,7 @@ void zdc_malloc_keep_freed(int bytes) { mallopt(M_TRIM_THRESHOLD, bytes); }
 // one thread, so the thread remembers the request's unique id between the two.
 static _Thread_local uint64_t init_unique;
 static _Thread_local int init_offered;
+static atomic_int killpriv_state;  // bit 0: offered by the kernel; bit 1: in the reply
 
 static ssize_t killpriv_read(int fd, void *buf, size_t len, void *userdata) {
   (void)userdata;
@@ -88,6 +90,7 @@ static ssize_t killpriv_read(int fd, void *buf, size_t len, void *userdata) {
       const struct fuse_init_in *arg = (const void *)((const char *)buf + sizeof(*in));
       init_unique = in->unique;
       init_offered = (arg->flags & FUSE_HANDLE_KILLPRIV_V2) != 0;
+      if (init_offered) atomic_fetch_or(&killpriv_state, 1);
     }
   }
   return n;
@@ -102,6 +105,9 @@ static ssize_t killpriv_writev(int fd, struct iovec *iov, int count, void *userd
       struct fuse_init_out *arg = iov[1].iov_base;
       arg->flags |= FUSE_HANDLE_KILLPRIV_V2;
       init_offered = 0;
+      ssize_t n = writev(fd, iov, count);
+      if (n >= 0) atomic_fetch_or(&killpriv_state, 2);
+      return n;
     }
   }
   return writev(fd, iov, count);
@@ -131,3 +137,5 @@ int zdc_fuse_session_handle_killpriv_v2(struct fuse_session *se) {
   int rc = fuse_session_custom_io(se, &io, fd);
   return rc > 0 ? -rc : rc;
 }
+
+int zdc_fuse_killpriv_v2_state(void) { return atomic_load(&killpriv_state); }

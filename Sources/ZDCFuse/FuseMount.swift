@@ -171,6 +171,18 @@ public final class FuseMount: @unchecked Sendable {
     fileSystem.notifier = KernelNotifications(context: context)
   }
 
+  /// How the kernel and the file system share the work, once the kernel has initialised the
+  /// session: whether the kernel offered and was given `FUSE_HANDLE_KILLPRIV_V2` (it then asks
+  /// for `security.capability` once per file instead of before every write), and whether it
+  /// checks permission bits itself (`default_permissions`).
+  public var kernelFeatures: [String: Bool] {
+    let state = zdc_fuse_killpriv_v2_state()
+    return [
+      "handleKillprivV2Offered": state & 1 != 0, "handleKillprivV2": state & 2 != 0,
+      "kernelChecksPermissions": context.kernelChecksPermissions,
+    ]
+  }
+
   /// Serves requests on several threads until unmounted or signalled (SIGINT, SIGTERM, SIGHUP),
   /// then unmounts.
   public func run() throws {

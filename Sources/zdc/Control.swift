@@ -20,6 +20,8 @@ final class ControlServer: @unchecked Sendable {
   let sync: (any MountSyncHooks)?
   /// The store's HTTP requests so far, by kind (S3 stores only).
   let storeRequests: (@Sendable () -> [String: Int])?
+  /// How the kernel and the file system share the work (see `FuseMount.kernelFeatures`).
+  let kernelFeatures: (@Sendable () -> [String: Bool])?
   let fd: Int32
   let lock = NSLock()
   var stopped = false
@@ -32,13 +34,15 @@ final class ControlServer: @unchecked Sendable {
 
   init(
     socketPath: String, mountpoint: String, fileSystem: FileSystem,
-    sync: (any MountSyncHooks)?, storeRequests: (@Sendable () -> [String: Int])? = nil
+    sync: (any MountSyncHooks)?, storeRequests: (@Sendable () -> [String: Int])? = nil,
+    kernelFeatures: (@Sendable () -> [String: Bool])? = nil
   ) throws {
     path = socketPath
     self.mountpoint = mountpoint
     fs = fileSystem
     self.sync = sync
     self.storeRequests = storeRequests
+    self.kernelFeatures = kernelFeatures
     unlink(path)
     fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
     guard fd >= 0 else { throw CLIError.usage("cannot create the control socket") }
@@ -175,6 +179,7 @@ final class ControlServer: @unchecked Sendable {
       out["sync"] = "not running"
     }
     if let storeRequests { out["storeRequests"] = storeRequests() }
+    if let kernelFeatures { out["kernel"] = kernelFeatures() }
     return out
   }
 

@@ -206,7 +206,8 @@ extension ZDC {
       let control = try ControlServer(
         socketPath: stateDirectory.url.appendingPathComponent("control.sock").path,
         mountpoint: mp, fileSystem: fs, sync: sync,
-        storeRequests: Self.requestCounter(account.store))
+        storeRequests: Self.requestCounter(account.store),
+        kernelFeatures: { mount.kernelFeatures })
       try control.start()
       logger.info("mounted")
       if daemonChild {

@@ -122,12 +122,35 @@ import ZDCTestSupport
     return try #require(line)[3].split(separator: ",").map(String.init)
   }
 
+  /// The `kernel` part of `zdc status --json`.
+  static func kernelFeatures(_ m: MountFixture) throws -> [String: Bool] {
+    let r = try runProcess(m.zdc, ["status", "--json"], environment: m.env)
+    let object = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
+    return try #require(object?["kernel"] as? [String: Bool], "status: \(r.stdout) \(r.stderr)")
+  }
+
   @Test func theKernelChecksPermissionBitsOnlyWhenOthersAreLetIn() throws {
     let own = try MountFixture()
     #expect(try !Self.mountOptions(own.mnt).contains("default_permissions"))
+    let features = try Self.kernelFeatures(own)
+    #expect(features["kernelChecksPermissions"] == false)
+    // Kernels from 5.11 on offer FUSE_HANDLE_KILLPRIV_V2; an offer is taken.
+    var name = utsname()
+    uname(&name)
+    let release = withUnsafeBytes(of: name.release) {
+      String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
+    }
+    let version = release.split(separator: ".").prefix(2).compactMap {
+      Int($0.prefix { $0.isNumber })
+    }
+    if version.count == 2, version[0] > 5 || (version[0] == 5 && version[1] >= 11) {
+      #expect(features["handleKillprivV2Offered"] == true, "kernel \(release)")
+    }
+    #expect(features["handleKillprivV2"] == features["handleKillprivV2Offered"])
     let shared = try MountFixture(mountArguments: ["-o", "allow_other"])
     let options = try Self.mountOptions(shared.mnt)
     #expect(options.contains("default_permissions") && options.contains("allow_other"))
+    #expect(try Self.kernelFeatures(shared)["kernelChecksPermissions"] == true)
   }
 
   @Test func theSuperuserMeetsLocalPermissionRules() throws {

@@ -69,4 +69,8 @@ int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, cons
 /// before the loop. Returns 0 or -errno.
 int zdc_fuse_session_handle_killpriv_v2(struct fuse_session *se);
 
+/// What became of FUSE_HANDLE_KILLPRIV_V2 in this process's session: bit 0 set when the
+/// kernel offered it, bit 1 when the INIT reply carrying it was sent.
+int zdc_fuse_killpriv_v2_state(void);
+
 #endif
