@@ -454,13 +454,13 @@ public final class FileSystem: @unchecked Sendable {
         c.lock.withLock { if c.writer != nil { c.pendingMtime = mtime } }
       }
       if section == .node || section == .data {
-        let lostSearch = try write(commit: .soon) { tx -> Bool in
-          guard var n = try tx.node(id: id) else { return false }
-          var lost = false
-          if let m = changes.mode {
-            lost = try n.mode & 0o111 & ~m != 0 && isDirectory(n, tx)
-            n.mode = m & 0o7777
+        let lost = try write(commit: .soon) { tx -> (search: Bool, read: Bool) in
+          guard var n = try tx.node(id: id) else { return (false, false) }
+          var lost = (search: false, read: false)
+          if let m = changes.mode, try isDirectory(n, tx) {
+            lost = (n.mode & 0o111 & ~m != 0, n.mode & 0o444 & ~m != 0)
           }
+          if let m = changes.mode { n.mode = m & 0o7777 }
           if let mtime { n.mtime = mtime }
           if n.kind != .trunk { try tx.updateNode(n) }
           if mtime != nil, lock.withLock({ recentCommits[id] }) != nil {
@@ -468,7 +468,13 @@ public final class FileSystem: @unchecked Sendable {
           }
           return lost
         }
-        if lostSearch { try forgetChildEntries(of: id) }
+        if lost.search { try forgetChildEntries(of: id) }
+        if lost.read {
+          // The kernel may keep a listing of the directory it read before; it must ask again
+          // (and meet the read check).
+          let dir = inode(of: id, .node)
+          post { $0.invalidateInode(dir) }
+        }
       }
     }
     return try getattr(ino)

@@ -73,6 +73,7 @@ extension FileSystem {
       n.invalidateInode(ino)
       if change.contains(.kind), let parent {
         n.invalidateEntry(parent: parent, name: NameEscape.shown(node.name))
+        n.invalidateInode(parent)
       }
     }
   }
@@ -100,7 +101,11 @@ extension FileSystem {
     let c = inode(of: node.id)
     let name = NameEscape.shown(node.name)
     afterDelete(node)
-    post { n in n.deleteEntry(parent: p, child: c, name: name) }
+    post { n in
+      n.deleteEntry(parent: p, child: c, name: name)
+      // The kernel forgets a listing it keeps only when it held the entry itself.
+      n.invalidateInode(p)
+    }
   }
 }
 

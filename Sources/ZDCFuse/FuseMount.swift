@@ -1,6 +1,7 @@
 import CFuse
 import Foundation
 import Logging
+import Synchronization
 public import ZDCFileSystem
 
 #if canImport(Glibc)
@@ -33,6 +34,9 @@ final class FuseContext: @unchecked Sendable {
   /// True when the kernel checks permission bits (`default_permissions`); otherwise the
   /// callbacks do, for callers other than the superuser. Set once before the mount.
   var kernelChecksPermissions = false
+  /// True once the kernel opens directories without asking (`FUSE_CAP_NO_OPENDIR_SUPPORT`):
+  /// the read check moves from OPENDIR to READDIR. Set by INIT, before any other request.
+  let kernelSkipsOpendir = Atomic<Bool>(false)
   let log = Logger(label: "zdc.fuse")
   /// Entry and attribute cache lifetime. Changes made through the mount go through the
   /// kernel, and a pull that changes what the kernel may hold invalidates it explicitly; the
@@ -174,12 +178,14 @@ public final class FuseMount: @unchecked Sendable {
   /// How the kernel and the file system share the work, once the kernel has initialised the
   /// session: whether the kernel offered and was given `FUSE_HANDLE_KILLPRIV_V2` (it then asks
   /// for `security.capability` once per file instead of before every write), and whether it
-  /// checks permission bits itself (`default_permissions`).
+  /// checks permission bits itself (`default_permissions`), and whether it opens directories
+  /// without asking (`FUSE_CAP_NO_OPENDIR_SUPPORT`; it then keeps their listings).
   public var kernelFeatures: [String: Bool] {
     let state = zdc_fuse_killpriv_v2_state()
     return [
       "handleKillprivV2Offered": state & 1 != 0, "handleKillprivV2": state & 2 != 0,
       "kernelChecksPermissions": context.kernelChecksPermissions,
+      "opendirSkipped": context.kernelSkipsOpendir.load(ordering: .acquiring),
     ]
   }
 

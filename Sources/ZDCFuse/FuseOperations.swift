@@ -131,8 +131,15 @@ enum FuseOperations {
   }
 
   static func fill(_ ops: inout fuse_lowlevel_ops) {
-    ops.`init` = { _, conn in
+    ops.`init` = { userdata, conn in
       guard let conn else { return }
+      // Directories open without a round trip (and without RELEASEDIR); the kernel keeps
+      // their listings, which directory changes and pulls invalidate.
+      zdc_conn_want(conn, UInt32(FUSE_CAP_NO_OPENDIR_SUPPORT))
+      if zdc_conn_wanted(conn) & UInt32(FUSE_CAP_NO_OPENDIR_SUPPORT) != 0, let userdata {
+        Unmanaged<FuseContext>.fromOpaque(userdata).takeUnretainedValue()
+          .kernelSkipsOpendir.store(true, ordering: .releasing)
+      }
       zdc_conn_want(conn, UInt32(FUSE_CAP_ATOMIC_O_TRUNC))
       zdc_conn_want(conn, UInt32(FUSE_CAP_READDIRPLUS))
       zdc_conn_want(conn, UInt32(FUSE_CAP_READDIRPLUS_AUTO))
@@ -342,6 +349,11 @@ enum FuseOperations {
     ops.opendir = { req, ino, fi in
       do {
         let ctx = FuseOperations.context(req)
+        // ENOSYS tells the kernel not to ask again; READDIR checks read permission instead.
+        if ctx.kernelSkipsOpendir.load(ordering: .acquiring) {
+          fuse_reply_err(req, ENOSYS)
+          return
+        }
         let attrs = try ctx.fs.getattr(Inode(ino))
         guard attrs.type == .directory else { throw FileSystemError.notADirectory }
         try FuseOperations.require(req, ctx, ino, .read)
@@ -503,6 +515,9 @@ enum FuseOperations {
     defer { buf.deallocate() }
     var used = 0
     do {
+      if ctx.kernelSkipsOpendir.load(ordering: .acquiring) {
+        try require(req, ctx, ino, .read)
+      }
       // An entry takes at least 24 bytes plus its name (152 with attributes).
       let expected = size / (plus ? 176 : 40) + 2
       try ctx.fs.readdir(Inode(ino), offset: UInt64(max(0, off)), plus: plus, expected: expected) {
