@@ -292,6 +292,39 @@ final class SyncDevice: @unchecked Sendable {
       store: store, devices: [a, b])
   }
 
+  /// The kernel keeps a directory's listing with the directory's inode (it opens directories
+  /// without asking). A pull that deletes an entry whose name the kernel no longer holds as a
+  /// dentry must still drop that listing.
+  @Test func aPulledDeleteLeavesNoStaleNameInAListingTheKernelKeeps() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    let b = try SyncDevice("devB", in: dir, store: store, join: true)
+    defer { b.unmount(wait: false) }
+    try a.sh("mkdir d && echo one > d/gone.txt && echo two > d/kept.txt")
+    try a.sync()
+    try b.sync()
+    // A process working in the directory keeps its inode, and with it the listing, while the
+    // kernel lets go of the entries' dentries.
+    let holder = Process()
+    holder.executableURL = URL(fileURLWithPath: "/bin/sleep")
+    holder.arguments = ["300"]
+    holder.currentDirectoryURL = b.file("d")
+    try holder.run()
+    defer {
+      kill(holder.processIdentifier, SIGKILL)
+      holder.waitUntilExit()
+    }
+    #expect(try b.ls("d") == ["gone.txt", "kept.txt"])
+    if getuid() == 0 { try b.sh("sync && echo 2 > /proc/sys/vm/drop_caches") }
+    try a.sh("rm d/gone.txt")
+    try a.sync()
+    try b.sync()
+    #expect(try b.ls("d") == ["kept.txt"])
+  }
+
   @Test func periodicPullsShowRemoteChangesWithoutSync() throws {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
