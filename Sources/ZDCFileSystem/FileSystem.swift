@@ -898,6 +898,22 @@ public final class FileSystem: @unchecked Sendable {
     guard Self.permits(a, mask, caller) else { throw FileSystemError.accessDenied }
   }
 
+  /// Refuses with ``FileSystemError/accessDenied`` moving the directory `name` of `parent` to
+  /// another parent when `caller` may not write the directory itself (its `..` entry changes),
+  /// as a local file system does. Anything else (a file, a rename within one parent, a name
+  /// that does not exist) passes: the rename reports it.
+  public func checkDirectoryMove(
+    parent: Inode, name: String, newParent: Inode, caller: Caller
+  ) throws {
+    guard parent != newParent, !caller.isSuperuser, Section(fileName: name) == nil else { return }
+    let (pid, _) = resolve(parent)
+    let moved = try read { tx -> Attributes? in
+      guard let c = try child(of: pid, shown: name, tx), try isDirectory(c, tx) else { return nil }
+      return try attributes(of: c, .node, tx)
+    }
+    if let moved, !Self.permits(moved, .write, caller) { throw FileSystemError.accessDenied }
+  }
+
   static func permits(_ a: Attributes, _ mask: AccessMask, _ caller: Caller) -> Bool {
     if caller.isSuperuser {
       return !mask.contains(.execute) || a.type == .directory || a.mode & 0o111 != 0

@@ -262,7 +262,14 @@ enum FuseOperations {
       let b = FuseOperations.name(newName)
       FuseOperations.replyOK(req) {
         try FuseOperations.requireEntryChange(req, parent)
-        if newParent != parent { try FuseOperations.requireEntryChange(req, newParent) }
+        if newParent != parent {
+          try FuseOperations.requireEntryChange(req, newParent)
+          if !FuseOperations.context(req).kernelChecksPermissions {
+            try $0.checkDirectoryMove(
+              parent: Inode(parent), name: a, newParent: Inode(newParent),
+              caller: FuseOperations.caller(req))
+          }
+        }
         try $0.rename(
           parent: Inode(parent), name: a, newParent: Inode(newParent), newName: b,
           flags: RenameFlags(rawValue: flags))

@@ -24,6 +24,9 @@ import ZDCTestSupport
     mkdir d; touch d/a; chmod 0500 d; touch d/b; echo "create in 0500: $?"
     rm d/a; echo "rm in 0500: $?"; mv d/a d/c; echo "mv in 0500: $?"; ls d
     mkdir d2; mv f d2/ 2>/dev/null; echo "mv to d2: $?"
+    mkdir -p m/sub o; chmod 0555 m/sub; mv m/sub o/; echo "move 0555 dir: $?"; ls m o
+    chmod 0755 m/sub; mv m/sub o/; echo "move 0755 dir: $?"; chmod 0555 o/sub
+    mv o/sub o/renamed; echo "rename 0555 dir in place: $?"; ls o
     chmod 0300 d; ls d; echo "ls 0300: $?"; chmod 0600 d; cat d/a; echo "cat via 0600 dir: $?"
     cd d; echo "cd 0600: $?"; chmod 0755 d; cd d && cd ..; echo "cd 0755: $?"
     cp /bin/true t; ./t; echo "exec 0755: $?"; chmod 0644 t; ./t; echo "exec 0644: $?"
