@@ -180,7 +180,7 @@ let package = Package(
       name: "ZDCMountTests",
       dependencies: [
         "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCDisk", "ZDCSync", "ZDCLocalStore", "ZDCS3Store",
-        "ZDCFileSystem", "ZDCTestSupport", "zdc",
+        "ZDCFileSystem", "ZDCFuse", "ZDCTestSupport", "zdc",
       ],
       swiftSettings: strict),
     .testTarget(

@@ -111,10 +111,17 @@ public final class FuseMount: @unchecked Sendable {
   var ops = fuse_lowlevel_ops()
 
   /// Prepares a mount; `options` are `-o` values (e.g. `allow_other`).
-  public init(fileSystem: FileSystem, mountpoint: String, options: [String] = []) {
+  /// `stateDirectory`, when given, is recorded as the mount's source (`zdcfs:PATH` in
+  /// `/proc/mounts`), so that tools find the mount's state from its mount point (see
+  /// ``stateDirectory(ofMountpoint:mountTable:)``).
+  public init(
+    fileSystem: FileSystem, mountpoint: String, options: [String] = [],
+    stateDirectory: String? = nil
+  ) {
     self.fileSystem = fileSystem
     self.mountpoint = mountpoint
     self.extraOptions = options
+    self.source = Self.source(stateDirectory: stateDirectory)
     context = FuseContext(fs: fileSystem)
   }
 
@@ -136,7 +143,7 @@ public final class FuseMount: @unchecked Sendable {
     // can reach the mount, and the adapter checks the owner's bits (see `FuseContext`): the
     // kernel would otherwise ask for the parent's attributes before each path lookup that
     // follows a change to the directory.
-    var opts = ["fsname=zdcfs", "subtype=zdc"]
+    var opts = ["fsname=\(source)", "subtype=zdc"]
     let requested = extraOptions.flatMap { $0.split(separator: ",").map(String.init) }
     if requested.contains("default_permissions") {
       context.kernelChecksPermissions = true
@@ -187,6 +194,58 @@ public final class FuseMount: @unchecked Sendable {
       "kernelChecksPermissions": context.kernelChecksPermissions,
       "opendirSkipped": context.kernelSkipsOpendir.load(ordering: .acquiring),
     ]
+  }
+
+  /// The mount's source as `/proc/mounts` shows it.
+  let source: String
+
+  /// `zdcfs:PATH` for a state directory whose path survives mount options unchanged (no comma,
+  /// backslash, control character or whitespace), else plain `zdcfs`.
+  static func source(stateDirectory: String?) -> String {
+    guard let path = stateDirectory, path.hasPrefix("/"),
+      !path.unicodeScalars.contains(where: {
+        $0 == "," || $0 == "\\" || $0.properties.isWhitespace || $0.value < 0x20 || $0.value == 0x7f
+      })
+    else { return "zdcfs" }
+    return "zdcfs:" + path
+  }
+
+  /// The state directory recorded as the source of the zdcfs mount at `mountpoint` in a mount
+  /// table in `/proc/self/mountinfo` form, or `nil` (no such mount, or none recorded).
+  public static func stateDirectory(ofMountpoint mountpoint: String, mountTable: String) -> String?
+  {
+    for line in mountTable.split(separator: "\n") {
+      // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS
+      let fields = line.split(separator: " ", omittingEmptySubsequences: false)
+      guard fields.count > 4, unescape(fields[4]) == mountpoint,
+        let dash = fields.firstIndex(of: "-"), dash + 2 < fields.count,
+        fields[dash + 1] == "fuse.zdc"
+      else { continue }
+      let source = unescape(fields[dash + 2])
+      guard source.hasPrefix("zdcfs:/") else { return nil }
+      return String(source.dropFirst("zdcfs:".count))
+    }
+    return nil
+  }
+
+  /// A mount table field with its octal escapes (`\040` for a space) undone.
+  static func unescape(_ field: Substring) -> String {
+    var bytes: [UInt8] = []
+    var i = field.utf8.startIndex
+    let u = field.utf8
+    while i < u.endIndex {
+      if u[i] == UInt8(ascii: "\\"), u.distance(from: i, to: u.endIndex) >= 4 {
+        let digits = u[u.index(after: i)..<u.index(i, offsetBy: 4)]
+        if let v = UInt8(String(decoding: digits, as: UTF8.self), radix: 8) {
+          bytes.append(v)
+          i = u.index(i, offsetBy: 4)
+          continue
+        }
+      }
+      bytes.append(u[i])
+      i = u.index(after: i)
+    }
+    return String(decoding: bytes, as: UTF8.self)
   }
 
   /// Serves requests on several threads until unmounted or signalled (SIGINT, SIGTERM, SIGHUP),

@@ -200,7 +200,9 @@ extension ZDC {
       let fs = try FileSystem(
         catalog: account.catalog, userID: account.config.userID, disk: disk, downloads: downloads)
       let sync = try makeSync(account: account, fileSystem: fs, stateDirectory: stateDirectory)
-      let mount = FuseMount(fileSystem: fs, mountpoint: mp, options: options)
+      let mount = FuseMount(
+        fileSystem: fs, mountpoint: mp, options: options,
+        stateDirectory: stateDirectory.url.standardizedFileURL.path)
       try mount.mount()
       try sync.start(delegate: FileSystemSyncDelegate(fileSystem: fs))
       let control = try ControlServer(
@@ -297,7 +299,8 @@ extension ZDC {
     func run() throws {
       try runReportingErrors {
         let mp = URL(fileURLWithPath: mountpoint).standardizedFileURL.path
-        let sock = state.stateDirectory.url.appendingPathComponent("control.sock").path
+        let sock = Self.stateDirectory(of: mp, given: state)
+          .appendingPathComponent("control.sock").path
         if let answer = ControlClient.request(socketPath: sock, command: "status"),
           let obj = (try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any],
           obj["sync"] as? String == "draining"
@@ -330,6 +333,25 @@ extension ZDC {
         waitForServer(sock)
         print("Unmounted \(mp).")
       }
+    }
+
+    /// The state directory of the mount at `mountpoint`: the one the mount recorded as its
+    /// source, unless `--state-dir` names another whose process serves that mount point; else
+    /// the given (or default) one.
+    static func stateDirectory(of mountpoint: String, given: StateOptions) -> URL {
+      let table = (try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8)) ?? ""
+      guard let recorded = FuseMount.stateDirectory(ofMountpoint: mountpoint, mountTable: table)
+      else { return given.stateDirectory.url }
+      if given.stateDir != nil {
+        let sock = given.stateDirectory.url.appendingPathComponent("control.sock").path
+        if let answer = ControlClient.request(socketPath: sock, command: "status"),
+          let obj = (try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any],
+          obj["mountpoint"] as? String == mountpoint
+        {
+          return given.stateDirectory.url
+        }
+      }
+      return URL(fileURLWithPath: recorded, isDirectory: true)
     }
 
     /// Waits until the serving process has uploaded what is pending (unless `--no-wait`) and

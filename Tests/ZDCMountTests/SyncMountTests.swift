@@ -392,6 +392,34 @@ final class SyncDevice: @unchecked Sendable {
       files.values.map { $0.suffix(40) }, store: store, devices: [a, b])
   }
 
+  /// The mount records its state directory as its source in the mount table, so `zdc unmount
+  /// MOUNTPOINT` reaches the right process (and waits for its uploads) without `--state-dir`,
+  /// whatever the default state directory is.
+  @Test func unmountFindsTheStateDirectoryFromTheMountPoint() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice(
+      "devA", in: dir, store: store, join: false, mountArguments: ["--upload-delay", "600"])
+    defer { a.unmount(wait: false) }
+    let mounts = try String(contentsOfFile: "/proc/mounts", encoding: .utf8)
+    #expect(mounts.contains("zdcfs:\(a.state.path) \(a.mnt.path) fuse.zdc "), "\(mounts)")
+    let pid = try #require(a.pid)
+    let content = Self.marker("unmount-by-mount-point")
+    try content.write(to: a.file("queued.txt"))
+    #expect(Self.dataObjects(store).isEmpty)
+    var env = a.env
+    env["ZDC_STATE_DIR"] = nil
+    env["HOME"] = dir.path("elsewhere").path
+    let r = try runProcess(a.zdc, ["unmount", a.mnt.path], environment: env)
+    #expect(r.status == 0, "\(r.stdout) \(r.stderr)")
+    // It waited for the upload and for the process to finish.
+    #expect(!SyncDevice.isAlive(pid))
+    #expect(Self.dataObjects(store).count == 1)
+    #expect(!a.isMounted)
+    try Self.expectNoPlaintext([content], store: store, devices: [a])
+  }
+
   @Test func unmountNoWaitLeavesUploadsQueued() throws {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
