@@ -224,8 +224,12 @@ public final class Account: Sendable {
   ) throws -> Catalog {
     // Commits survive a crash of the daemon; `fsync(2)` through the mount makes them durable
     // against power loss too (`Catalog.makeDurable`).
+    // Node keys, extended attributes, sections and journal records are sealed at rest with a
+    // key only the unlocked private key gives.
+    let fieldKey = try KeyDerivation.key(for: .catalog, secret: bundle.keyPair.boxSecretKey)
     let catalog = try Catalog(
-      path: stateDirectory.catalogURL.path, options: Catalog.Options(durability: .normal))
+      path: stateDirectory.catalogURL.path,
+      options: Catalog.Options(durability: .normal, fieldKey: fieldKey))
     if try catalog.localUser(id: config.userID) == nil {
       _ = try catalog.createLocalUser(
         LocalUser(

@@ -28,14 +28,19 @@ public final class Catalog: Sendable {
     public var busyTimeout: Double
     /// The longest a ``Commit/soon`` write waits for its commit, in seconds.
     public var batchWindow: Double
+    /// The key (32 bytes) that seals the catalog's sensitive fields at rest — node keys,
+    /// extended attributes, data tags and redo journal records; `nil` leaves a catalog that was
+    /// never sealed as it is (and cannot read a sealed one's fields).
+    public var fieldKey: Data?
 
     public init(
       durability: Durability = .full, busyTimeout: Double = 10,
-      batchWindow: Double = Catalog.batchWindow
+      batchWindow: Double = Catalog.batchWindow, fieldKey: Data? = nil
     ) {
       self.durability = durability
       self.busyTimeout = busyTimeout
       self.batchWindow = batchWindow
+      self.fieldKey = fieldKey
     }
   }
 
@@ -48,6 +53,8 @@ public final class Catalog: Sendable {
   let shareLists = ShareListCache()
   /// Nodes read on the writer connection, shared by the transactions that run there.
   let nodes = NodeCache()
+  /// How this catalog's sensitive fields are stored (see ``Options/fieldKey``).
+  let fields: FieldCoding
   /// Layouts of the local users seen so far (a user's treeID never changes).
   private let layouts = LockedBox<[String: CloudLayout]>([:])
 
@@ -60,7 +67,8 @@ public final class Catalog: Sendable {
   public convenience init(path: String, options: Options = Options()) throws {
     let pool = try DatabasePool(path: path, configuration: Self.configuration(options))
     try self.init(
-      writer: pool, path: path, temporaryDirectory: nil, batchWindow: options.batchWindow)
+      writer: pool, path: path, temporaryDirectory: nil, batchWindow: options.batchWindow,
+      fieldKey: options.fieldKey)
   }
 
   /// A catalog in a fresh temporary directory, removed when the catalog is released (tests).
@@ -71,7 +79,8 @@ public final class Catalog: Sendable {
     let path = dir.appendingPathComponent("catalog.sqlite").path
     let pool = try DatabasePool(path: path, configuration: configuration(options))
     return try Catalog(
-      writer: pool, path: path, temporaryDirectory: dir, batchWindow: options.batchWindow)
+      writer: pool, path: path, temporaryDirectory: dir, batchWindow: options.batchWindow,
+      fieldKey: options.fieldKey)
   }
 
   /// A catalog in memory (tests): one connection, nothing on disk.
@@ -82,7 +91,8 @@ public final class Catalog: Sendable {
   }
 
   private init(
-    writer: any DatabaseWriter, path: String?, temporaryDirectory: URL?, batchWindow: Double
+    writer: any DatabaseWriter, path: String?, temporaryDirectory: URL?, batchWindow: Double,
+    fieldKey: Data? = nil
   ) throws {
     self.writer = writer
     self.batchWindowSeconds = batchWindow
@@ -90,6 +100,7 @@ public final class Catalog: Sendable {
     self.temporaryDirectory = temporaryDirectory
     self.commitHooks = CommitHooks(nodes: nodes)
     try Schema.migrator.migrate(writer)
+    fields = try Self.sealFields(writer, key: fieldKey)
     writer.add(transactionObserver: commitHooks, extent: .databaseLifetime)
     if let path {
       do {
@@ -263,7 +274,7 @@ public final class Catalog: Sendable {
           let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
           let tx = CloudTransaction(
             db: db, layout: layout, readOnly: false, failpoint: failpoint,
-            shareLists: shareLists, nodes: nodes)
+            shareLists: shareLists, nodes: nodes, fields: fields)
           if journaled { tx.journalRecords = [] }
           let result: T
           do { result = try body(tx) } catch {
@@ -404,7 +415,7 @@ public final class Catalog: Sendable {
           // Its commit hooks were kept when it first ran.
           let tx = CloudTransaction(
             db: db, layout: layout, readOnly: false, failpoint: nil, shareLists: shareLists,
-            nodes: nodes)
+            nodes: nodes, fields: fields)
           for record in entry.records { try tx.replay(record) }
           try control(db, "RELEASE SAVEPOINT replay")
         } catch {
@@ -460,7 +471,7 @@ public final class Catalog: Sendable {
             try db.inSavepoint {
               let tx = CloudTransaction(
                 db: db, layout: layout, readOnly: false, failpoint: nil,
-                shareLists: shareLists, nodes: nodes)
+                shareLists: shareLists, nodes: nodes, fields: fields)
               for record in entry.records { try tx.replay(record) }
               commitHooks.append(tx.commitHooks)
               return .commit
@@ -515,7 +526,7 @@ public final class Catalog: Sendable {
       let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
       let tx = CloudTransaction(
         db: db, layout: layout, readOnly: true, failpoint: nil, shareLists: shareLists,
-        nodes: onWriter ? nodes : nil)
+        nodes: onWriter ? nodes : nil, fields: fields)
       let result = try body(tx)
       if known == nil { layouts.value[userID] = layout }
       return result
@@ -571,7 +582,7 @@ public final class Catalog: Sendable {
         ])
       let tx = CloudTransaction(
         db: db, layout: user.layout, readOnly: false, failpoint: nil, shareLists: shareLists,
-        nodes: nodes)
+        nodes: nodes, fields: fields)
       var trunks: [Trunk: Node] = [:]
       for trunk in Trunk.allCases {
         trunks[trunk] = try tx.insertTrunk(trunk)
@@ -613,7 +624,7 @@ public final class Catalog: Sendable {
       let layout = try CloudTransaction.layout(userID: id, db: db)
       let tx = CloudTransaction(
         db: db, layout: layout, readOnly: false, failpoint: nil, shareLists: shareLists,
-        nodes: nodes)
+        nodes: nodes, fields: fields)
       try db.execute(
         sql: """
           DELETE FROM pushOperationDeps WHERE opID IN

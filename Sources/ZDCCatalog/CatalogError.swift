@@ -30,6 +30,8 @@ public enum CatalogError: Error, Sendable, Equatable, CustomStringConvertible {
   case injectedFailure(String)
   /// The disk holding the catalog is full (or over quota): the transaction was rolled back.
   case outOfSpace
+  /// The catalog's sensitive fields are sealed and it was opened without their key.
+  case locked
 
   public var description: String {
     switch self {
@@ -49,6 +51,7 @@ public enum CatalogError: Error, Sendable, Equatable, CustomStringConvertible {
     case .corrupt(let m): return "corrupt catalog: \(m)"
     case .injectedFailure(let f): return "injected failure at \(f)"
     case .outOfSpace: return "no space left on the disk holding the catalog"
+    case .locked: return "the catalog is sealed and was opened without its key"
     }
   }
 }

@@ -22,6 +22,8 @@ public final class CloudTransaction {
   /// True for a read-only transaction.
   public let isReadOnly: Bool
   let failpoint: String?
+  /// How sensitive fields are stored (see `Catalog.Options.fieldKey`).
+  let fields: FieldCoding
   let shareLists: ShareListCache
   /// The writer connection's node cache (`nil` on a reader connection).
   let sharedNodes: NodeCache?
@@ -34,8 +36,9 @@ public final class CloudTransaction {
 
   init(
     db: Database, layout: CloudLayout, readOnly: Bool, failpoint: String?,
-    shareLists: ShareListCache, nodes: NodeCache? = nil
+    shareLists: ShareListCache, nodes: NodeCache? = nil, fields: FieldCoding = .plain
   ) {
+    self.fields = fields
     self.db = db
     self.userID = layout.userID
     self.layout = layout
@@ -120,13 +123,16 @@ public final class CloudTransaction {
     else { throw CatalogError.corrupt("node row") }
     let shareList = try decodeShareList(shareJSON)
     var xattrs: [String: Data] = [:]
-    if let json = text(23) {
+    if case .sealed = fields, let sealed = Data.fromStatement(s, atUncheckedIndex: 23) {
+      xattrs = try decoder.decode([String: Data].self, from: try fields.open(sealed))
+    } else if let json = text(23) {
       xattrs = try decoder.decode([String: Data].self, from: Data(json.utf8))
     }
     return Node(
       id: id, uuid: uuid, localUserID: localUserID, parentID: int(3), name: name, kind: kind,
       trunk: text(6).flatMap(Trunk.init(rawValue:)), shareList: shareList, burnDate: date(8),
-      encryptionKey: blob(9), dirSalt: blob(10), dirPrefix: dirPrefix, cloudID: cloudID,
+      encryptionKey: try fields.open(blob(9)), dirSalt: blob(10), dirPrefix: dirPrefix,
+      cloudID: cloudID,
       eTagRcrd: text(13), eTagData: text(14), lastModifiedRcrd: date(15),
       lastModifiedData: date(16),
       cloudDataInfo: try text(17).map { try CloudDataInfoCodec.decode($0, decoder) },
@@ -173,9 +179,18 @@ public final class CloudTransaction {
       node.kind.rawValue, try shareListJSON(node.shareList),
       node.burnDate?.timeIntervalSinceReferenceDate, try node.anchor.map { try json($0) },
       node.pointeeID, Int64(node.mode), node.mtime.totalNanoseconds,
-      node.xattrs.isEmpty ? nil : try json(node.xattrs), node.symlinkTarget,
+      try storedXattrs(node.xattrs), node.symlinkTarget,
       Int64(bitPattern: node.dataSize),
     ]
+  }
+
+  /// A node's extended attributes as stored: JSON, sealed when the catalog seals its fields
+  /// (`nil` for none).
+  func storedXattrs(_ xattrs: [String: Data]) throws -> (any DatabaseValueConvertible)? {
+    guard !xattrs.isEmpty else { return nil }
+    let encoded = try json(xattrs)
+    if case .plain = fields { return encoded }
+    return try fields.seal(Data(encoded.utf8))
   }
 
   /// Inserts a node's row; with `id`, under that row id (journal replay), else the next one.
@@ -191,13 +206,13 @@ public final class CloudTransaction {
     let args: [(any DatabaseValueConvertible)?] = [
       node.uuid, node.localUserID, node.parentID, node.name, node.kind.rawValue,
       node.trunk?.rawValue, try shareListJSON(node.shareList),
-      node.burnDate?.timeIntervalSinceReferenceDate, node.encryptionKey, node.dirSalt,
-      node.dirPrefix, node.cloudID, node.eTagRcrd, node.eTagData,
+      node.burnDate?.timeIntervalSinceReferenceDate, try fields.seal(node.encryptionKey),
+      node.dirSalt, node.dirPrefix, node.cloudID, node.eTagRcrd, node.eTagData,
       node.lastModifiedRcrd?.timeIntervalSinceReferenceDate,
       node.lastModifiedData?.timeIntervalSinceReferenceDate,
       try node.cloudDataInfo.map { try json($0) }, node.explicitCloudName,
       try node.anchor.map { try json($0) }, node.pointeeID, Int64(node.mode),
-      node.mtime.totalNanoseconds, node.xattrs.isEmpty ? nil : try json(node.xattrs),
+      node.mtime.totalNanoseconds, try storedXattrs(node.xattrs),
       node.symlinkTarget, Int64(bitPattern: node.dataSize), node.nameKey.value, cloudName, id,
     ]
     try rawExecute(stmt, args)

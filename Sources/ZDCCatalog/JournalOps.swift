@@ -38,7 +38,7 @@ extension CloudTransaction {
   func endJournaled(_ op: @autoclosure () -> JournalOp?) throws {
     journalDepth -= 1
     guard journalDepth == 0, journalRecords != nil, let op = op() else { return }
-    journalRecords!.append(try encode(op))
+    journalRecords!.append(try fields.sealRecord(try encode(op)))
   }
 
   /// Leaves a journaled mutation that failed (nothing recorded).
@@ -219,7 +219,7 @@ extension CloudTransaction {
 
   /// Makes a recorded change again (journal replay; this transaction is not journaled).
   func replay(_ record: Data) throws {
-    switch try decodeOp(record) {
+    switch try decodeOp(try fields.openRecord(record)) {
     case .create(let node):
       _ = try createNode(node, id: node.id)
     case .update(let recorded):

@@ -10,7 +10,18 @@ enum Schema {
     m.registerMigration("v4") { db in try v4(db) }
     m.registerMigration("v5") { db in try v5(db) }
     m.registerMigration("v6") { db in try v6(db) }
+    m.registerMigration("v7") { db in try v7(db) }
     return m
+  }
+
+  /// Whether the sensitive fields are sealed (see `Catalog.Options.fieldKey`); a catalog from
+  /// before this migration is not, until it is opened with a key.
+  private static func v7(_ db: Database) throws {
+    try db.execute(
+      sql: """
+        CREATE TABLE fieldSealing (id INTEGER PRIMARY KEY CHECK (id = 1), sealed INTEGER NOT NULL);
+        INSERT INTO fieldSealing (id, sealed) VALUES (1, 0);
+        """)
   }
 
   /// The redo journal's mark: the sequence number of the last journal entry the database

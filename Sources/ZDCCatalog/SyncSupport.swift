@@ -217,12 +217,12 @@ extension CloudTransaction {
     let args: [(any DatabaseValueConvertible)?] = [
       parentID, node.name, node.nameKey.value, cloudName, computed == cloudName ? nil : cloudName,
       node.kind.rawValue, try shareListJSON(node.shareList),
-      node.burnDate?.timeIntervalSinceReferenceDate, node.encryptionKey, node.dirSalt,
-      node.dirPrefix, node.eTagRcrd, node.eTagData,
+      node.burnDate?.timeIntervalSinceReferenceDate, try fields.seal(node.encryptionKey),
+      node.dirSalt, node.dirPrefix, node.eTagRcrd, node.eTagData,
       node.lastModifiedRcrd?.timeIntervalSinceReferenceDate,
       node.lastModifiedData?.timeIntervalSinceReferenceDate,
       try node.cloudDataInfo.map { try json($0) }, Int64(node.mode), node.mtime.totalNanoseconds,
-      node.xattrs.isEmpty ? nil : try json(node.xattrs), node.symlinkTarget,
+      try storedXattrs(node.xattrs), node.symlinkTarget,
       Int64(bitPattern: node.dataSize), node.id, userID,
     ]
     try rawExecute(stmt, args)

@@ -23,7 +23,7 @@ extension CloudTransaction {
       switch value {
       case .string(let s): dbValue = s
       case .int(let i): dbValue = i
-      case .data(let d): dbValue = d
+      case .data(let d): dbValue = try fields.seal(d)
       }
       try rawExecute(stmt, [nodeID, identifier, dbValue])
     } else {
@@ -44,7 +44,7 @@ extension CloudTransaction {
     guard let row = try Row.fetchOne(stmt, arguments: [nodeID, identifier, userID]) else {
       return nil
     }
-    return Self.tagValue(row[0])
+    return try tagValue(row[0])
   }
 
   /// Every tag of a node, by identifier.
@@ -56,7 +56,7 @@ extension CloudTransaction {
         """)
     var out: [String: TagValue] = [:]
     for row in try Row.fetchAll(stmt, arguments: [nodeID, userID]) {
-      if let v = Self.tagValue(row[1]) { out[row[0]] = v }
+      if let v = try tagValue(row[1]) { out[row[0]] = v }
     }
     return out
   }
@@ -71,11 +71,11 @@ extension CloudTransaction {
     return try NodeID.fetchAll(stmt, arguments: [identifier, userID])
   }
 
-  private static func tagValue(_ value: DatabaseValue) -> TagValue? {
+  private func tagValue(_ value: DatabaseValue) throws -> TagValue? {
     switch value.storage {
     case .string(let s): return .string(s)
     case .int64(let i): return .int(i)
-    case .blob(let d): return .data(d)
+    case .blob(let d): return .data(try fields.open(d))
     case .double(let d): return .int(Int64(d))
     case .null: return nil
     }

@@ -10,6 +10,9 @@ public enum KeyDerivation {
     case changeLog = "changelog"
     /// Encrypts the local disk cache and staging files (CryptoFile).
     case localCache = "cache"
+    /// Seals the catalog's sensitive fields (node keys, extended attributes, data tags, redo
+    /// journal records).
+    case catalog = "catalog"
   }
 
   /// `BLAKE2b-256(key: secret, message: "zdc.subkey.v1|" + purpose)`: a 32-byte key.

@@ -279,6 +279,29 @@ import ZDCTestSupport
     #expect(hits.isEmpty, "plaintext found: \(hits)")
   }
 
+  /// A directory's `.meta` and `.thumb` and a file's extended attributes are content: the
+  /// catalog seals them (with the node keys), so none is found in the clear anywhere in the
+  /// state directory — database, write-ahead log, redo journal, caches, log.
+  @Test func sectionsAndExtendedAttributesAreSealedInTheStateDirectory() throws {
+    let m = try MountFixture()
+    let values = ["meta", "thumb", "xattr", "zdcmeta"].map {
+      "\($0)-marker-\(UUID().uuidString)"
+    }
+    try m.sh(
+      "mkdir d && printf '%s' '\(values[0])' > d/.meta && printf '%s' '\(values[1])' > d/.thumb"
+        + " && echo x > f && setfattr -n user.note -v '\(values[2])' f"
+        + " && setfattr -n user.zdc.meta -v '\(values[3])' f")
+    m.unmount()
+    let hits = try findPlaintext(values.map { Data($0.utf8) }, under: m.state)
+    #expect(hits.isEmpty, "plaintext found: \(hits)")
+    try m.mount()
+    #expect(
+      try m.sh(
+        "cat d/.meta; echo; cat d/.thumb; echo; getfattr --only-values -n user.note f; echo;"
+          + " getfattr --only-values -n user.zdc.meta f"
+      ).stdout == values.joined(separator: "\n"))
+  }
+
   @Test func unmountRefusesWhileBusy() throws {
     let m = try MountFixture()
     try m.sh("echo x > f")

@@ -1,0 +1,130 @@
+import Foundation
+import ZDCCrypto
+
+/// How a catalog stores its sensitive fields — node keys, extended attributes, data tags (a
+/// directory's `.meta` and `.thumb`) and redo journal records: sealed with a key derived from
+/// the user's private key, or (a catalog opened without a key) as they are.
+enum FieldCoding: Sendable {
+  /// Fields as they are (a catalog that was never given a key).
+  case plain
+  /// Fields sealed with this key.
+  case sealed(FieldSeal)
+  /// A sealed catalog opened without its key: sealed fields cannot be read or written.
+  case locked
+
+  /// `value` as stored.
+  func seal(_ value: Data) throws -> Data {
+    switch self {
+    case .plain: return value
+    case .sealed(let s): return try s.seal(value)
+    case .locked: throw CatalogError.locked
+    }
+  }
+
+  /// A stored value as it was given.
+  func open(_ stored: Data) throws -> Data {
+    switch self {
+    case .plain: return stored
+    case .sealed(let s): return try s.open(stored)
+    case .locked: throw CatalogError.locked
+    }
+  }
+
+  /// A redo journal record as written (a sealed record starts with ``FieldSeal/recordMark``,
+  /// which no plain record does: those start with their operation kind).
+  func sealRecord(_ record: Data) throws -> Data {
+    guard case .sealed(let s) = self else { return record }
+    return try s.seal(record, mark: FieldSeal.recordMark)
+  }
+
+  /// A redo journal record as it was made (plain records, from before the catalog was sealed,
+  /// pass as they are).
+  func openRecord(_ record: Data) throws -> Data {
+    guard record.first == FieldSeal.recordMark else { return record }
+    return try open(record.dropFirst())
+  }
+}
+
+/// XChaCha20-Poly1305: `version ‖ nonce ‖ ciphertext ‖ tag`. Nonces are a random 16-byte
+/// prefix chosen once per process and a 64-bit counter: unique for the key without a system
+/// call per value.
+struct FieldSeal: Sendable {
+  static let version: UInt8 = 1
+  /// The first byte of a sealed journal record.
+  static let recordMark: UInt8 = 0xFF
+  static let overhead = 1 + AEAD.nonceSize + AEAD.tagSize
+  let key: Data
+  private static let nonces = NonceSource()
+
+  init(key: Data) throws {
+    guard key.count == AEAD.keySize else {
+      throw CatalogError.invalidOperation("a catalog field key has \(AEAD.keySize) bytes")
+    }
+    self.key = key
+  }
+
+  /// `plaintext` sealed, after `mark` when given.
+  func seal(_ plaintext: Data, mark: UInt8? = nil) throws -> Data {
+    let front = mark == nil ? 0 : 1
+    var out = Data(count: front + Self.overhead + plaintext.count)
+    try out.withUnsafeMutableBytes { o in
+      if let mark { o[0] = mark }
+      o[front] = Self.version
+      let nonce = UnsafeMutableRawBufferPointer(
+        rebasing: o[(front + 1)..<(front + 1 + AEAD.nonceSize)])
+      Self.nonces.next(into: nonce)
+      var version = Self.version
+      _ = try plaintext.withUnsafeBytes { p in
+        try key.withUnsafeBytes { k in
+          try withUnsafeBytes(of: &version) { ad in
+            try AEAD.seal(
+              p, into: UnsafeMutableRawBufferPointer(rebasing: o[(front + 1 + AEAD.nonceSize)...]),
+              nonce: UnsafeRawBufferPointer(nonce), associatedData: ad, key: k)
+          }
+        }
+      }
+    }
+    return out
+  }
+
+  func open(_ stored: Data) throws -> Data {
+    guard stored.count >= Self.overhead, stored.first == Self.version else {
+      throw CatalogError.corrupt("sealed catalog field")
+    }
+    var out = Data(count: stored.count - Self.overhead)
+    do {
+      _ = try out.withUnsafeMutableBytes { o in
+        try stored.withUnsafeBytes { s in
+          try key.withUnsafeBytes { k in
+            try AEAD.open(
+              UnsafeRawBufferPointer(rebasing: s[(1 + AEAD.nonceSize)...]), into: o,
+              nonce: UnsafeRawBufferPointer(rebasing: s[1..<(1 + AEAD.nonceSize)]),
+              associatedData: UnsafeRawBufferPointer(rebasing: s[0..<1]), key: k)
+          }
+        }
+      }
+    } catch {
+      throw CatalogError.corrupt("sealed catalog field fails authentication")
+    }
+    return out
+  }
+}
+
+/// Nonces for ``FieldSeal``: a random prefix and a counter.
+private final class NonceSource: @unchecked Sendable {
+  // @unchecked: `counter` is guarded by `lock`.
+  private let prefix = SecureRandom.bytes(AEAD.nonceSize - 8)
+  private let lock = NSLock()
+  private var counter: UInt64 = 0
+
+  func next(into nonce: UnsafeMutableRawBufferPointer) {
+    var n = lock.withLock { () -> UInt64 in
+      counter += 1
+      return counter
+    }
+    prefix.withUnsafeBytes { nonce.copyMemory(from: $0) }
+    withUnsafeBytes(of: &n) {
+      UnsafeMutableRawBufferPointer(rebasing: nonce[(AEAD.nonceSize - 8)...]).copyMemory(from: $0)
+    }
+  }
+}
