@@ -123,10 +123,12 @@ public final class CloudTransaction {
     else { throw CatalogError.corrupt("node row") }
     let shareList = try decodeShareList(shareJSON)
     var xattrs: [String: Data] = [:]
-    if case .sealed = fields, let sealed = Data.fromStatement(s, atUncheckedIndex: 23) {
+    if case .plain = fields {
+      if let json = text(23) {
+        xattrs = try decoder.decode([String: Data].self, from: Data(json.utf8))
+      }
+    } else if let sealed = Data.fromStatement(s, atUncheckedIndex: 23) {
       xattrs = try decoder.decode([String: Data].self, from: try fields.open(sealed))
-    } else if let json = text(23) {
-      xattrs = try decoder.decode([String: Data].self, from: Data(json.utf8))
     }
     return Node(
       id: id, uuid: uuid, localUserID: localUserID, parentID: int(3), name: name, kind: kind,
