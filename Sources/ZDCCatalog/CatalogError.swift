@@ -33,15 +33,16 @@ public enum CatalogError: Error, Sendable, Equatable, CustomStringConvertible {
   /// The catalog's sensitive fields are sealed and it was opened without their key.
   case locked
 
+  /// Never a node's name: descriptions reach the log, which holds no plaintext name.
   public var description: String {
     switch self {
     case .userNotFound(let u): return "no local user \(u)"
     case .userExists(let u): return "local user \(u) already exists"
-    case .parentNotFound(let p): return "parent not found: \(p)"
+    case .parentNotFound(let p): return "parent not found (a path of \(p.components.count) names)"
     case .nodeNotFound(let id): return "no node \(id)"
-    case .pathNotFound(let p): return "no node at \(p)"
+    case .pathNotFound(let p): return "no node at a path of \(p.components.count) names"
     case .nameTaken(let parent, let name, let existing):
-      return "name \(name.debugDescription) is taken in \(parent) by node \(existing)"
+      return "a name of \(name.utf8.count) bytes is taken in \(parent) by node \(existing)"
     case .notADirectory(let id): return "node \(id) cannot have children"
     case .cycle(let id, let parent): return "cannot move node \(id) under its descendant \(parent)"
     case .alreadyLinked(let id, let c, let k):
