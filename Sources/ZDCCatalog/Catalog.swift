@@ -58,6 +58,17 @@ public final class Catalog: Sendable {
   /// Layouts of the local users seen so far (a user's treeID never changes).
   private let layouts = LockedBox<[String: CloudLayout]>([:])
 
+  /// A cloud transaction on `db` with this catalog's share lists and field coding, and the
+  /// writer's node cache unless `shared` is false (a reader connection).
+  func transaction(
+    _ db: Database, _ layout: CloudLayout, readOnly: Bool = false, failpoint: String? = nil,
+    shared: Bool = true
+  ) -> CloudTransaction {
+    CloudTransaction(
+      db: db, layout: layout, readOnly: readOnly, failpoint: failpoint, shareLists: shareLists,
+      nodes: shared ? nodes : nil, fields: fields)
+  }
+
   /// The names of the schema migrations this build knows, in order.
   public static var knownMigrations: [String] { Schema.migrator.migrations }
 
@@ -272,9 +283,7 @@ public final class Catalog: Sendable {
         var commitNow = false
         func unit(journaled: Bool) throws -> T {
           let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
-          let tx = CloudTransaction(
-            db: db, layout: layout, readOnly: false, failpoint: failpoint,
-            shareLists: shareLists, nodes: nodes, fields: fields)
+          let tx = transaction(db, layout, failpoint: failpoint)
           if journaled { tx.journalRecords = [] }
           let result: T
           do { result = try body(tx) } catch {
@@ -413,9 +422,7 @@ public final class Catalog: Sendable {
         do {
           let layout = try CloudTransaction.layout(userID: entry.userID, db: db)
           // Its commit hooks were kept when it first ran.
-          let tx = CloudTransaction(
-            db: db, layout: layout, readOnly: false, failpoint: nil, shareLists: shareLists,
-            nodes: nodes, fields: fields)
+          let tx = transaction(db, layout)
           for record in entry.records { try tx.replay(record) }
           try control(db, "RELEASE SAVEPOINT replay")
         } catch {
@@ -469,9 +476,7 @@ public final class Catalog: Sendable {
           let layout = try CloudTransaction.layout(userID: entry.userID, db: db)
           do {
             try db.inSavepoint {
-              let tx = CloudTransaction(
-                db: db, layout: layout, readOnly: false, failpoint: nil,
-                shareLists: shareLists, nodes: nodes, fields: fields)
+              let tx = transaction(db, layout)
               for record in entry.records { try tx.replay(record) }
               commitHooks.append(tx.commitHooks)
               return .commit
@@ -524,9 +529,7 @@ public final class Catalog: Sendable {
     let known = layouts.value[userID]
     func unit(_ db: Database, onWriter: Bool) throws -> T {
       let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
-      let tx = CloudTransaction(
-        db: db, layout: layout, readOnly: true, failpoint: nil, shareLists: shareLists,
-        nodes: onWriter ? nodes : nil, fields: fields)
+      let tx = transaction(db, layout, readOnly: true, shared: onWriter)
       let result = try body(tx)
       if known == nil { layouts.value[userID] = layout }
       return result
@@ -580,9 +583,7 @@ public final class Catalog: Sendable {
           user.createdAt.timeIntervalSinceReferenceDate,
           String(decoding: user.settings, as: UTF8.self),
         ])
-      let tx = CloudTransaction(
-        db: db, layout: user.layout, readOnly: false, failpoint: nil, shareLists: shareLists,
-        nodes: nodes, fields: fields)
+      let tx = transaction(db, user.layout)
       var trunks: [Trunk: Node] = [:]
       for trunk in Trunk.allCases {
         trunks[trunk] = try tx.insertTrunk(trunk)
@@ -622,9 +623,7 @@ public final class Catalog: Sendable {
     layouts.value[id] = nil
     try writer.write { db in
       let layout = try CloudTransaction.layout(userID: id, db: db)
-      let tx = CloudTransaction(
-        db: db, layout: layout, readOnly: false, failpoint: nil, shareLists: shareLists,
-        nodes: nodes, fields: fields)
+      let tx = transaction(db, layout)
       try db.execute(
         sql: """
           DELETE FROM pushOperationDeps WHERE opID IN

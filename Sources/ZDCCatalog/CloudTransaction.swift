@@ -36,7 +36,7 @@ public final class CloudTransaction {
 
   init(
     db: Database, layout: CloudLayout, readOnly: Bool, failpoint: String?,
-    shareLists: ShareListCache, nodes: NodeCache? = nil, fields: FieldCoding = .plain
+    shareLists: ShareListCache, nodes: NodeCache?, fields: FieldCoding
   ) {
     self.fields = fields
     self.db = db

@@ -457,7 +457,9 @@ public final class FileSystem: @unchecked Sendable {
         let lost = try write(commit: .soon) { tx -> (search: Bool, read: Bool) in
           guard var n = try tx.node(id: id) else { return (false, false) }
           var lost = (search: false, read: false)
-          if let m = changes.mode, try isDirectory(n, tx) {
+          // Only a directory losing search or read bits matters (asked only then: a file's
+          // kind takes a query).
+          if let m = changes.mode, n.mode & 0o555 & ~m != 0, try isDirectory(n, tx) {
             lost = (n.mode & 0o111 & ~m != 0, n.mode & 0o444 & ~m != 0)
           }
           if let m = changes.mode { n.mode = m & 0o7777 }

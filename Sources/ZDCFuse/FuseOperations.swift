@@ -260,11 +260,12 @@ enum FuseOperations {
     ops.rename = { req, parent, name, newParent, newName, flags in
       let a = FuseOperations.name(name)
       let b = FuseOperations.name(newName)
+      let ctx = FuseOperations.context(req)
       FuseOperations.replyOK(req) {
-        try FuseOperations.requireEntryChange(req, parent)
+        try FuseOperations.require(req, ctx, parent, [.write, .execute])
         if newParent != parent {
-          try FuseOperations.requireEntryChange(req, newParent)
-          if !FuseOperations.context(req).kernelChecksPermissions {
+          try FuseOperations.require(req, ctx, newParent, [.write, .execute])
+          if !ctx.kernelChecksPermissions {
             try $0.checkDirectoryMove(
               parent: Inode(parent), name: a, newParent: Inode(newParent),
               caller: FuseOperations.caller(req))

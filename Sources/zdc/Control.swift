@@ -197,6 +197,13 @@ enum ControlClient {
     request(socketPath: socketPath, ["command": command])
   }
 
+  /// The mount's `status` answer as an object (empty when it is not one), or `nil` when
+  /// nothing listens.
+  static func status(socketPath: String) -> [String: Any]? {
+    guard let answer = request(socketPath: socketPath, command: "status") else { return nil }
+    return (try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any] ?? [:]
+  }
+
   /// Sends one request and returns the final answer line, or `nil` when nothing listens;
   /// progress lines before it go to `progress`.
   static func request(

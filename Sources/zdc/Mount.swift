@@ -79,10 +79,8 @@ extension ZDC {
         guard FileManager.default.fileExists(atPath: mp, isDirectory: &isDir), isDir.boolValue
         else { throw CLIError.usage("mount point \(mp) is not a directory") }
         let sock = stateDirectory.url.appendingPathComponent("control.sock").path
-        if let answer = ControlClient.request(socketPath: sock, command: "status") {
-          let at =
-            ((try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any])?[
-              "mountpoint"] as? String ?? "?"
+        if let obj = ControlClient.status(socketPath: sock) {
+          let at = obj["mountpoint"] as? String ?? "?"
           throw CLIError.usage("this account is already mounted on \(at)")
         }
         let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
@@ -301,10 +299,7 @@ extension ZDC {
         let mp = URL(fileURLWithPath: mountpoint).standardizedFileURL.path
         let sock = Self.stateDirectory(of: mp, given: state)
           .appendingPathComponent("control.sock").path
-        if let answer = ControlClient.request(socketPath: sock, command: "status"),
-          let obj = (try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any],
-          obj["sync"] as? String == "draining"
-        {
+        if ControlClient.status(socketPath: sock)?["sync"] as? String == "draining" {
           // Already gone from the kernel and uploading: only wait (or stop waiting).
           waitForServer(sock)
           print("Unmounted \(mp).")
@@ -344,10 +339,7 @@ extension ZDC {
       else { return given.stateDirectory.url }
       if given.stateDir != nil {
         let sock = given.stateDirectory.url.appendingPathComponent("control.sock").path
-        if let answer = ControlClient.request(socketPath: sock, command: "status"),
-          let obj = (try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any],
-          obj["mountpoint"] as? String == mountpoint
-        {
+        if ControlClient.status(socketPath: sock)?["mountpoint"] as? String == mountpoint {
           return given.stateDirectory.url
         }
       }
@@ -363,11 +355,7 @@ extension ZDC {
         label: "Waiting for uploads", hint: "(--no-wait to leave them queued)")
       defer { display.finish() }
       while FileManager.default.fileExists(atPath: sock), Date() < deadline {
-        guard let answer = ControlClient.request(socketPath: sock, command: "status") else {
-          break
-        }
-        let obj =
-          (try? JSONSerialization.jsonObject(with: Data(answer.utf8))) as? [String: Any] ?? [:]
+        guard let obj = ControlClient.status(socketPath: sock) else { break }
         if noWait, obj["sync"] as? String == "draining" {
           // The process may have started draining after the first request: ask again.
           _ = ControlClient.request(socketPath: sock, command: "cancel-drain")

@@ -10,13 +10,6 @@ import ZDCCrypto
 @Suite struct FieldSealingTests {
   let user = "alice"
 
-  func tempDir() throws -> URL {
-    let dir = FileManager.default.temporaryDirectory.appendingPathComponent(
-      "zdc-sealing-\(UUID().uuidString)")
-    try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
-    return dir
-  }
-
   func open(_ dir: URL, key: Data?) throws -> Catalog {
     try Catalog(
       path: dir.appendingPathComponent("catalog.sqlite").path,
@@ -84,18 +77,12 @@ import ZDCCrypto
     let dir = try tempDir()
     defer { try? FileManager.default.removeItem(at: dir) }
     let key = SecureRandom.bytes(32)
-    let copy = try tempDir()
-    defer { try? FileManager.default.removeItem(at: copy) }
     let catalog = try open(dir, key: key)
     try catalog.createLocalUser(makeUser(user))
     let w = try writeSensitive(catalog)
     // What a kill -9 would leave: the batch is still open.
-    for name in ["catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite.redo"] {
-      let from = dir.appendingPathComponent(name)
-      if FileManager.default.fileExists(atPath: from.path) {
-        try FileManager.default.copyItem(at: from, to: copy.appendingPathComponent(name))
-      }
-    }
+    let copy = try crashCopy(dir)
+    defer { try? FileManager.default.removeItem(at: copy) }
     #expect(try found(w.needles, in: copy) == [])
     let recovered = try open(copy, key: key)
     #expect(recovered.replayedJournalEntries > 0)

@@ -19,25 +19,6 @@ import ZDCCrypto
       options: Catalog.Options(durability: .normal, batchWindow: 3600))
   }
 
-  func tempDir() throws -> URL {
-    let dir = FileManager.default.temporaryDirectory.appendingPathComponent(
-      "zdc-journal-\(UUID().uuidString)")
-    try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
-    return dir
-  }
-
-  /// The catalog's files as a crash would leave them (no shared-memory index: rebuilt on open).
-  func crashCopy(_ dir: URL) throws -> URL {
-    let copy = try tempDir()
-    for name in ["catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite.redo"] {
-      let from = dir.appendingPathComponent(name)
-      if FileManager.default.fileExists(atPath: from.path) {
-        try FileManager.default.copyItem(at: from, to: copy.appendingPathComponent(name))
-      }
-    }
-    return copy
-  }
-
   struct Snapshot: Equatable {
     var nodes: [Node]
     var operations: [String]

@@ -16,6 +16,27 @@ func makeUser(_ id: String, treeID: String = "com.example.zdcfs") -> LocalUser {
     signPublicKey: SecureRandom.bytes(32))
 }
 
+/// A fresh temporary directory for a catalog's files.
+func tempDir() throws -> URL {
+  let dir = FileManager.default.temporaryDirectory.appendingPathComponent(
+    "zdc-catalog-files-\(UUID().uuidString)")
+  try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+  return dir
+}
+
+/// The catalog's files in `dir` as a crash would leave them (no shared-memory index: rebuilt
+/// on open), copied to a fresh directory.
+func crashCopy(_ dir: URL) throws -> URL {
+  let copy = try tempDir()
+  for name in ["catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite.redo"] {
+    let from = dir.appendingPathComponent(name)
+    if FileManager.default.fileExists(atPath: from.path) {
+      try FileManager.default.copyItem(at: from, to: copy.appendingPathComponent(name))
+    }
+  }
+  return copy
+}
+
 /// A home path from its components.
 func p(_ components: String...) -> TreesystemPath {
   try! TreesystemPath(components)
