@@ -28,10 +28,14 @@ public final class Catalog: Sendable {
     public var busyTimeout: Double
     /// The longest a ``Commit/soon`` write waits for its commit, in seconds.
     public var batchWindow: Double
-    /// The key (32 bytes) that seals the catalog's sensitive fields at rest — node keys,
-    /// extended attributes, data tags and redo journal records; `nil` leaves a catalog that was
-    /// never sealed as it is (and cannot read a sealed one's fields).
+    /// The key (32 bytes) that seals the catalog's sensitive fields at rest — names, symlink
+    /// targets, node keys, directory salts, extended attributes, data tags and redo journal
+    /// records — and keys its name index; `nil` leaves a catalog that was never sealed as it is
+    /// (and cannot read a sealed one's fields).
     public var fieldKey: Data?
+    /// The sealing level a keyed open brings the catalog to (tests make older catalogs with a
+    /// lower one).
+    @_spi(Testing) public var sealingLevel = Catalog.fieldSealingLevel
 
     public init(
       durability: Durability = .full, busyTimeout: Double = 10,
@@ -79,7 +83,7 @@ public final class Catalog: Sendable {
     let pool = try DatabasePool(path: path, configuration: Self.configuration(options))
     try self.init(
       writer: pool, path: path, temporaryDirectory: nil, batchWindow: options.batchWindow,
-      fieldKey: options.fieldKey)
+      fieldKey: options.fieldKey, sealingLevel: options.sealingLevel)
   }
 
   /// A catalog in a fresh temporary directory, removed when the catalog is released (tests).
@@ -91,7 +95,7 @@ public final class Catalog: Sendable {
     let pool = try DatabasePool(path: path, configuration: configuration(options))
     return try Catalog(
       writer: pool, path: path, temporaryDirectory: dir, batchWindow: options.batchWindow,
-      fieldKey: options.fieldKey)
+      fieldKey: options.fieldKey, sealingLevel: options.sealingLevel)
   }
 
   /// A catalog in memory (tests): one connection, nothing on disk.
@@ -103,7 +107,7 @@ public final class Catalog: Sendable {
 
   private init(
     writer: any DatabaseWriter, path: String?, temporaryDirectory: URL?, batchWindow: Double,
-    fieldKey: Data? = nil
+    fieldKey: Data? = nil, sealingLevel: Int = Catalog.fieldSealingLevel
   ) throws {
     self.writer = writer
     self.batchWindowSeconds = batchWindow
@@ -111,7 +115,7 @@ public final class Catalog: Sendable {
     self.temporaryDirectory = temporaryDirectory
     self.commitHooks = CommitHooks(nodes: nodes)
     try Schema.migrator.migrate(writer)
-    fields = try Self.sealFields(writer, key: fieldKey)
+    fields = try Self.sealFields(writer, key: fieldKey, level: sealingLevel)
     writer.add(transactionObserver: commitHooks, extent: .databaseLifetime)
     if let path {
       do {

@@ -116,7 +116,15 @@ public final class CloudTransaction {
     func real(_ i: CInt) -> Double? { Double.fromStatement(s, atUncheckedIndex: i) }
     func blob(_ i: CInt) -> Data { Data.fromStatement(s, atUncheckedIndex: i) ?? Data() }
     func date(_ i: CInt) -> Date? { real(i).map(Date.init(timeIntervalSinceReferenceDate:)) }
-    guard let id = int(0), let uuid = text(1), let localUserID = text(2), let name = text(4),
+    // Names and symlink targets are text, or sealed blobs (see `FieldCoding.storedText`).
+    func sealedText(_ i: CInt) throws -> String? {
+      if case .plain = fields { return text(i) }
+      return try Data.fromStatement(s, atUncheckedIndex: i).map {
+        String(decoding: try fields.open($0), as: UTF8.self)
+      }
+    }
+    guard let id = int(0), let uuid = text(1), let localUserID = text(2),
+      let name = try sealedText(4),
       let kindRaw = text(5), let kind = NodeKind(rawValue: kindRaw), let shareJSON = text(7),
       let dirPrefix = text(11), let cloudID = text(12), let mode = int(21), let mtime = int(22),
       let dataSize = int(25)
@@ -133,7 +141,8 @@ public final class CloudTransaction {
     return Node(
       id: id, uuid: uuid, localUserID: localUserID, parentID: int(3), name: name, kind: kind,
       trunk: text(6).flatMap(Trunk.init(rawValue:)), shareList: shareList, burnDate: date(8),
-      encryptionKey: try fields.open(blob(9)), dirSalt: blob(10), dirPrefix: dirPrefix,
+      encryptionKey: try fields.open(blob(9)), dirSalt: try fields.open(blob(10)),
+      dirPrefix: dirPrefix,
       cloudID: cloudID,
       eTagRcrd: text(13), eTagData: text(14), lastModifiedRcrd: date(15),
       lastModifiedData: date(16),
@@ -141,7 +150,8 @@ public final class CloudTransaction {
       explicitCloudName: text(18),
       anchor: try text(19).map { try decoder.decode(NodeAnchor.self, from: Data($0.utf8)) },
       pointeeID: int(20), mode: UInt32(truncatingIfNeeded: mode),
-      mtime: FileTime(totalNanoseconds: mtime), xattrs: xattrs, symlinkTarget: text(24),
+      mtime: FileTime(totalNanoseconds: mtime), xattrs: xattrs,
+      symlinkTarget: try sealedText(24),
       dataSize: UInt64(bitPattern: dataSize))
   }
 
@@ -181,7 +191,7 @@ public final class CloudTransaction {
       node.kind.rawValue, try shareListJSON(node.shareList),
       node.burnDate?.timeIntervalSinceReferenceDate, try node.anchor.map { try json($0) },
       node.pointeeID, Int64(node.mode), node.mtime.totalNanoseconds,
-      try storedXattrs(node.xattrs), node.symlinkTarget,
+      try storedXattrs(node.xattrs), try fields.storedText(node.symlinkTarget),
       Int64(bitPattern: node.dataSize),
     ]
   }
@@ -206,16 +216,18 @@ public final class CloudTransaction {
         VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
         """)
     let args: [(any DatabaseValueConvertible)?] = [
-      node.uuid, node.localUserID, node.parentID, node.name, node.kind.rawValue,
+      node.uuid, node.localUserID, node.parentID, try fields.storedText(node.name),
+      node.kind.rawValue,
       node.trunk?.rawValue, try shareListJSON(node.shareList),
       node.burnDate?.timeIntervalSinceReferenceDate, try fields.seal(node.encryptionKey),
-      node.dirSalt, node.dirPrefix, node.cloudID, node.eTagRcrd, node.eTagData,
+      try fields.seal(node.dirSalt), node.dirPrefix, node.cloudID, node.eTagRcrd, node.eTagData,
       node.lastModifiedRcrd?.timeIntervalSinceReferenceDate,
       node.lastModifiedData?.timeIntervalSinceReferenceDate,
       try node.cloudDataInfo.map { try json($0) }, node.explicitCloudName,
       try node.anchor.map { try json($0) }, node.pointeeID, Int64(node.mode),
       node.mtime.totalNanoseconds, try storedXattrs(node.xattrs),
-      node.symlinkTarget, Int64(bitPattern: node.dataSize), node.nameKey.value, cloudName, id,
+      try fields.storedText(node.symlinkTarget), Int64(bitPattern: node.dataSize),
+      try fields.nameKey(node.nameKey), cloudName, id,
     ]
     try rawExecute(stmt, args)
     return db.lastInsertedRowID
@@ -294,7 +306,7 @@ public final class CloudTransaction {
 
   /// The child of `parentID` whose name has the same `NameKey` as `name`, or `nil`.
   public func child(of parentID: NodeID, named name: String) throws -> Node? {
-    try fetchNode(Self.childByNameSQL, [parentID, NameKey(name).value, userID])
+    try fetchNode(Self.childByNameSQL, [parentID, try fields.nameKey(of: name), userID])
   }
 
   /// The children of `parentID` in ascending id order (stable: readdir offsets may be ids),
@@ -356,7 +368,8 @@ public final class CloudTransaction {
         throw CatalogError.nodeNotFound(current)
       }
       if let parent = row[0] as NodeID? {
-        names.append(row[1])
+        guard let name = try fields.text(row[1]) else { throw CatalogError.corrupt("node name") }
+        names.append(name)
         current = parent
       } else {
         guard let trunk = (row[2] as String?).flatMap(Trunk.init(rawValue:)) else {
@@ -496,7 +509,7 @@ public final class CloudTransaction {
   private func insertNew(_ node: Node, parent: Node) throws -> Node {
     try validateName(node.name)
     if parent.kind == .symlink { throw CatalogError.notADirectory(parent.id) }
-    if let existing = try existingChildID(of: parent.id, nameKey: node.nameKey.value) {
+    if let existing = try existingChildID(of: parent.id, nameKey: node.nameKey) {
       throw CatalogError.nameTaken(parentID: parent.id, name: node.name, existingID: existing)
     }
     let cloudName =
@@ -513,9 +526,10 @@ public final class CloudTransaction {
     return stored
   }
 
-  func existingChildID(of parentID: NodeID, nameKey: String) throws -> NodeID? {
+  func existingChildID(of parentID: NodeID, nameKey: NameKey) throws -> NodeID? {
     try rawInt(
-      "SELECT id FROM nodes WHERE parentID = ? AND nameKey = ?", [parentID, nameKey])
+      "SELECT id FROM nodes WHERE parentID = ? AND nameKey = ?",
+      [parentID, try fields.nameKey(nameKey)])
   }
 
   // MARK: Updating
@@ -627,7 +641,7 @@ public final class CloudTransaction {
       throw CatalogError.cycle(nodeID: id, newParentID: newParentID)
     }
     if oldParentID == newParentID, Array(newName.utf8) == Array(node.name.utf8) { return node }
-    let newKey = NameKey(newName).value
+    let newKey = NameKey(newName)
     if let existing = try existingChildID(of: newParentID, nameKey: newKey), existing != id {
       throw CatalogError.nameTaken(parentID: newParentID, name: newName, existingID: existing)
     }
@@ -639,7 +653,12 @@ public final class CloudTransaction {
           explicitCloudName = NULL
         WHERE id = ?
         """)
-    try rawExecute(stmt, [newParentID, newName, newKey, newCloudName, id])
+    try rawExecute(
+      stmt,
+      [
+        newParentID, try fields.storedText(newName), try fields.nameKey(newKey), newCloudName,
+        id,
+      ])
     rowChanged(id)
     try check("moveNode.afterUpdate")
     var moved = node

@@ -1,9 +1,12 @@
 import Foundation
+import GRDB
+import ZDCCore
 import ZDCCrypto
 
-/// How a catalog stores its sensitive fields — node keys, extended attributes, data tags (a
-/// directory's `.meta` and `.thumb`) and redo journal records: sealed with a key derived from
-/// the user's private key, or (a catalog opened without a key) as they are.
+/// How a catalog stores its sensitive fields — names, symlink targets, node keys, directory
+/// salts, extended attributes, data tags (a directory's `.meta` and `.thumb`) and redo journal
+/// records — and the keys of its name index: sealed (keyed) with a key derived from the user's
+/// private key, or (a catalog opened without a key) as they are.
 enum FieldCoding: Sendable {
   /// Fields as they are (a catalog that was never given a key).
   case plain
@@ -27,6 +30,39 @@ enum FieldCoding: Sendable {
     case .plain: return stored
     case .sealed(let s): return try s.open(stored)
     case .locked: throw CatalogError.locked
+    }
+  }
+
+  /// The stored key of a name in the `(parentID, nameKey)` index: the normalised name, or, in
+  /// a sealed catalog, its keyed digest, a 20-byte BLOB (equal keys still meet; the index holds
+  /// no name).
+  func nameKey(_ key: NameKey) throws -> any DatabaseValueConvertible {
+    switch self {
+    case .plain: return key.value
+    case .sealed(let s): return s.nameDigest.digest(key.value)
+    case .locked: throw CatalogError.locked
+    }
+  }
+
+  /// The stored index key of `name` (see ``nameKey(_:)``).
+  func nameKey(of name: String) throws -> any DatabaseValueConvertible {
+    try nameKey(NameKey(name))
+  }
+
+  /// A text field (a name, a symlink target) as stored: the text, or sealed.
+  func storedText(_ text: String?) throws -> (any DatabaseValueConvertible)? {
+    guard let text else { return nil }
+    if case .plain = self { return text }
+    return try seal(Data(text.utf8))
+  }
+
+  /// A stored text field (see ``storedText(_:)``) as it was given.
+  func text(_ stored: DatabaseValue) throws -> String? {
+    switch stored.storage {
+    case .null: return nil
+    case .string(let s): return s
+    case .blob(let b): return String(decoding: try open(b), as: UTF8.self)
+    default: throw CatalogError.corrupt("text field")
     }
   }
 
@@ -54,6 +90,8 @@ struct FieldSeal: Sendable {
   static let recordMark: UInt8 = 0xFF
   static let overhead = 1 + AEAD.nonceSize + AEAD.tagSize
   let key: Data
+  /// Makes the keys of the name index (see ``FieldCoding/nameKey(_:)``).
+  let nameDigest: KeyedDigest
   private static let nonces = NonceSource()
 
   init(key: Data) throws {
@@ -61,6 +99,8 @@ struct FieldSeal: Sendable {
       throw CatalogError.invalidOperation("a catalog field key has \(AEAD.keySize) bytes")
     }
     self.key = key
+    let nameKeyKey = try KeyedDigest(key: key, length: 32)
+    nameDigest = try KeyedDigest(key: nameKeyKey.digest("zdc.catalog.namekey.v1"))
   }
 
   /// `plaintext` sealed, after `mark` when given.

@@ -176,7 +176,7 @@ extension CloudTransaction {
       throw CatalogError.invalidOperation("a remote node needs a parent")
     }
     let parent = try existingNode(id: parentID)
-    if let existing = try existingChildID(of: parentID, nameKey: node.nameKey.value) {
+    if let existing = try existingChildID(of: parentID, nameKey: node.nameKey) {
       throw CatalogError.nameTaken(parentID: parentID, name: node.name, existingID: existing)
     }
     var n = node
@@ -197,7 +197,7 @@ extension CloudTransaction {
       throw CatalogError.invalidOperation("trunks are not applied from the cloud")
     }
     let parent = try existingNode(id: parentID)
-    if let existing = try existingChildID(of: parentID, nameKey: node.nameKey.value),
+    if let existing = try existingChildID(of: parentID, nameKey: node.nameKey),
       existing != node.id
     {
       throw CatalogError.nameTaken(parentID: parentID, name: node.name, existingID: existing)
@@ -215,14 +215,15 @@ extension CloudTransaction {
         WHERE id = ? AND localUserID = ?
         """)
     let args: [(any DatabaseValueConvertible)?] = [
-      parentID, node.name, node.nameKey.value, cloudName, computed == cloudName ? nil : cloudName,
+      parentID, try fields.storedText(node.name), try fields.nameKey(node.nameKey), cloudName,
+      computed == cloudName ? nil : cloudName,
       node.kind.rawValue, try shareListJSON(node.shareList),
       node.burnDate?.timeIntervalSinceReferenceDate, try fields.seal(node.encryptionKey),
-      node.dirSalt, node.dirPrefix, node.eTagRcrd, node.eTagData,
+      try fields.seal(node.dirSalt), node.dirPrefix, node.eTagRcrd, node.eTagData,
       node.lastModifiedRcrd?.timeIntervalSinceReferenceDate,
       node.lastModifiedData?.timeIntervalSinceReferenceDate,
       try node.cloudDataInfo.map { try json($0) }, Int64(node.mode), node.mtime.totalNanoseconds,
-      try storedXattrs(node.xattrs), node.symlinkTarget,
+      try storedXattrs(node.xattrs), try fields.storedText(node.symlinkTarget),
       Int64(bitPattern: node.dataSize), node.id, userID,
     ]
     try rawExecute(stmt, args)
@@ -238,7 +239,7 @@ extension CloudTransaction {
     guard let parentID = node.parentID else {
       throw CatalogError.invalidOperation("trunks cannot be renamed")
     }
-    if let existing = try existingChildID(of: parentID, nameKey: NameKey(newName).value),
+    if let existing = try existingChildID(of: parentID, nameKey: NameKey(newName)),
       existing != id
     {
       throw CatalogError.nameTaken(parentID: parentID, name: newName, existingID: existing)
@@ -250,7 +251,8 @@ extension CloudTransaction {
         UPDATE nodes SET name = ?, nameKey = ?, cloudName = ?, explicitCloudName = NULL
         WHERE id = ?
         """)
-    try rawExecute(stmt, [newName, NameKey(newName).value, cloudName, id])
+    try rawExecute(
+      stmt, [try fields.storedText(newName), try fields.nameKey(of: newName), cloudName, id])
     rowChanged(id)
     node.name = newName
     node.explicitCloudName = nil
@@ -530,7 +532,9 @@ extension CloudTransaction {
         UPDATE nodes SET explicitCloudName = cloudName
         WHERE parentID = ? AND explicitCloudName IS NULL
         """, arguments: [node.id])
-    try db.execute(sql: "UPDATE nodes SET dirSalt = ? WHERE id = ?", arguments: [dirSalt, node.id])
+    try db.execute(
+      sql: "UPDATE nodes SET dirSalt = ? WHERE id = ?",
+      arguments: [try fields.seal(dirSalt), node.id])
     rowsChanged()
   }
 }

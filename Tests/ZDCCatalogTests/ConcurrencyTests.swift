@@ -3,6 +3,7 @@ import Foundation
 import Testing
 @_spi(Testing) import ZDCCatalog
 import ZDCCore
+import ZDCCrypto
 
 @Suite struct ConcurrencyTests {
   /// Readers on other threads see consistent snapshots while a writer commits.
@@ -40,9 +41,10 @@ import ZDCCore
 
   /// A second connection pool on the same file (another process, in effect) sees committed data.
   @Test func secondOpenerSeesCommits() throws {
-    let first = try makeCatalog()
+    let key = SecureRandom.bytes(32)
+    let first = try makeCatalog(key: key)
     let path = try #require(first.path)
-    let second = try Catalog(path: path)
+    let second = try Catalog(path: path, options: .init(fieldKey: key))
     let id = try first.write("alice") { try $0.createNode(path: p("x")).id }
     #expect(try second.read("alice") { try $0.node(id: id)?.name } == "x")
     try second.write("alice") { try $0.createNode(path: p("y")) }

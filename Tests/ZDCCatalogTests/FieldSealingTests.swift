@@ -4,9 +4,10 @@ import Testing
 import ZDCCore
 import ZDCCrypto
 
-/// A catalog opened with a field key keeps node keys, extended attributes, data tags (a
-/// directory's `.meta` and `.thumb`) and its redo journal's records out of its files in the
-/// clear; one from before it had a key is sealed when first opened with one.
+/// A catalog opened with a field key keeps names, symlink targets, node keys, directory salts,
+/// extended attributes, data tags (a directory's `.meta` and `.thumb`) and its redo journal's
+/// records out of its files in the clear, and keys its name index; one from before it had a key
+/// (or from before names were sealed) is sealed when first opened with one.
 @Suite struct FieldSealingTests {
   let user = "alice"
 
@@ -26,32 +27,61 @@ import ZDCCrypto
   }
 
   struct Written {
+    var dir: String
+    var name: String
+    var target: String
     var nodeKey: Data
+    var dirSalt: Data
     var xattr: Data
     var section: Data
-    var needles: [Data] { [nodeKey, xattr, section] }
-  }
-
-  /// A file node `f` with an extended attribute and a data tag, in a `.soon` write (journaled).
-  func writeSensitive(_ catalog: Catalog) throws -> Written {
-    let xattr = Data("xattr-marker-\(UUID().uuidString)".utf8)
-    let section = Data("section-marker-\(UUID().uuidString)".utf8)
-    let nodeKey = try catalog.write(user, commit: .soon) { tx -> Data in
-      var n = try tx.createNode(path: p("f"))
-      n.xattrs = ["user.k": xattr]
-      try tx.updateNode(n)
-      try tx.setTag(.data(section), forNodeID: n.id, identifier: "zdcfs.meta")
-      return n.encryptionKey
+    /// What must not be found: the names also as the name index would hold them in the clear
+    /// (lowercased).
+    var needles: [Data] {
+      [
+        Data(dir.utf8), Data(name.utf8), Data(dir.lowercased().utf8),
+        Data(name.lowercased().utf8), Data(target.utf8), nodeKey, dirSalt, xattr, section,
+      ]
     }
-    return Written(nodeKey: nodeKey, xattr: xattr, section: section)
   }
 
+  /// A directory holding a file node with an extended attribute and a data tag, and a symlink,
+  /// in a `.soon` write (journaled).
+  func writeSensitive(_ catalog: Catalog) throws -> Written {
+    let marker = UUID().uuidString
+    var w = Written(
+      dir: "dir-marker-\(marker)", name: "Name-Marker-\(marker)",
+      target: "target-marker-\(marker)", nodeKey: Data(), dirSalt: Data(),
+      xattr: Data("xattr-marker-\(marker)".utf8), section: Data("section-marker-\(marker)".utf8))
+    try catalog.write(user, commit: .soon) { tx in
+      let d = try tx.createNode(path: p(w.dir), kind: .directory)
+      var n = try tx.createNode(path: p(w.dir, w.name))
+      n.xattrs = ["user.k": w.xattr]
+      try tx.updateNode(n)
+      try tx.setTag(.data(w.section), forNodeID: n.id, identifier: "zdcfs.meta")
+      try tx.createNode(path: p(w.dir, "link"), kind: .symlink, symlinkTarget: w.target)
+      w.nodeKey = n.encryptionKey
+      w.dirSalt = d.dirSalt
+    }
+    return w
+  }
+
+  /// Everything written reads back, found by path (the name index works), and a name that
+  /// differs only in case is still taken.
   func expectReadBack(_ catalog: Catalog, _ w: Written) throws {
     try catalog.read(user) { tx in
-      let n = try #require(try tx.node(path: p("f")))
+      let d = try #require(try tx.node(path: p(w.dir)))
+      #expect(d.dirSalt == w.dirSalt)
+      let n = try #require(try tx.node(path: p(w.dir, w.name)))
+      #expect(n.name == w.name)
       #expect(n.encryptionKey == w.nodeKey)
       #expect(n.xattrs == ["user.k": w.xattr])
       #expect(try tx.tag(forNodeID: n.id, identifier: "zdcfs.meta") == .data(w.section))
+      #expect(try tx.path(of: n.id) == p(w.dir, w.name))
+      #expect(try tx.node(path: p(w.dir, "link"))?.symlinkTarget == w.target)
+      #expect(try tx.children(of: d.id).map(\.name).sorted() == [w.name, "link"].sorted())
+    }
+    #expect(throws: CatalogError.self) {
+      try catalog.write(user) { tx in _ = try tx.createNode(path: p(w.dir, w.name.uppercased())) }
     }
   }
 
@@ -92,17 +122,18 @@ import ZDCCrypto
   @Test func withoutItsKeyASealedCatalogRefusesSealedFields() throws {
     let dir = try tempDir()
     defer { try? FileManager.default.removeItem(at: dir) }
+    var w: Written
     do {
       let catalog = try open(dir, key: SecureRandom.bytes(32))
       try catalog.createLocalUser(makeUser(user))
-      _ = try writeSensitive(catalog)
+      w = try writeSensitive(catalog)
       try catalog.commitPending()
     }
     // No key: what needs none still reads (`zdc status` counts pending uploads).
     let locked = try open(dir, key: nil)
     #expect(try locked.read(user) { try $0.operationCount() } > 0)
     #expect(throws: CatalogError.locked) {
-      try locked.read(user) { tx in _ = try tx.node(path: p("f")) }
+      try locked.read(user) { tx in _ = try tx.node(path: p(w.dir)) }
     }
     #expect(throws: CatalogError.locked) {
       try locked.write(user) { tx in _ = try tx.createNode(path: p("g")) }
@@ -110,7 +141,7 @@ import ZDCCrypto
     // Another key: the fields fail authentication.
     let wrong = try open(dir, key: SecureRandom.bytes(32))
     #expect(throws: CatalogError.self) {
-      try wrong.read(user) { tx in _ = try tx.node(path: p("f")) }
+      try wrong.read(user) { tx in _ = try tx.node(path: p(w.dir)) }
     }
   }
 
@@ -125,8 +156,37 @@ import ZDCCrypto
       try plain.commitPending()
     }
     // The check sees plaintext where there is some.
-    #expect(try found([w.xattr, w.section], in: dir).count == 2)
+    #expect(
+      try found([Data(w.name.utf8), Data(w.target.utf8), w.dirSalt, w.xattr, w.section], in: dir)
+        .count == 5)
     let key = SecureRandom.bytes(32)
+    do {
+      let sealed = try open(dir, key: key)
+      try expectReadBack(sealed, w)
+      #expect(try found(w.needles, in: dir) == [])
+    }
+    try expectReadBack(try open(dir, key: key), w)
+  }
+
+  /// A catalog sealed before names were (level 1: keys, attributes, tags) has its names,
+  /// symlink targets and directory salts sealed and its name index keyed at the next open.
+  @Test func aCatalogSealedBeforeNamesWereHasThemSealedAtTheNextOpen() throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let key = SecureRandom.bytes(32)
+    var w: Written
+    do {
+      let plain = try open(dir, key: nil)
+      try plain.createLocalUser(makeUser(user))
+      w = try writeSensitive(plain)
+      try plain.commitPending()
+    }
+    var levelOne = Catalog.Options(durability: .normal, batchWindow: 3600, fieldKey: key)
+    levelOne.sealingLevel = 1
+    _ = try Catalog(path: dir.appendingPathComponent("catalog.sqlite").path, options: levelOne)
+    // What an older build left: keys, attributes and tags sealed; names not yet.
+    #expect(try found([w.nodeKey, w.xattr, w.section], in: dir) == [])
+    #expect(try found([Data(w.name.utf8), Data(w.target.utf8), w.dirSalt], in: dir).count == 3)
     do {
       let sealed = try open(dir, key: key)
       try expectReadBack(sealed, w)

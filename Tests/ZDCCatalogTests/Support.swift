@@ -3,9 +3,10 @@ import Foundation
 import ZDCCore
 import ZDCCrypto
 
-/// A fresh on-disk catalog in a temporary directory with one local user.
-func makeCatalog(userID: String = "alice") throws -> Catalog {
-  let catalog = try Catalog.temporary()
+/// A fresh on-disk catalog in a temporary directory with one local user; its fields are sealed,
+/// as the mount's are.
+func makeCatalog(userID: String = "alice", key: Data = SecureRandom.bytes(32)) throws -> Catalog {
+  let catalog = try Catalog.temporary(options: .init(fieldKey: key))
   try catalog.createLocalUser(makeUser(userID))
   return catalog
 }

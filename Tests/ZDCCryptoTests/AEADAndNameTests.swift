@@ -109,3 +109,30 @@ import ZDCCore
     #expect(seen.count == 2000)
   }
 }
+
+@Suite struct KeyedDigestTests {
+  /// The first keyed vector of the BLAKE2 reference KAT (`blake2b-kat.txt`): empty message,
+  /// key 00…3f, 64-byte digest.
+  @Test func referenceVector() throws {
+    let digester = try KeyedDigest(key: Data((0..<64).map { UInt8($0) }), length: 64)
+    #expect(
+      Hex.encode(digester.digest(""))
+        == "10ebb67700b1868efb4417987acf4690ae9d972fb7a590c2f02871799aaa4786"
+        + "b5e996e8f0f4eb981fc214b005f42d2ff4233499391653df7aefcbc13fc51568")
+  }
+
+  /// The key absorbed once serves every digest: the same as a one-shot keyed hash (a cloudName
+  /// is one) each time, in any order.
+  @Test func reusesTheKeyedStateWithoutCarryingAnythingOver() throws {
+    let salt = SecureRandom.dirSalt()
+    let digester = try KeyedDigest(key: salt, length: 20)
+    for name in ["a", "Report.pdf", String(repeating: "x", count: 300), "a"] {
+      #expect(
+        ZBase32.encode(digester.digest(NameKey(name).value))
+          == (try CloudName.compute(name: name, parentDirSalt: salt)))
+    }
+    #expect(digester.digest("a") != digester.digest("b"))
+    #expect(try KeyedDigest(key: SecureRandom.bytes(32)).digest("a") != digester.digest("a"))
+    #expect(throws: CryptoError.self) { try KeyedDigest(key: Data(count: 8)) }
+  }
+}

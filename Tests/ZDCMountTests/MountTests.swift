@@ -282,17 +282,22 @@ import ZDCTestSupport
   /// A directory's `.meta` and `.thumb` and a file's extended attributes are content: the
   /// catalog seals them (with the node keys), so none is found in the clear anywhere in the
   /// state directory — database, write-ahead log, redo journal, caches, log.
-  @Test func sectionsAndExtendedAttributesAreSealedInTheStateDirectory() throws {
+  @Test func namesSectionsAndExtendedAttributesAreSealedInTheStateDirectory() throws {
     let m = try MountFixture()
-    let values = ["meta", "thumb", "xattr", "zdcmeta"].map {
-      "\($0)-marker-\(UUID().uuidString)"
-    }
+    let marker = UUID().uuidString
+    let values = ["meta", "thumb", "xattr", "zdcmeta"].map { "\($0)-marker-\(marker)" }
+    let dir = "Dir-Marker-\(marker)"
+    let file = "File-Marker-\(marker)"
+    let target = "target-marker-\(marker)"
     try m.sh(
       "mkdir d && printf '%s' '\(values[0])' > d/.meta && printf '%s' '\(values[1])' > d/.thumb"
         + " && echo x > f && setfattr -n user.note -v '\(values[2])' f"
-        + " && setfattr -n user.zdc.meta -v '\(values[3])' f")
+        + " && setfattr -n user.zdc.meta -v '\(values[3])' f"
+        + " && mkdir '\(dir)' && echo y > '\(dir)/\(file)' && ln -s '\(target)' '\(dir)/link'")
     m.unmount()
-    let hits = try findPlaintext(values.map { Data($0.utf8) }, under: m.state)
+    // Names also as the name index would hold them in the clear (lowercased).
+    let needles = values + [dir, file, dir.lowercased(), file.lowercased(), target]
+    let hits = try findPlaintext(needles.map { Data($0.utf8) }, under: m.state)
     #expect(hits.isEmpty, "plaintext found: \(hits)")
     try m.mount()
     #expect(
@@ -300,6 +305,9 @@ import ZDCTestSupport
         "cat d/.meta; echo; cat d/.thumb; echo; getfattr --only-values -n user.note f; echo;"
           + " getfattr --only-values -n user.zdc.meta f"
       ).stdout == values.joined(separator: "\n"))
+    #expect(
+      try m.sh("ls '\(dir)'; cat '\(dir)/\(file)'; readlink '\(dir)/link'").stdout
+        == "\(file)\nlink\ny\n\(target)\n")
   }
 
   @Test func unmountRefusesWhileBusy() throws {

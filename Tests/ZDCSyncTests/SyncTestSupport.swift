@@ -172,7 +172,9 @@ final class Device: @unchecked Sendable {
     self.user = user
     self.store = store
     work = try TemporaryDirectory("zdc-dev-\(name)")
-    catalog = try Catalog.temporary(options: .init(durability: .normal))
+    // Sealed fields, as the mount's catalog has.
+    catalog = try Catalog.temporary(
+      options: .init(durability: .normal, fieldKey: SecureRandom.bytes(32)))
     try catalog.createLocalUser(
       LocalUser(
         id: user.userID, treeID: user.treeID, boxPublicKey: user.keys.boxPublicKey,
