@@ -114,7 +114,7 @@ let package = Package(
       name: "zdc",
       dependencies: [
         "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCLocalStore", "ZDCS3Store", "ZDCAccount", "CFuse",
-        "CCurl",
+        "CCurl", "CLinux",
         "ZDCDisk", "ZDCSync", "ZDCFileSystem", "ZDCFuse",
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
         .product(name: "Logging", package: "swift-log"),

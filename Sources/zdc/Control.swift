@@ -1,3 +1,4 @@
+import CLinux
 import Foundation
 import Logging
 import ZDCCore
@@ -153,7 +154,7 @@ final class ControlServer: @unchecked Sendable {
 
   /// What `status` reports: the catalog's counts and the sync engine's progress.
   func statusFields() -> [String: Any] {
-    var out: [String: Any] = ["pid": Int(getpid())]
+    var out: [String: Any] = ["pid": Int(getpid()), "dumpable": zdc_is_dumpable() == 1]
     if let s = try? fs.status() {
       out["pendingItems"] = s.pendingItems
       out["pendingBytes"] = s.pendingBytes

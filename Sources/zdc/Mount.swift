@@ -1,4 +1,5 @@
 import ArgumentParser
+import CLinux
 import Foundation
 import Logging
 import ZDCAccount
@@ -89,6 +90,7 @@ extension ZDC {
         }) {
           throw CLIError.usage("\(mp) is already a mount point")
         }
+        if foreground { Self.protectKeysInMemory() }
         let passphrase: String
         if daemonChild {
           passphrase = readLine(strippingNewline: true) ?? ""
@@ -119,6 +121,18 @@ extension ZDC {
         } else {
           try spawnDaemon(stateDirectory, passphrase: passphrase, mountpoint: mp)
         }
+      }
+    }
+
+    /// The serving process holds the unlocked private keys. Like ssh-agent and gpg-agent, it
+    /// makes itself not dumpable: a crash leaves no core dump, and no other process of the user
+    /// can trace it or read its memory or environment. `ZDC_ALLOW_CORE_DUMPS=1` keeps it
+    /// dumpable, to debug a crash.
+    static func protectKeysInMemory() {
+      guard ProcessInfo.processInfo.environment["ZDC_ALLOW_CORE_DUMPS"] != "1" else { return }
+      if zdc_set_dumpable(0) != 0 {
+        FileHandle.standardError.writeIgnoringErrors(
+          Data("zdc: warning: could not turn off core dumps (errno \(errno))\n".utf8))
       }
     }
 

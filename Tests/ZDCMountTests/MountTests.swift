@@ -310,6 +310,27 @@ import ZDCTestSupport
         == "\(file)\nlink\ny\n\(target)\n")
   }
 
+  /// The serving process holds the unlocked keys: it is not dumpable (no core dump; no tracing
+  /// or reading of its memory by the user's other processes) unless `ZDC_ALLOW_CORE_DUMPS=1`.
+  @Test func theServingProcessIsNotDumpableUnlessAskedFor() throws {
+    let m = try MountFixture()
+    func dumpable() throws -> Bool? {
+      let r = try runProcess(m.zdc, ["status", "--json"], environment: m.env)
+      let object = try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any]
+      return object?["dumpable"] as? Bool
+    }
+    #expect(try dumpable() == false)
+    m.unmount()
+    var env = m.env
+    env["ZDC_ALLOW_CORE_DUMPS"] = "1"
+    let r = try runProcess(m.zdc, ["mount", m.mnt.path], environment: env)
+    try #require(r.status == 0, "mount: \(r.stderr)")
+    m.pid = r.stdout.range(of: "process ").flatMap {
+      pid_t(r.stdout[$0.upperBound...].prefix { $0.isNumber })
+    }
+    #expect(try dumpable() == true)
+  }
+
   @Test func unmountRefusesWhileBusy() throws {
     let m = try MountFixture()
     try m.sh("echo x > f")

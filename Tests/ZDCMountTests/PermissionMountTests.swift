@@ -96,6 +96,20 @@ import ZDCTestSupport
         if kill(pid, 0) == 0 { kill(pid, SIGKILL) }
       }
     }
+    // The daemon holds the owner's unlocked keys: another process of the same user can read
+    // neither its environment nor its memory (it is not dumpable, so /proc gives its files to
+    // root), and a crash of it leaves no core dump.
+    let daemon = try #require(pid)
+    let peek = try asNobody(["/bin/cat", "/proc/\(daemon)/environ"])
+    #expect(peek.status != 0 && peek.stderr.contains("Permission denied"), "\(peek.stderr)")
+    // The check itself: the same user reads a dumpable process's environment.
+    let other = try ChildProcess(
+      "/usr/bin/setpriv",
+      ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups", "/bin/sleep", "30"])
+    defer { other.stop() }
+    usleep(200_000)
+    let control = try asNobody(["/bin/cat", "/proc/\(other.pid)/environ"])
+    #expect(control.status == 0, "the check itself: \(control.stderr)")
     // Everyday tools work for the owner (the file system's own checks in the way of each).
     let tools = try asNobody([
       "/bin/bash", "-c",

@@ -11,4 +11,12 @@ int zdc_start_writeback(int fd);
 /// an error number.
 int zdc_set_thread_name(const char *name);
 
+/// Makes the calling process dumpable or not (`prctl(PR_SET_DUMPABLE)`). A process that is not
+/// leaves no core dump, and other processes of its user can neither trace it nor read its
+/// memory or environment through /proc. Returns 0, or -1 with `errno` set.
+int zdc_set_dumpable(int dumpable);
+
+/// 1 when the calling process is dumpable, 0 when not (`prctl(PR_GET_DUMPABLE)`).
+int zdc_is_dumpable(void);
+
 #endif
