@@ -177,6 +177,93 @@ public final class Account: Sendable {
       store: try makeStore(config.store), catalog: try openCatalog(stateDirectory, config, bundle))
   }
 
+  /// Which copies of the keys a passphrase change applies to.
+  public enum PassphraseScope: Sendable {
+    /// The store's copy (which other devices join with) and this device's keystore.
+    case storeAndDevice
+    /// This device's keystore only.
+    case deviceOnly
+  }
+
+  /// Changes the passphrase that seals the private keys, proving the right to with
+  /// `credential`: this device's passphrase, or the recovery key (which opens the store's copy,
+  /// for a forgotten passphrase). The store's copy is changed first, with a conditional write,
+  /// keeping its recovery wrap; then this device's keystore is replaced atomically. Devices that
+  /// joined earlier keep their own keystores and passphrases.
+  public static func changePassphrase(
+    stateDirectory: StateDirectory, credential: Keystore.Credential, newPassphrase: String,
+    scope: PassphraseScope = .storeAndDevice, storeKDF: KDFParameters? = nil,
+    localKDF: KDFParameters? = nil
+  ) throws {
+    guard stateDirectory.isInitialized else {
+      throw AccountError.notInitialized(stateDirectory.url.path)
+    }
+    let config = try readConfig(stateDirectory)
+    let local: Data
+    do {
+      local = try Data(contentsOf: stateDirectory.keystoreURL)
+    } catch {
+      throw AccountError.io("cannot read \(stateDirectory.keystoreURL.path)")
+    }
+    var store: (any CloudStore)?
+    var storeCopy: (data: Data, info: ObjectInfo)?
+    var byRecoveryKey = false
+    if case .recoveryKey = credential { byRecoveryKey = true }
+    if scope == .storeAndDevice || byRecoveryKey {
+      let s = try makeStore(config.store)
+      do {
+        storeCopy = try s.getWithInfo(key: CloudLayout.privkeyKey(userID: config.userID))
+      } catch StoreError.notFound {
+        throw AccountError.userNotFound(config.userID)
+      }
+      store = s
+    }
+    // The keys, opened with the credential: from this device's keystore with its passphrase,
+    // from the store's copy with the recovery key.
+    let bundle: PrivateKeyBundle
+    switch credential {
+    case .passphrase(let old):
+      bundle = try Keystore.open(local, passphrase: old)
+    case .recoveryKey(let rk):
+      bundle = try Keystore.open(storeCopy!.data, recoveryKey: rk)
+    }
+    guard bundle.userID == config.userID else {
+      throw AccountError.inconsistentKeys("the keys opened are another user's")
+    }
+    if scope == .storeAndDevice, let store, let storeCopy {
+      let rewrapped: Data
+      do {
+        rewrapped = try Keystore.rewrap(
+          storeCopy.data, opening: credential, newPassphrase: newPassphrase, kdf: storeKDF)
+      } catch CryptoError.wrongPassphrase {
+        throw AccountError.storePassphraseDiffers
+      }
+      do {
+        _ = try store.put(
+          key: CloudLayout.privkeyKey(userID: config.userID), body: .data(rewrapped),
+          condition: .ifMatch(storeCopy.info.eTag))
+      } catch StoreError.preconditionFailed {
+        throw AccountError.storeKeysChanged
+      }
+    }
+    let newLocal: Data
+    switch credential {
+    case .passphrase:
+      newLocal = try Keystore.rewrap(
+        local, opening: credential, newPassphrase: newPassphrase, kdf: localKDF)
+    case .recoveryKey:
+      // A device's keystore has no recovery wrap: sealed again from the keys.
+      newLocal = try Keystore.seal(
+        bundle, passphrase: newPassphrase, recoveryKey: nil, kdf: localKDF ?? .interactive)
+    }
+    do {
+      try stateDirectory.writePrivate(newLocal, to: stateDirectory.keystoreURL)
+    } catch {
+      if scope == .storeAndDevice { throw AccountError.devicePassphraseNotChanged("\(error)") }
+      throw error
+    }
+  }
+
   /// Reads `config.json` without unlocking anything.
   public static func readConfig(_ stateDirectory: StateDirectory) throws -> AccountConfig {
     do {

@@ -179,6 +179,12 @@ public enum AccountError: Error, Sendable, Equatable, CustomStringConvertible {
   case inconsistentKeys(String)
   /// A local file could not be read or written.
   case io(String)
+  /// The store's copy of the keys is sealed with another passphrase than this device's.
+  case storePassphraseDiffers
+  /// The store's copy of the keys changed while the passphrase was being changed.
+  case storeKeysChanged
+  /// The passphrase changed in the store, but this device's keystore could not be written.
+  case devicePassphraseNotChanged(String)
 
   public var description: String {
     switch self {
@@ -193,6 +199,17 @@ public enum AccountError: Error, Sendable, Equatable, CustomStringConvertible {
     case .unsupportedStore(let s): return "unsupported store location \(s)"
     case .inconsistentKeys(let m): return "inconsistent keys in the store: \(m)"
     case .io(let m): return m
+    case .storePassphraseDiffers:
+      return
+        "the store's copy of your keys is sealed with another passphrase than this device's:"
+        + " give that one, or your recovery key (--recovery-key-file), or change only this"
+        + " device's passphrase (--device-only)"
+    case .storeKeysChanged:
+      return "the store's copy of your keys changed meanwhile (another device?): try again"
+    case .devicePassphraseNotChanged(let m):
+      return
+        "the new passphrase is set in the store, but this device's keystore could not be"
+        + " written (\(m)): run `zdc passwd --device-only` with the old passphrase"
     }
   }
 }

@@ -157,6 +157,57 @@ public enum Keystore {
   /// Opens a keystore with its passphrase. Throws `CryptoError.wrongPassphrase` if it is wrong.
   public static func open(_ sealed: Data, passphrase: String) throws -> PrivateKeyBundle {
     let file = try parse(sealed)
+    return try openBundle(file, dataKey: try openDataKey(file, passphrase: passphrase))
+  }
+
+  /// A secret that opens a keystore.
+  public enum Credential: Sendable {
+    case passphrase(String)
+    case recoveryKey(RecoveryKey)
+  }
+
+  /// The keystore `sealed` with its passphrase changed to `newPassphrase`: the data key is opened
+  /// with `credential` and wrapped again under an Argon2id key from a fresh salt (with `kdf`, else
+  /// the file's own cost); the recovery wrap and the sealed bundle are kept as they are. Throws
+  /// `CryptoError.wrongPassphrase` if `credential` does not open it.
+  public static func rewrap(
+    _ sealed: Data, opening credential: Credential, newPassphrase: String,
+    kdf: KDFParameters? = nil
+  ) throws -> Data {
+    var file = try parse(sealed)
+    let dataKey: Data
+    switch credential {
+    case .passphrase(let old):
+      dataKey = try openDataKey(file, passphrase: old)
+    case .recoveryKey(let rk):
+      dataKey = try openDataKey(file, recoveryKey: rk)
+    }
+    // The bundle must open with it, or the file is not what it claims.
+    _ = try openBundle(file, dataKey: dataKey)
+    let cost = kdf ?? KDFParameters(opsLimit: file.kdf.opsLimit, memLimit: file.kdf.memLimit)
+    let salt = SecureRandom.bytes(Int(crypto_pwhash_SALTBYTES))
+    let passKey = try derive(passphrase: newPassphrase, salt: salt, kdf: cost)
+    file.kdf = KDF(alg: "argon2id13", opsLimit: cost.opsLimit, memLimit: cost.memLimit, salt: salt)
+    file.passphraseWrap = try wrap(dataKey, key: passKey, ad: ad("passphrase", file.userID))
+    let enc = JSONEncoder()
+    enc.outputFormatting = [.sortedKeys, .prettyPrinted]
+    return try enc.encode(file)
+  }
+
+  /// Opens a keystore with whichever secret `credential` is.
+  public static func open(_ sealed: Data, with credential: Credential) throws -> PrivateKeyBundle {
+    switch credential {
+    case .passphrase(let p): return try open(sealed, passphrase: p)
+    case .recoveryKey(let rk): return try open(sealed, recoveryKey: rk)
+    }
+  }
+
+  /// True when the keystore holds a recovery wrap (the store's copy does; a device's does not).
+  public static func hasRecoveryWrap(_ sealed: Data) throws -> Bool {
+    try parse(sealed).recoveryWrap != nil
+  }
+
+  private static func openDataKey(_ file: File, passphrase: String) throws -> Data {
     guard file.kdf.alg == "argon2id13" else {
       throw CryptoError.malformed("unknown KDF \(file.kdf.alg)")
     }
@@ -166,19 +217,23 @@ public enum Keystore {
       let dataKey = try? unwrap(
         file.passphraseWrap, key: passKey, ad: ad("passphrase", file.userID))
     else { throw CryptoError.wrongPassphrase }
-    return try openBundle(file, dataKey: dataKey)
+    return dataKey
   }
 
-  /// Opens a keystore with a recovery key.
-  public static func open(_ sealed: Data, recoveryKey: RecoveryKey) throws -> PrivateKeyBundle {
-    let file = try parse(sealed)
+  private static func openDataKey(_ file: File, recoveryKey: RecoveryKey) throws -> Data {
     guard let wrapped = file.recoveryWrap else {
       throw CryptoError.malformed("keystore has no recovery key")
     }
     guard recoveryKey.userID == file.userID,
       let dataKey = try? unwrap(wrapped, key: recoveryKey.secret, ad: ad("recovery", file.userID))
     else { throw CryptoError.wrongPassphrase }
-    return try openBundle(file, dataKey: dataKey)
+    return dataKey
+  }
+
+  /// Opens a keystore with a recovery key.
+  public static func open(_ sealed: Data, recoveryKey: RecoveryKey) throws -> PrivateKeyBundle {
+    let file = try parse(sealed)
+    return try openBundle(file, dataKey: try openDataKey(file, recoveryKey: recoveryKey))
   }
 
   private static func openBundle(_ file: File, dataKey: Data) throws -> PrivateKeyBundle {

@@ -59,7 +59,9 @@ func classify(_ error: any Error) -> (String, ExitStatus) {
     case .notInitialized, .noUserInStore, .userNotFound: return (e.description, .notInitialized)
     case .ambiguousUser, .unsupportedStore: return (e.description, .usage)
     case .inconsistentKeys: return (e.description, .dataError)
-    case .io: return (e.description, .ioError)
+    case .io, .devicePassphraseNotChanged: return (e.description, .ioError)
+    case .storePassphraseDiffers: return (e.description, .permissionDenied)
+    case .storeKeysChanged: return (e.description, .temporaryFailure)
     }
   case let e as CryptoError:
     switch e {

@@ -10,24 +10,34 @@ struct PassphraseOptions: ParsableArguments {
 
   /// The passphrase from, in order: --passphrase-file, ZDC_PASSPHRASE, a prompt on the terminal.
   func passphrase(prompt: String, confirm: Bool) throws -> String {
-    if let path = passphraseFile {
-      guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
-        throw CLIError.usage("cannot read passphrase file \(path)")
-      }
-      return String(text.split(separator: "\n", omittingEmptySubsequences: false).first ?? "")
-    }
-    if let env = ProcessInfo.processInfo.environment["ZDC_PASSPHRASE"] { return env }
-    guard isatty(STDIN_FILENO) == 1 else {
-      throw CLIError.usage(
-        "no passphrase: type it at a terminal, or set ZDC_PASSPHRASE, or use --passphrase-file")
-    }
-    let first = try readSecret(prompt)
-    if confirm {
-      let again = try readSecret("Repeat passphrase: ")
-      guard first == again else { throw CLIError.usage("the passphrases do not match") }
-    }
-    return first
+    try readPassphrase(
+      file: passphraseFile, fileOption: "--passphrase-file", environment: "ZDC_PASSPHRASE",
+      prompt: prompt, confirm: confirm)
   }
+}
+
+/// A passphrase from, in order: the first line of `file`, the environment variable
+/// `environment`, a prompt on the terminal (asked twice when `confirm`).
+func readPassphrase(
+  file: String?, fileOption: String, environment: String, prompt: String, confirm: Bool
+) throws -> String {
+  if let path = file {
+    guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
+      throw CLIError.usage("cannot read passphrase file \(path)")
+    }
+    return String(text.split(separator: "\n", omittingEmptySubsequences: false).first ?? "")
+  }
+  if let env = ProcessInfo.processInfo.environment[environment] { return env }
+  guard isatty(STDIN_FILENO) == 1 else {
+    throw CLIError.usage(
+      "no passphrase: type it at a terminal, or set \(environment), or use \(fileOption)")
+  }
+  let first = try readSecret(prompt)
+  if confirm {
+    let again = try readSecret("Repeat passphrase: ")
+    guard first == again else { throw CLIError.usage("the passphrases do not match") }
+  }
+  return first
 }
 
 /// Reads a line from the terminal with echo off.

@@ -20,7 +20,7 @@ struct ZDC: ParsableCommand {
       Start with `zdc init`; add another device with `zdc init --join`.
       """,
     version: versionString,
-    subcommands: [Init.self, Mount.self, Unmount.self, Status.self, Sync.self])
+    subcommands: [Init.self, Mount.self, Unmount.self, Status.self, Sync.self, Passwd.self])
 
   static var versionString: String {
     let fuse = zdc_fuse_runtime_version()

@@ -22,6 +22,28 @@ import ZDCTestSupport
     #expect(try Keystore.userID(of: sealed) == bundle.userID)
   }
 
+  @Test func rewrapChangesOnlyThePassphrase() throws {
+    let rk = try RecoveryKey.generate(userID: bundle.userID)
+    let sealed = try Keystore.seal(bundle, passphrase: "old", recoveryKey: rk, kdf: .minimum)
+    let changed = try Keystore.rewrap(sealed, opening: .passphrase("old"), newPassphrase: "new")
+    #expect(try Keystore.open(changed, passphrase: "new") == bundle)
+    #expect(throws: CryptoError.wrongPassphrase) { try Keystore.open(changed, passphrase: "old") }
+    // The recovery key still opens it.
+    #expect(try Keystore.open(changed, recoveryKey: rk) == bundle)
+    // With the recovery key instead of the passphrase (a forgotten one).
+    let reset = try Keystore.rewrap(changed, opening: .recoveryKey(rk), newPassphrase: "third")
+    #expect(try Keystore.open(reset, with: .passphrase("third")) == bundle)
+    #expect(throws: CryptoError.wrongPassphrase) {
+      try Keystore.rewrap(reset, opening: .passphrase("new"), newPassphrase: "x")
+    }
+    // A keystore without a recovery wrap (a device's) cannot be opened by one.
+    let device = try Keystore.seal(bundle, passphrase: "d", recoveryKey: nil, kdf: .minimum)
+    #expect(try !Keystore.hasRecoveryWrap(device) && Keystore.hasRecoveryWrap(reset))
+    #expect(throws: CryptoError.self) {
+      try Keystore.rewrap(device, opening: .recoveryKey(rk), newPassphrase: "x")
+    }
+  }
+
   @Test func emptyPassphraseWorks() throws {
     let sealed = try Keystore.seal(bundle, passphrase: "", recoveryKey: nil, kdf: .minimum)
     #expect(try Keystore.open(sealed, passphrase: "") == bundle)
@@ -240,6 +262,94 @@ import ZDCTestSupport
     #expect(defaults.stderr.contains("empty passphrase"))
     #expect(FileManager.default.fileExists(atPath: tmp.path(".local/state/zdcfs/config.json").path))
     #expect(FileManager.default.fileExists(atPath: tmp.path(".local/share/zdcfs/store/users").path))
+  }
+}
+
+/// `zdc passwd`, driven as a user would.
+@Suite struct PasswdTests {
+  let zdc = BuiltProducts.executable("zdc")
+
+  func run(_ args: [String], _ env: [String: String]) throws -> ProcessResult {
+    try runProcess(zdc, args, environment: env)
+  }
+
+  /// True when this device's keystore opens with `passphrase`.
+  func opens(_ dir: URL, _ passphrase: String) throws -> Bool {
+    do {
+      _ = try Account.open(
+        stateDirectory: StateDirectory.resolve(explicit: dir.path), passphrase: passphrase)
+      return true
+    } catch CryptoError.wrongPassphrase {
+      return false
+    }
+  }
+
+  @Test func changesThePassphraseInTheStoreAndOnThisDevice() throws {
+    let tmp = try TemporaryDirectory("passwd")
+    let store = tmp.path("store").path
+    let d1 = tmp.path("d1")
+    let created = try run(
+      ["init", "--state-dir", d1.path, "--store", store, "--kdf", "minimum"],
+      ["ZDC_PASSPHRASE": "old"])
+    try #require(created.status == 0, "\(created.stderr)")
+    let line = try #require(
+      created.stdout.split(separator: "\n").first { $0.hasPrefix("  ") && $0.contains("-") })
+    let rkFile = tmp.path("rk")
+    try String(line).write(to: rkFile, atomically: true, encoding: .utf8)
+    func join(_ name: String, _ passphrase: String) throws -> Int32 {
+      try run(
+        [
+          "init", "--join", "--state-dir", tmp.path(name).path, "--store", store, "--kdf",
+          "minimum",
+        ],
+        ["ZDC_PASSPHRASE": passphrase]
+      ).status
+    }
+
+    // A wrong current passphrase changes nothing.
+    let wrong = try run(
+      ["passwd", "--state-dir", d1.path, "--kdf", "minimum"],
+      ["ZDC_PASSPHRASE": "nope", "ZDC_NEW_PASSPHRASE": "new"])
+    #expect(wrong.status == 77 && wrong.stderr.contains("wrong passphrase"), "\(wrong.stderr)")
+    #expect(try opens(d1, "old"))
+
+    let changed = try run(
+      ["passwd", "--state-dir", d1.path, "--kdf", "minimum"],
+      ["ZDC_PASSPHRASE": "old", "ZDC_NEW_PASSPHRASE": "new"])
+    #expect(changed.status == 0, "\(changed.stderr)")
+    #expect(try opens(d1, "new") && !opens(d1, "old"))
+    // New devices join with the new passphrase only.
+    #expect(try join("d2", "old") == 77)
+    #expect(try join("d2", "new") == 0)
+
+    // A forgotten passphrase: reset with the recovery key, which stays valid.
+    let reset = try run(
+      ["passwd", "--state-dir", d1.path, "--recovery-key-file", rkFile.path, "--kdf", "minimum"],
+      ["ZDC_NEW_PASSPHRASE": "third"])
+    #expect(reset.status == 0, "\(reset.stderr)")
+    #expect(try opens(d1, "third") && !opens(d1, "new"))
+    #expect(try join("d3", "third") == 0)
+    let viaRecovery = try run(
+      [
+        "init", "--join", "--state-dir", tmp.path("d4").path, "--store", store,
+        "--recovery-key-file", rkFile.path, "--kdf", "minimum",
+      ], ["ZDC_PASSPHRASE": "device4"])
+    #expect(viaRecovery.status == 0, "\(viaRecovery.stderr)")
+
+    // One device's own passphrase: the store's copy keeps the account's.
+    let mine = try run(
+      ["passwd", "--device-only", "--state-dir", tmp.path("d2").path, "--kdf", "minimum"],
+      ["ZDC_PASSPHRASE": "new", "ZDC_NEW_PASSPHRASE": "mine"])
+    #expect(mine.status == 0, "\(mine.stderr)")
+    #expect(try opens(tmp.path("d2"), "mine"))
+    #expect(try join("d5", "third") == 0)
+    // That device's passphrase does not open the store's copy: refused, nothing changed.
+    let differs = try run(
+      ["passwd", "--state-dir", tmp.path("d2").path, "--kdf", "minimum"],
+      ["ZDC_PASSPHRASE": "mine", "ZDC_NEW_PASSPHRASE": "x"])
+    #expect(differs.status == 77 && differs.stderr.contains("another passphrase"))
+    #expect(try opens(tmp.path("d2"), "mine"))
+    #expect(try join("d6", "third") == 0)
   }
 }
 
