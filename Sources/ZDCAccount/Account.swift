@@ -162,13 +162,7 @@ public final class Account: Sendable {
       throw AccountError.notInitialized(stateDirectory.url.path)
     }
     let config = try readConfig(stateDirectory)
-    let sealed: Data
-    do {
-      sealed = try Data(contentsOf: stateDirectory.keystoreURL)
-    } catch {
-      throw AccountError.io("cannot read \(stateDirectory.keystoreURL.path)")
-    }
-    let bundle = try Keystore.open(sealed, passphrase: passphrase)
+    let bundle = try Keystore.open(try readKeystore(stateDirectory), passphrase: passphrase)
     guard bundle.userID == config.userID else {
       throw AccountError.inconsistentKeys("keystore is for another user than config.json")
     }
@@ -199,12 +193,7 @@ public final class Account: Sendable {
       throw AccountError.notInitialized(stateDirectory.url.path)
     }
     let config = try readConfig(stateDirectory)
-    let local: Data
-    do {
-      local = try Data(contentsOf: stateDirectory.keystoreURL)
-    } catch {
-      throw AccountError.io("cannot read \(stateDirectory.keystoreURL.path)")
-    }
+    let local = try readKeystore(stateDirectory)
     var store: (any CloudStore)?
     var storeCopy: (data: Data, info: ObjectInfo)?
     var byRecoveryKey = false
@@ -261,6 +250,15 @@ public final class Account: Sendable {
     } catch {
       if scope == .storeAndDevice { throw AccountError.devicePassphraseNotChanged("\(error)") }
       throw error
+    }
+  }
+
+  /// This device's sealed keystore.
+  private static func readKeystore(_ stateDirectory: StateDirectory) throws -> Data {
+    do {
+      return try Data(contentsOf: stateDirectory.keystoreURL)
+    } catch {
+      throw AccountError.io("cannot read \(stateDirectory.keystoreURL.path)")
     }
   }
 

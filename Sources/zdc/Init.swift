@@ -71,10 +71,7 @@ extension ZDC {
           let credential: JoinCredential
           var localPass: String? = nil
           if let file = recoveryKeyFile {
-            guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
-              throw CLIError.usage("cannot read recovery key file \(file)")
-            }
-            credential = .recoveryKey(try RecoveryKey(text: text))
+            credential = .recoveryKey(try readRecoveryKey(file))
             localPass = try pass.passphrase(
               prompt: "New passphrase for this device: ", confirm: true)
           } else {

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import ZDCCrypto
 
 /// Options naming where a passphrase comes from.
 struct PassphraseOptions: ParsableArguments {
@@ -60,4 +61,12 @@ func readSecret(_ prompt: String) throws -> String {
     throw CLIError.usage("no passphrase given")
   }
   return line
+}
+
+/// The recovery key written in `file`.
+func readRecoveryKey(_ file: String) throws -> RecoveryKey {
+  guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
+    throw CLIError.usage("cannot read recovery key file \(file)")
+  }
+  return try RecoveryKey(text: text)
 }

@@ -43,10 +43,7 @@ extension ZDC {
         }
         let credential: Keystore.Credential
         if let file = recoveryKeyFile {
-          guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
-            throw CLIError.usage("cannot read recovery key file \(file)")
-          }
-          credential = .recoveryKey(try RecoveryKey(text: text))
+          credential = .recoveryKey(try readRecoveryKey(file))
         } else {
           credential = .passphrase(
             try pass.passphrase(prompt: "Current passphrase: ", confirm: false))

@@ -67,6 +67,15 @@ import ZDCCrypto
 
   /// Everything written reads back, found by path (the name index works), and a name that
   /// differs only in case is still taken.
+  /// A catalog from before sealing: written without a key.
+  func writePlainCatalog(_ dir: URL) throws -> Written {
+    let plain = try open(dir, key: nil)
+    try plain.createLocalUser(makeUser(user))
+    let w = try writeSensitive(plain)
+    try plain.commitPending()
+    return w
+  }
+
   func expectReadBack(_ catalog: Catalog, _ w: Written) throws {
     try catalog.read(user) { tx in
       let d = try #require(try tx.node(path: p(w.dir)))
@@ -148,13 +157,7 @@ import ZDCCrypto
   @Test func aCatalogFromBeforeSealingIsSealedWhenOpenedWithAKey() throws {
     let dir = try tempDir()
     defer { try? FileManager.default.removeItem(at: dir) }
-    var w: Written
-    do {
-      let plain = try open(dir, key: nil)
-      try plain.createLocalUser(makeUser(user))
-      w = try writeSensitive(plain)
-      try plain.commitPending()
-    }
+    let w = try writePlainCatalog(dir)
     // The check sees plaintext where there is some.
     #expect(
       try found([Data(w.name.utf8), Data(w.target.utf8), w.dirSalt, w.xattr, w.section], in: dir)
@@ -174,13 +177,7 @@ import ZDCCrypto
     let dir = try tempDir()
     defer { try? FileManager.default.removeItem(at: dir) }
     let key = SecureRandom.bytes(32)
-    var w: Written
-    do {
-      let plain = try open(dir, key: nil)
-      try plain.createLocalUser(makeUser(user))
-      w = try writeSensitive(plain)
-      try plain.commitPending()
-    }
+    let w = try writePlainCatalog(dir)
     var levelOne = Catalog.Options(durability: .normal, batchWindow: 3600, fieldKey: key)
     levelOne.sealingLevel = 1
     _ = try Catalog(path: dir.appendingPathComponent("catalog.sqlite").path, options: levelOne)
