@@ -14,6 +14,8 @@ enum JournalOp {
   case delete(NodeID)
   case setTag(NodeID, identifier: String, value: TagValue?)
   case queueDataUpload(NodeID)
+  /// `commitData`: the content's size and mtime (`nil`: unchanged).
+  case commitData(NodeID, size: UInt64, mtime: FileTime?)
 
   enum Kind: UInt8 {
     case create = 1
@@ -22,6 +24,7 @@ enum JournalOp {
     case delete = 4
     case setTag = 5
     case queueDataUpload = 6
+    case commitData = 7
   }
 }
 
@@ -94,6 +97,11 @@ extension CloudTransaction {
     case .queueDataUpload(let id):
       w.u8(JournalOp.Kind.queueDataUpload.rawValue)
       w.i64(id)
+    case .commitData(let id, let size, let mtime):
+      w.u8(JournalOp.Kind.commitData.rawValue)
+      w.i64(id)
+      w.u64(size)
+      w.optional(mtime) { $0.i64($1.totalNanoseconds) }
     }
     return Data(w.buffer)
   }
@@ -132,6 +140,11 @@ extension CloudTransaction {
     case .queueDataUpload:
       guard let id = r.i64() else { throw bad() }
       op = .queueDataUpload(id)
+    case .commitData:
+      guard let id = r.i64(), let size = r.u64(), let mtime = r.optional({ $0.i64() }) else {
+        throw bad()
+      }
+      op = .commitData(id, size: size, mtime: mtime.map(FileTime.init(totalNanoseconds:)))
     }
     guard r.atEnd else { throw bad() }
     return op
@@ -243,6 +256,8 @@ extension CloudTransaction {
       try setTag(value, forNodeID: id, identifier: identifier)
     case .queueDataUpload(let id):
       _ = try queueDataUpload(nodeID: id)
+    case .commitData(let id, let size, let mtime):
+      _ = try commitData(nodeID: id, size: size, mtime: mtime)
     }
   }
 }

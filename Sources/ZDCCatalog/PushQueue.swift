@@ -142,6 +142,37 @@ extension CloudTransaction {
       { try queueDataUploadUnjournaled(nodeID: nodeID) }, { _ in .queueDataUpload(nodeID) })
   }
 
+  /// Stores new content of a node — its data size and, unless `nil`, mtime — and queues its
+  /// uploads: the RCRD when they changed, and the DATA (each coalesced into a pending one). The
+  /// same as ``updateNode(_:)`` with those fields followed by ``queueDataUpload(nodeID:)``, in one
+  /// small journal record: what `close(2)` of a written file stores.
+  @discardableResult
+  public func commitData(nodeID: NodeID, size: UInt64, mtime: FileTime?) throws -> Node {
+    try journaled(
+      { try commitDataUnjournaled(nodeID: nodeID, size: size, mtime: mtime) },
+      { _ in .commitData(nodeID, size: size, mtime: mtime) })
+  }
+
+  private func commitDataUnjournaled(nodeID: NodeID, size: UInt64, mtime: FileTime?) throws
+    -> Node
+  {
+    try requireWritable()
+    var node = try existingNode(id: nodeID)
+    guard node.trunk == nil else { throw CatalogError.invalidOperation("trunks have no data") }
+    if node.dataSize != size || (mtime != nil && mtime != node.mtime) {
+      node.dataSize = size
+      if let mtime { node.mtime = mtime }
+      let stmt = try db.cachedStatement(
+        sql: "UPDATE nodes SET dataSize = ?, mtime = ? WHERE id = ?")
+      try rawExecute(stmt, [Int64(bitPattern: size), node.mtime.totalNanoseconds, nodeID])
+      sharedNodes?.put(node)
+      try check("updateNode.afterUpdate")
+      try enqueuePutRcrd(node)
+    }
+    _ = try queueDataUploadUnjournaled(nodeID: nodeID)
+    return node
+  }
+
   private func queueDataUploadUnjournaled(nodeID: NodeID) throws -> Int64 {
     try requireWritable()
     let node = try existingNode(id: nodeID)

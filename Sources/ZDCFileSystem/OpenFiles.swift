@@ -312,12 +312,8 @@ extension FileSystem {
     // `.soon`: journaled before this returns (so it survives a crash of the daemon, the
     // promise of `close(2)`), committed with the writes around it.
     let stored = try write(commit: .soon) { tx -> Node? in
-      guard var n = try tx.node(id: c.key.nodeID) else { return nil }
-      n.dataSize = size
-      if let mtime { n.mtime = mtime }
-      try tx.updateNode(n)
-      try tx.queueDataUpload(nodeID: n.id)
-      return n
+      guard try tx.node(id: c.key.nodeID) != nil else { return nil }
+      return try tx.commitData(nodeID: c.key.nodeID, size: size, mtime: mtime)
     }
     if let stored { noteCommit(stored.id, size: size, mtime: stored.mtime) }
   }

@@ -93,6 +93,14 @@ import ZDCCrypto
       try tx.deleteNode(x.id)
     }
     try soon { tx in try tx.setTag(nil, forNodeID: a.id, identifier: "zdcfs.meta") }
+    // What close(2) of written files stores: a new file's first content, and new content of a
+    // file with its mtime unchanged.
+    try soon { tx in
+      let e = try tx.createNode(path: p("d-\(tag)", "e"))
+      try tx.commitData(
+        nodeID: e.id, size: 77, mtime: FileTime(seconds: 1_900_000_000, nanoseconds: 3))
+    }
+    try soon { tx in try tx.commitData(nodeID: a.id, size: 54321, mtime: nil) }
     return writes
   }
 
@@ -103,8 +111,16 @@ import ZDCCrypto
     try catalog.createLocalUser(makeUser(user))
     let writes = try soonChanges(catalog, tag: "1")
     let expected = try snapshot(catalog)
-    #expect(expected.nodes.count == 3)
+    #expect(expected.nodes.count == 4)
     #expect(expected.operations.contains { $0.hasPrefix("putData") })
+    try catalog.read(user) { tx in
+      let e = try #require(try tx.node(path: p("d-1", "e")))
+      #expect(e.dataSize == 77 && e.mtime == FileTime(seconds: 1_900_000_000, nanoseconds: 3))
+      let a = try #require(try tx.node(path: p("d-1", "a 1.txt")))
+      #expect(a.dataSize == 54321 && a.mtime == FileTime(seconds: 1_800_000_000, nanoseconds: 9))
+      #expect(
+        try tx.allOperations().filter { $0.nodeID == e.id }.map(\.kind) == [.putRcrd, .putData])
+    }
 
     let copy = try crashCopy(dir)
     defer { try? FileManager.default.removeItem(at: copy) }
