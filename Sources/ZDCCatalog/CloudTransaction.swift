@@ -118,7 +118,8 @@ public final class CloudTransaction {
     func date(_ i: CInt) -> Date? { real(i).map(Date.init(timeIntervalSinceReferenceDate:)) }
     // Names and symlink targets are text, or sealed blobs (see `FieldCoding.storedText`).
     func sealedText(_ i: CInt) throws -> String? {
-      if case .plain = fields { return text(i) }
+      // Every byte: a name may hold a NUL (a case variant's does).
+      if case .plain = fields { return columnText(s, i) }
       return try Data.fromStatement(s, atUncheckedIndex: i).map {
         String(decoding: try fields.open($0), as: UTF8.self)
       }
@@ -309,6 +310,24 @@ public final class CloudTransaction {
     try fetchNode(Self.childByNameSQL, [parentID, try fields.nameKey(of: name), userID])
   }
 
+  /// The children of `parentID` whose name equals `name` up to case, and those kept under the
+  /// case variant of such a name (see ``CaseVariant``), in ascending id order.
+  public func children(of parentID: NodeID, sharingNameWith name: String) throws -> [Node] {
+    let (lower, upper) = try fields.nameKeyRange(of: name)
+    var out: [Node] = []
+    try rawQuery(
+      """
+      SELECT \(Self.nodeColumns) FROM nodes
+      WHERE parentID = ? AND nameKey >= ? AND nameKey < ? AND localUserID = ? ORDER BY id
+      """, [parentID, lower, upper, userID]
+    ) { st in
+      out.append(try decodeNode(st))
+      return true
+    }
+    for n in out { sharedNodes?.put(n) }
+    return out
+  }
+
   /// The children of `parentID` in ascending id order (stable: readdir offsets may be ids),
   /// optionally only those with an id above `afterID`, at most `limit`.
   public func children(of parentID: NodeID, afterID: NodeID = 0, limit: Int = -1) throws -> [Node] {
@@ -358,21 +377,31 @@ public final class CloudTransaction {
 
   /// The path of a node (names as stored).
   public func path(of id: NodeID) throws -> TreesystemPath {
-    let stmt = try db.cachedStatement(
-      sql: "SELECT parentID, name, trunk FROM nodes WHERE id = ? AND localUserID = ?")
+    let sql = "SELECT parentID, name, trunk FROM nodes WHERE id = ? AND localUserID = ?"
     var names: [String] = []
     var current = id
     var steps = 0
     while true {
-      guard let row = try Row.fetchOne(stmt, arguments: [current, userID]) else {
-        throw CatalogError.nodeNotFound(current)
+      var row: (parent: NodeID?, name: String?, trunk: String?)?
+      try rawQuery(sql, [current, userID]) { s in
+        let name: String?
+        if case .plain = fields {
+          name = columnText(s, 1)
+        } else {
+          name = try Data.fromStatement(s, atUncheckedIndex: 1).map {
+            String(decoding: try fields.open($0), as: UTF8.self)
+          }
+        }
+        row = (Int64.fromStatement(s, atUncheckedIndex: 0), name, columnText(s, 2))
+        return false
       }
-      if let parent = row[0] as NodeID? {
-        guard let name = try fields.text(row[1]) else { throw CatalogError.corrupt("node name") }
+      guard let row else { throw CatalogError.nodeNotFound(current) }
+      if let parent = row.parent {
+        guard let name = row.name else { throw CatalogError.corrupt("node name") }
         names.append(name)
         current = parent
       } else {
-        guard let trunk = (row[2] as String?).flatMap(Trunk.init(rawValue:)) else {
+        guard let trunk = row.trunk.flatMap(Trunk.init(rawValue:)) else {
           throw CatalogError.corrupt("root node \(current) is not a trunk")
         }
         return try TreesystemPath(names.reversed(), trunk: trunk)

@@ -36,10 +36,32 @@ enum FieldCoding: Sendable {
   /// The stored key of a name in the `(parentID, nameKey)` index: the normalised name, or, in
   /// a sealed catalog, its keyed digest, a 20-byte BLOB (equal keys still meet; the index holds
   /// no name).
+  ///
+  /// A case variant's key (``CaseVariant``) starts with its name's: sealed, the digest of the
+  /// name's key followed by the variant's suffix, as the plain key is.
   func nameKey(_ key: NameKey) throws -> any DatabaseValueConvertible {
     switch self {
     case .plain: return key.value
-    case .sealed(let s): return s.nameDigest.digest(key.value)
+    case .sealed(let s):
+      guard let (base, suffix) = CaseVariant.splitKey(key.value) else {
+        return s.nameDigest.digest(key.value)
+      }
+      return s.nameDigest.digest(base) + Data(suffix.utf8)
+    case .locked: throw CatalogError.locked
+    }
+  }
+
+  /// The range of stored index keys `[lower, upper)` that holds the key of `name` and the keys of
+  /// its case variants.
+  func nameKeyRange(of name: String) throws -> (
+    lower: any DatabaseValueConvertible, upper: any DatabaseValueConvertible
+  ) {
+    let key = NameKey(name).value
+    switch self {
+    case .plain: return (key, key + "\u{1}")
+    case .sealed(let s):
+      let digest = s.nameDigest.digest(key)
+      return (digest, digest + Data([1]))
     case .locked: throw CatalogError.locked
     }
   }
@@ -54,16 +76,6 @@ enum FieldCoding: Sendable {
     guard let text else { return nil }
     if case .plain = self { return text }
     return try seal(Data(text.utf8))
-  }
-
-  /// A stored text field (see ``storedText(_:)``) as it was given.
-  func text(_ stored: DatabaseValue) throws -> String? {
-    switch stored.storage {
-    case .null: return nil
-    case .string(let s): return s
-    case .blob(let b): return String(decoding: try open(b), as: UTF8.self)
-    default: throw CatalogError.corrupt("text field")
-    }
   }
 
   /// A redo journal record as written (a sealed record starts with ``FieldSeal/recordMark``,

@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import ZDCSQLite
 
 extension Catalog {
   /// The sealing level a catalog opened with a key reaches (`fieldSealing.sealed`): 0, plain;
@@ -70,11 +71,18 @@ extension Catalog {
     let coding = FieldCoding.sealed(seal)
     // Keyed index keys are BLOBs, which never equal the TEXT keys still beside them in the
     // unique index while the rows are rewritten.
-    for row in try Row.fetchAll(db, sql: "SELECT id, name, symlinkTarget, dirSalt FROM nodes") {
-      let id: Int64 = row[0]
-      let name: String = row[1]
-      let target: String? = row[2]
-      let dirSalt: Data = row[3] ?? Data()
+    // Read with every byte (a name may hold a NUL), then rewritten.
+    var rows: [(id: Int64, name: String, target: String?, dirSalt: Data)] = []
+    try db.cachedStatement(sql: "SELECT id, name, symlinkTarget, dirSalt FROM nodes").runRaw([]) {
+      s in
+      rows.append(
+        (
+          Int64.fromStatement(s, atUncheckedIndex: 0) ?? 0, columnText(s, 1) ?? "",
+          columnText(s, 2), Data.fromStatement(s, atUncheckedIndex: 3) ?? Data()
+        ))
+      return true
+    }
+    for (id, name, target, dirSalt) in rows {
       try db.execute(
         sql: "UPDATE nodes SET name = ?, nameKey = ?, symlinkTarget = ?, dirSalt = ? WHERE id = ?",
         arguments: [

@@ -118,3 +118,52 @@ public struct NameKey: Sendable, Hashable, Codable, CustomStringConvertible {
 
   public var description: String { value }
 }
+
+/// Names kept beside a sibling whose name differs from theirs only in case.
+///
+/// Treesystem names compare case-insensitively (``NameKey``), but a Linux directory may hold
+/// `Makefile` and `makefile`. The second one is kept under its *case variant*: the name, a NUL
+/// and the 16 lower-case hex digits of the 64-bit FNV-1a hash of its UTF-8. The variant's key
+/// differs from the name's (so its cloudName does too), and starts with it, so one range of the
+/// name index holds a name and all its variants.
+public enum CaseVariant {
+  /// The bytes the variant adds after the name: a NUL and 16 hex digits.
+  public static let suffixLength = 17
+
+  /// The case variant of `name`.
+  public static func name(for name: String) -> String {
+    name + "\u{0}" + Digits.zeroPadded(fnv1a(Array(name.utf8)), width: 16, radix: 16)
+  }
+
+  /// The name a case variant stands for, or `nil` for a name that is not one.
+  public static func base(of variant: String) -> String? {
+    let u = Array(variant.utf8)
+    guard u.count > suffixLength, u[u.count - suffixLength] == 0 else { return nil }
+    let base = String(decoding: u[..<(u.count - suffixLength)], as: UTF8.self)
+    return Self.name(for: base) == variant ? base : nil
+  }
+
+  /// True when a key (a ``NameKey`` value) has the shape of a case variant's: the key of the
+  /// name, then the suffix (lower-casing leaves the NUL and the hex digits alone).
+  public static func splitKey(_ key: String) -> (base: Substring, suffix: Substring)? {
+    let u = key.utf8
+    guard u.count > suffixLength else { return nil }
+    let cut = u.index(u.endIndex, offsetBy: -suffixLength)
+    guard u[cut] == 0,
+      u[u.index(after: cut)...].allSatisfy({
+        (0x30...0x39).contains($0) || (0x61...0x66).contains($0)
+      })
+    else { return nil }
+    return (key[..<cut], key[cut...])
+  }
+
+  /// The 64-bit FNV-1a hash of `bytes`.
+  public static func fnv1a(_ bytes: [UInt8]) -> UInt64 {
+    var h: UInt64 = 0xcbf2_9ce4_8422_2325
+    for b in bytes {
+      h ^= UInt64(b)
+      h = h &* 0x100_0000_01b3
+    }
+    return h
+  }
+}

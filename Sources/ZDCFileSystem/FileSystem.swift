@@ -232,10 +232,15 @@ public final class FileSystem: @unchecked Sendable {
     switch try NameEscape.parse(shown) {
     case .name(let name):
       // The catalog matches names case-insensitively; the mount shows exact names only, so
-      // the kernel never holds two spellings of one node (and `mv a A` reaches `rename`).
-      guard let c = try tx.child(of: parent, named: name), Array(c.name.utf8) == Array(name.utf8)
-      else { return nil }
-      return c
+      // the kernel never holds two spellings of one node (and `mv a A` reaches `rename`). A
+      // name beside a sibling that differs from it only in case is kept as its case variant.
+      let exact = Array(name.utf8)
+      let variant = NameEscape.isPlain(name) ? Array(CaseVariant.name(for: name).utf8) : nil
+      for c in try tx.children(of: parent, sharingNameWith: name) {
+        let stored = Array(c.name.utf8)
+        if stored == exact || stored == variant { return c }
+      }
+      return nil
     case .hashed(let typed):
       var after: NodeID = 0
       while true {
@@ -244,6 +249,24 @@ public final class FileSystem: @unchecked Sendable {
         if let hit = batch.first(where: { NameEscape.shown($0.name) == typed }) { return hit }
         after = batch.last!.id
       }
+    }
+  }
+
+  /// Runs `body` (which creates or moves an entry named `name` into `parent`); when the name is
+  /// taken by a sibling whose name differs only in case, runs it again with the name's case
+  /// variant (see ``CaseVariant``), so that both are kept, as a local file system keeps them.
+  @discardableResult
+  func placing<T>(
+    _ name: String, in parent: NodeID, shown: String, _ tx: CloudTransaction,
+    _ body: (String) throws -> T
+  ) throws -> T {
+    do {
+      return try body(name)
+    } catch let error as CatalogError {
+      guard case .nameTaken = error, NameEscape.isPlain(name),
+        try child(of: parent, shown: shown, tx) == nil
+      else { throw error }
+      return try body(CaseVariant.name(for: name))
     }
   }
 
@@ -507,12 +530,15 @@ public final class FileSystem: @unchecked Sendable {
     let name = try newName(shown)
     let (attrs, node) = try write(commit: .soon) { tx -> (Attributes, Node) in
       let p = try requireDirectory(parent, tx)
-      // A name taken throws `nameTaken` (EEXIST).
-      let node = try tx.createNode(
-        Node(
-          uuid: "", localUserID: userID, parentID: p.id, name: name, kind: kind,
-          shareList: .owner(userID), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "",
-          cloudID: "", mode: mode & 0o7777, mtime: FileTime(Date()), symlinkTarget: target))
+      // A name taken throws `nameTaken` (EEXIST); one taken only up to case is kept as its
+      // case variant.
+      let node = try placing(name, in: p.id, shown: shown, tx) { name in
+        try tx.createNode(
+          Node(
+            uuid: "", localUserID: userID, parentID: p.id, name: name, kind: kind,
+            shareList: .owner(userID), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "",
+            cloudID: "", mode: mode & 0o7777, mtime: FileTime(Date()), symlinkTarget: target))
+      }
       return (try attributes(of: node, .node, tx, hasChildren: false), node)
     }
     noteLookup(attrs.inode)
@@ -655,17 +681,19 @@ public final class FileSystem: @unchecked Sendable {
         if flags.contains(.noReplace), np.dataSize > 0 { throw FileSystemError.exists }
         return .replaceContent(source: src, target: np.id, section: .data)
       }
-      let dst = try tx.child(of: np.id, named: newName)
+      let dst = try child(of: np.id, shown: shownNew, tx)
       if let dst, dst.id != src.id {
         if flags.contains(.noReplace) { throw FileSystemError.exists }
         let dstIsDir = try isDirectory(dst, tx)
+        // Replacing or exchanging, the source takes the target's stored name (a case variant
+        // stays one).
         if flags.contains(.exchange) {
           let temp = ".zdcfs-exchange-\(src.uuid)"
           let srcName = src.name
           let srcParent = p.id
           try tx.moveNode(src.id, toParent: src.parentID!, name: temp)
           try tx.moveNode(dst.id, toParent: srcParent, name: srcName)
-          try tx.moveNode(src.id, toParent: np.id, name: newName)
+          try tx.moveNode(src.id, toParent: np.id, name: dst.name)
           return .done
         }
         if srcIsDir && !dstIsDir { throw FileSystemError.notADirectory }
@@ -673,24 +701,22 @@ public final class FileSystem: @unchecked Sendable {
         if dstIsDir {
           if try tx.childCount(of: dst.id) > 0 { throw FileSystemError.notEmpty }
           try tx.deleteNode(dst.id)
-          try tx.moveNode(src.id, toParent: np.id, name: newName)
+          try tx.moveNode(src.id, toParent: np.id, name: dst.name)
           afterDelete(dst, tx)
           return .done
         }
         if src.kind == .file && dst.kind == .file {
-          if Array(dst.name.utf8) != Array(newName.utf8) {
-            // The target's name differs in case only: it takes the name typed.
-            try tx.moveNode(dst.id, toParent: np.id, name: newName)
-          }
           return .replaceContent(source: src, target: dst.id, section: .node)
         }
         try tx.deleteNode(dst.id)
-        try tx.moveNode(src.id, toParent: np.id, name: newName)
+        try tx.moveNode(src.id, toParent: np.id, name: dst.name)
         afterDelete(dst, tx)
         return .done
       }
       if flags.contains(.exchange) { throw FileSystemError.notFound }
-      try tx.moveNode(src.id, toParent: np.id, name: newName)
+      try placing(newName, in: np.id, shown: shownNew, tx) { name in
+        try tx.moveNode(src.id, toParent: np.id, name: name)
+      }
       // Renaming a conflicted copy is how a user settles it.
       try tx.setTag(nil, forNodeID: src.id, identifier: Self.conflictTag)
       return .done

@@ -3,7 +3,9 @@ import ZDCCore
 
 /// The reversible mapping between treesystem names and the names shown through the mount.
 ///
-/// See the "Names" article: a *plain* name is shown as is; any other name is shown as `%%`
+/// See the "Names" article: a *plain* name is shown as is, and so is the case variant of one
+/// (``CaseVariant``: kept beside a sibling that differs from it only in case); any other name
+/// is shown as `%%`
 /// followed by its percent-escaped UTF-8 (`%`, `/` and NUL escaped as `%XX`), and, when that is
 /// longer than 255 bytes, cut and ended with `%~` and a 64-bit FNV-1a hash of the name.
 public enum NameEscape {
@@ -25,6 +27,8 @@ public enum NameEscape {
   /// The name shown for a treesystem name.
   public static func shown(_ name: String) -> String {
     if isPlain(name) { return name }
+    // A plain name kept beside a sibling that differs from it only in case.
+    if let base = CaseVariant.base(of: name), isPlain(base) { return base }
     let full = prefix + percentEncode(name)
     if full.utf8.count <= maxBytes { return full }
     // Too long even escaped: a cut prefix plus a hash; resolved by scanning the directory.
@@ -97,12 +101,5 @@ public enum NameEscape {
     return String(validating: bytes, as: UTF8.self)
   }
 
-  static func fnv1a(_ bytes: [UInt8]) -> UInt64 {
-    var h: UInt64 = 0xcbf2_9ce4_8422_2325
-    for b in bytes {
-      h ^= UInt64(b)
-      h = h &* 0x100_0000_01b3
-    }
-    return h
-  }
+  static func fnv1a(_ bytes: [UInt8]) -> UInt64 { CaseVariant.fnv1a(bytes) }
 }

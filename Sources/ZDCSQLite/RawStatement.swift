@@ -73,3 +73,13 @@ public enum RawColumn {
 
   public static func int(_ s: SQLiteStatement, _ i: CInt) -> Int64 { sqlite3_column_int64(s, i) }
 }
+
+/// The text in column `index` of the current row, with every byte of it (a NUL included, where
+/// a C string would stop), or `nil` for NULL.
+public func columnText(_ s: SQLiteStatement, _ index: CInt) -> String? {
+  guard sqlite3_column_type(s, index) != SQLITE_NULL, let p = sqlite3_column_text(s, index) else {
+    return nil
+  }
+  let count = Int(sqlite3_column_bytes(s, index))
+  return String(decoding: UnsafeBufferPointer(start: p, count: count), as: UTF8.self)
+}

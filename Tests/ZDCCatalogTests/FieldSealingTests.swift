@@ -191,4 +191,27 @@ import ZDCCrypto
     }
     try expectReadBack(try open(dir, key: key), w)
   }
+
+  /// The name index holds a name and its case variants in one range, plain or sealed.
+  @Test(arguments: [false, true])
+  func caseVariantsShareTheirNameRange(sealed: Bool) throws {
+    let catalog = try Catalog.temporary(
+      options: .init(fieldKey: sealed ? SecureRandom.bytes(32) : nil))
+    try catalog.createLocalUser(makeUser(user))
+    let names = ["Makefile", CaseVariant.name(for: "makefile"), CaseVariant.name(for: "MAKEFILE")]
+    try catalog.write(user) { tx in
+      for n in names + ["Makefile.am", "makefilf", "make"] { _ = try tx.createNode(path: p(n)) }
+      #expect(throws: CatalogError.self) { _ = try tx.createNode(path: p("MakeFile")) }
+      let home = try #require(try tx.trunkNode(.home))
+      for asked in ["makefile", "MAKEFILE", "Makefile"] {
+        #expect(try tx.children(of: home.id, sharingNameWith: asked).map(\.name) == names)
+      }
+      #expect(try tx.children(of: home.id, sharingNameWith: "make").map(\.name) == ["make"])
+      #expect(try tx.children(of: home.id, sharingNameWith: "absent").isEmpty)
+      // Names are read back whole (a NUL included), and so are paths.
+      let v = try #require(try tx.node(path: p(names[1])))
+      #expect(v.name == names[1])
+      #expect(try tx.path(of: v.id) == p(names[1]))
+    }
+  }
 }

@@ -53,6 +53,20 @@ import ZDCCore
     #expect(NameKey("CAF\u{C9}") == NameKey("cafe\u{301}"))
     #expect(NameKey("a") != NameKey("b"))
   }
+
+  /// A case variant's key is its name's key followed by the variant's suffix.
+  @Test func caseVariantKeysStartWithTheNameKey() throws {
+    for name in ["Makefile", "CAF\u{C9}.txt", "x"] {
+      let variant = CaseVariant.name(for: name)
+      #expect(CaseVariant.base(of: variant) == name)
+      let split = try #require(CaseVariant.splitKey(NameKey(variant).value))
+      #expect(String(split.base) == NameKey(name).value)
+      #expect(split.suffix.utf8.count == CaseVariant.suffixLength)
+      #expect(NameKey(variant) != NameKey(CaseVariant.name(for: name.uppercased())))
+    }
+    #expect(CaseVariant.splitKey(NameKey("plain.txt").value) == nil)
+    #expect(CaseVariant.base(of: "plain.txt") == nil)
+  }
 }
 
 @Suite struct ShareListTests {

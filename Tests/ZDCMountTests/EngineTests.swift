@@ -131,8 +131,14 @@ import ZDCFileSystem
     let d = try fs.mkdir(parent: 1, name: "d", mode: 0o755)
     let (f, h) = try fs.create(parent: d.inode, name: "f", mode: 0o644, flags: O_WRONLY)
     try fs.release(h.handle)
-    #expect(throws: FileSystemError.exists) { try fs.mkdir(parent: 1, name: "D", mode: 0o755) }
+    // A name that differs only in case is another entry, as on a local file system.
     #expect(throws: FileSystemError.notFound) { try fs.lookup(parent: 1, name: "D") }
+    let upper = try fs.mkdir(parent: 1, name: "D", mode: 0o755)
+    #expect(upper.inode != d.inode)
+    #expect(try fs.lookup(parent: 1, name: "D").inode == upper.inode)
+    #expect(try fs.lookup(parent: 1, name: "d").inode == d.inode)
+    #expect(throws: FileSystemError.exists) { try fs.mkdir(parent: 1, name: "D", mode: 0o755) }
+    #expect(throws: FileSystemError.exists) { try fs.mkdir(parent: 1, name: "d", mode: 0o755) }
     #expect(throws: FileSystemError.notEmpty) { try fs.rmdir(parent: 1, name: "d") }
     #expect(throws: FileSystemError.notADirectory) {
       try fs.mkdir(parent: f.inode, name: "x", mode: 0o755)

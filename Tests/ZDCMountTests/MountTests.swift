@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import ZDCCore
 import ZDCTestSupport
 
 @testable import ZDCFileSystem
@@ -403,5 +404,19 @@ import ZDCTestSupport
     #expect(
       NameEscape.shown(long).hasSuffix(
         "%~" + String(repeating: "0", count: 16 - hex.count) + hex))
+  }
+
+  /// A plain name kept as its case variant is shown as the name; the escape of the variant's
+  /// treesystem name is not a name of the mount (one node, one name).
+  @Test func caseVariantsAreShownAsTheirNames() throws {
+    let variant = CaseVariant.name(for: "makefile")
+    #expect(NameEscape.shown(variant) == "makefile")
+    #expect(CaseVariant.base(of: variant) == "makefile")
+    #expect(throws: FileSystemError.invalidArgument) {
+      try NameEscape.parse(NameEscape.prefix + NameEscape.percentEncode(variant))
+    }
+    // Not a variant: another suffix, or the variant of a name that is not plain.
+    #expect(CaseVariant.base(of: "makefile\u{0}0123456789abcdef") == nil)
+    #expect(NameEscape.shown(CaseVariant.name(for: "a/b")).hasPrefix(NameEscape.prefix))
   }
 }

@@ -325,6 +325,40 @@ final class SyncDevice: @unchecked Sendable {
     #expect(try b.ls("d") == ["kept.txt"])
   }
 
+  /// Names that differ only in case are kept side by side, as on a local file system, and
+  /// reach the other device so; a tree holding such names copies in whole.
+  @Test func namesThatDifferOnlyInCaseAreKeptAndSynced() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    let b = try SyncDevice("devB", in: dir, store: store, join: true)
+    defer { b.unmount(wait: false) }
+    try a.sh(
+      "echo upper > Makefile && echo lower > makefile && mkdir D d && echo in > d/x"
+        + " && ln -s Makefile MAKEFILE && cp -r /usr/include/linux/netfilter nf"
+        + " && diff -r /usr/include/linux/netfilter nf")
+    #expect(try a.ls() == ["D", "MAKEFILE", "Makefile", "d", "makefile", "nf"])
+    #expect(try a.sh("cat Makefile makefile MAKEFILE d/x").stdout == "upper\nlower\nupper\nin\n")
+    // Renames: onto a case variant's exact name replaces it; onto a new spelling keeps both.
+    try a.sh("echo third > tmp && mv tmp MakeFile && mv makefile mk && mv mk makefile")
+    #expect(try a.sh("cat MakeFile makefile").stdout == "third\nlower\n")
+    // The first spelling gone, the others are still found.
+    try a.sh("rm Makefile && rmdir D")
+    #expect(try a.sh("cat MakeFile makefile; ls d").stdout == "third\nlower\nx\n")
+    try a.sync()
+    try b.sync()
+    #expect(try b.ls() == ["MAKEFILE", "MakeFile", "d", "makefile", "nf"])
+    #expect(try b.sh("cat MakeFile makefile d/x").stdout == "third\nlower\nin\n")
+    #expect(try b.sh("diff -r /usr/include/linux/netfilter nf").status == 0)
+    // Back on A after a remount: the same.
+    a.unmount(wait: true)
+    try a.mount()
+    #expect(try a.ls() == ["MAKEFILE", "MakeFile", "d", "makefile", "nf"])
+    #expect(try a.sh("cat MakeFile makefile").stdout == "third\nlower\n")
+  }
+
   @Test func periodicPullsShowRemoteChangesWithoutSync() throws {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
