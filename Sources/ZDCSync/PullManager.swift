@@ -799,6 +799,18 @@ public final class PullManager: @unchecked Sendable {
     result: inout PullResult
   ) throws {
     guard let c = try tx.child(of: parent.id, named: name), c.id != except else { return }
+    if c.eTagRcrd == nil, Array(c.name.utf8) != Array(name.utf8),
+      CaseVariant.base(of: c.name) == nil,
+      !c.name.utf8.contains(0)
+    {
+      // A never-uploaded node whose name differs from the remote one's only in case: like the
+      // mount, keep both, this one as its case variant (see `CaseVariant`) — not a conflict.
+      let variant = CaseVariant.name(for: c.name)
+      if try tx.child(of: parent.id, named: variant) == nil {
+        try tx.moveNode(c.id, toParent: parent.id, name: variant)
+        return
+      }
+    }
     var n = 2
     var free = ConflictNames.numbered(c.name, n)
     while try tx.child(of: parent.id, named: free) != nil {

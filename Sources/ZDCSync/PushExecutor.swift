@@ -165,10 +165,12 @@ struct PushExecutor {
     }
   }
 
-  /// Renames a never-uploaded node to the first `name n.ext` free here and in the store.
+  /// Renames a never-uploaded node to the first `name n.ext` free here and in the store; or,
+  /// when the name in the store differs from its own only in case, to its case variant.
   private func resolvePathConflict(_ node: Node) throws {
     guard let parentID = node.parentID else { return }
     let parent = try context.catalog.read(context.userID) { try $0.existingNode(id: parentID) }
+    if try keepAsCaseVariant(node, parent) { return }
     var n = 2
     var chosen: String? = nil
     while chosen == nil && n < 10_000 {
@@ -192,6 +194,36 @@ struct PushExecutor {
     }
     context.logger.info("path conflict: node renamed", metadata: ["node": "\(node.id)"])
     manager.requestPull()
+  }
+
+  /// Another device stored a name that differs from this never-uploaded node's only in case
+  /// (the same cloudName): like the mount, keep both, this one as its case variant (see
+  /// ``CaseVariant``) — not a conflict, both names stay as typed. False when that does not
+  /// apply (or the variant is taken).
+  private func keepAsCaseVariant(_ node: Node, _ parent: Node) throws -> Bool {
+    guard CaseVariant.base(of: node.name) == nil, !node.name.utf8.contains(0) else { return false }
+    let here = try CloudName.compute(name: node.name, parentDirSalt: parent.dirSalt)
+    guard
+      let remote = try context.fetchRcrd(
+        context.layout.rcrdKey(dirPrefix: parent.dirPrefix, cloudName: here)),
+      let other = remote.decoded?.meta.name, Array(other.utf8) != Array(node.name.utf8),
+      NameKey(other) == NameKey(node.name)
+    else { return false }
+    let variant = CaseVariant.name(for: node.name)
+    let localFree = try context.catalog.read(context.userID) {
+      try $0.child(of: parent.id, named: variant) == nil
+    }
+    let cloudName = try CloudName.compute(name: variant, parentDirSalt: parent.dirSalt)
+    let key = context.layout.rcrdKey(dirPrefix: parent.dirPrefix, cloudName: cloudName)
+    guard localFree, try context.headIfExists(key) == nil else { return false }
+    try write { tx in
+      guard try tx.node(id: node.id) != nil else { return }
+      try tx.renameWithoutMove(node.id, to: variant)
+    }
+    context.logger.info(
+      "name differing only in case: kept beside", metadata: ["node": "\(node.id)"])
+    manager.requestPull()
+    return true
   }
 
   private func putRcrd() throws {

@@ -359,6 +359,43 @@ final class SyncDevice: @unchecked Sendable {
     #expect(try a.sh("cat MakeFile makefile").stdout == "third\nlower\n")
   }
 
+  /// Two devices that each create one spelling of a name before either syncs keep both,
+  /// whether the second one learns of the first by its upload failing (the same cloudName) or
+  /// by a pull: not a conflict, both names stay as typed.
+  @Test(arguments: [false, true])
+  func spellingsThatDifferOnlyInCaseFromTwoDevicesAreBothKept(pullFirst: Bool) throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    let b = try SyncDevice(
+      "devB", in: dir, store: store, join: true,
+      mountArguments: pullFirst
+        ? ["--pull-interval", "1", "--upload-delay", "600"] : ["--pull-interval", "3600"])
+    defer { b.unmount(wait: false) }
+    try a.sh("echo A > Makefile")
+    try b.sh("echo B > makefile")
+    try a.sync()
+    if pullFirst {
+      // B pulls A's spelling before it uploads its own.
+      var seen: [String] = []
+      for _ in 0..<100 {
+        seen = try b.ls()
+        if seen == ["Makefile", "makefile"] { break }
+        usleep(100_000)
+      }
+      #expect(seen == ["Makefile", "makefile"])
+    }
+    try b.sync()
+    try a.sync()
+    for d in [a, b] {
+      #expect(try d.ls() == ["Makefile", "makefile"], "\(d.name)")
+      #expect(try d.sh("cat Makefile makefile").stdout == "A\nB\n", "\(d.name)")
+    }
+    #expect(try b.run(["status"]).stdout.contains("Conflicts: 0."))
+  }
+
   @Test func periodicPullsShowRemoteChangesWithoutSync() throws {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
