@@ -152,10 +152,12 @@ import ZDCTestSupport
       #expect(tree["/same.txt"] == "file:from alpha")
       #expect(tree["/same 2.txt"] == "file:from beta")
       #expect(tree["/other"] == "dir")
-      #expect(tree["/Other 2"] == "dir")
+      // A name that differs only in case is no conflict: kept as its case variant.
+      #expect(tree["/" + CaseVariant.name(for: "Other")] == "dir")
       #expect(tree.count == 4)
     }
     #expect(p.b.delegate.conflicts.contains { $0.0 == .path && $0.1 == "same 2.txt" })
+    #expect(!p.b.delegate.conflicts.contains { $0.1.hasPrefix("Other") })
   }
 
   @Test(arguments: StoreKind.all)
