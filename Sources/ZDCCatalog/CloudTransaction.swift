@@ -117,13 +117,7 @@ public final class CloudTransaction {
     func blob(_ i: CInt) -> Data { Data.fromStatement(s, atUncheckedIndex: i) ?? Data() }
     func date(_ i: CInt) -> Date? { real(i).map(Date.init(timeIntervalSinceReferenceDate:)) }
     // Names and symlink targets are text, or sealed blobs (see `FieldCoding.storedText`).
-    func sealedText(_ i: CInt) throws -> String? {
-      // Every byte: a name may hold a NUL (a case variant's does).
-      if case .plain = fields { return columnText(s, i) }
-      return try Data.fromStatement(s, atUncheckedIndex: i).map {
-        String(decoding: try fields.open($0), as: UTF8.self)
-      }
-    }
+    func sealedText(_ i: CInt) throws -> String? { try fields.text(s, i) }
     guard let id = int(0), let uuid = text(1), let localUserID = text(2),
       let name = try sealedText(4),
       let kindRaw = text(5), let kind = NodeKind(rawValue: kindRaw), let shareJSON = text(7),
@@ -384,15 +378,7 @@ public final class CloudTransaction {
     while true {
       var row: (parent: NodeID?, name: String?, trunk: String?)?
       try rawQuery(sql, [current, userID]) { s in
-        let name: String?
-        if case .plain = fields {
-          name = columnText(s, 1)
-        } else {
-          name = try Data.fromStatement(s, atUncheckedIndex: 1).map {
-            String(decoding: try fields.open($0), as: UTF8.self)
-          }
-        }
-        row = (Int64.fromStatement(s, atUncheckedIndex: 0), name, columnText(s, 2))
+        row = (Int64.fromStatement(s, atUncheckedIndex: 0), try fields.text(s, 1), columnText(s, 2))
         return false
       }
       guard let row else { throw CatalogError.nodeNotFound(current) }

@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import ZDCCore
 import ZDCCrypto
+import ZDCSQLite
 
 /// How a catalog stores its sensitive fields — names, symlink targets, node keys, directory
 /// salts, extended attributes, data tags (a directory's `.meta` and `.thumb`) and redo journal
@@ -76,6 +77,15 @@ enum FieldCoding: Sendable {
     guard let text else { return nil }
     if case .plain = self { return text }
     return try seal(Data(text.utf8))
+  }
+
+  /// The text field (see ``storedText(_:)``) in column `index` of a statement's current row,
+  /// with every byte (a name may hold a NUL: a case variant's does).
+  func text(_ s: SQLiteStatement, _ index: CInt) throws -> String? {
+    if case .plain = self { return columnText(s, index) }
+    return try Data.fromStatement(s, atUncheckedIndex: index).map {
+      String(decoding: try open($0), as: UTF8.self)
+    }
   }
 
   /// A redo journal record as written (a sealed record starts with ``FieldSeal/recordMark``,

@@ -234,13 +234,11 @@ public final class FileSystem: @unchecked Sendable {
       // The catalog matches names case-insensitively; the mount shows exact names only, so
       // the kernel never holds two spellings of one node (and `mv a A` reaches `rename`). A
       // name beside a sibling that differs from it only in case is kept as its case variant.
-      let exact = Array(name.utf8)
-      let variant = NameEscape.isPlain(name) ? Array(CaseVariant.name(for: name).utf8) : nil
-      for c in try tx.children(of: parent, sharingNameWith: name) {
-        let stored = Array(c.name.utf8)
-        if stored == exact || stored == variant { return c }
-      }
-      return nil
+      let found = try tx.children(of: parent, sharingNameWith: name)
+      if let c = found.first(where: { $0.name.utf8.elementsEqual(name.utf8) }) { return c }
+      guard found.count > 0, NameEscape.isPlain(name) else { return nil }
+      let variant = CaseVariant.name(for: name)
+      return found.first { $0.name.utf8.elementsEqual(variant.utf8) }
     case .hashed(let typed):
       var after: NodeID = 0
       while true {

@@ -799,10 +799,7 @@ public final class PullManager: @unchecked Sendable {
     result: inout PullResult
   ) throws {
     guard let c = try tx.child(of: parent.id, named: name), c.id != except else { return }
-    if c.eTagRcrd == nil, Array(c.name.utf8) != Array(name.utf8),
-      CaseVariant.base(of: c.name) == nil,
-      !c.name.utf8.contains(0)
-    {
+    if c.eTagRcrd == nil, Array(c.name.utf8) != Array(name.utf8), !c.name.utf8.contains(0) {
       // A never-uploaded node whose name differs from the remote one's only in case: like the
       // mount, keep both, this one as its case variant (see `CaseVariant`) — not a conflict.
       let variant = CaseVariant.name(for: c.name)

@@ -201,7 +201,8 @@ struct PushExecutor {
   /// ``CaseVariant``) — not a conflict, both names stay as typed. False when that does not
   /// apply (or the variant is taken).
   private func keepAsCaseVariant(_ node: Node, _ parent: Node) throws -> Bool {
-    guard CaseVariant.base(of: node.name) == nil, !node.name.utf8.contains(0) else { return false }
+    // (A case variant holds a NUL: it is never varied again.)
+    guard !node.name.utf8.contains(0) else { return false }
     let here = try CloudName.compute(name: node.name, parentDirSalt: parent.dirSalt)
     guard
       let remote = try context.fetchRcrd(
