@@ -315,10 +315,23 @@ public final class CloudTransaction {
       WHERE parentID = ? AND nameKey >= ? AND nameKey < ? AND localUserID = ? ORDER BY id
       """, [parentID, lower, upper, userID]
     ) { st in
-      out.append(try decodeNode(st))
+      // A node of the shared cache equals its row (see ``NodeCache``): no need to decode it.
+      if let sharedNodes, let id = Int64.fromStatement(st, atUncheckedIndex: 0),
+        let cached = sharedNodes.get(id)
+      {
+        #if DEBUG
+          // Tests check that every change of a row dropped its cached node.
+          let stored = try decodeNode(st)
+          precondition(stored == cached, "stale cached node \(id)")
+        #endif
+        out.append(cached)
+      } else {
+        let node = try decodeNode(st)
+        sharedNodes?.put(node)
+        out.append(node)
+      }
       return true
     }
-    for n in out { sharedNodes?.put(n) }
     return out
   }
 
@@ -714,37 +727,44 @@ public final class CloudTransaction {
 
   /// The subtree rooted at `id`, root first, in breadth-first order.
   func subtree(of id: NodeID) throws -> [SubtreeEntry] {
+    var out: [SubtreeEntry] = []
+    let read: (SQLiteStatement) throws -> Bool = { s in
+      out.append(try Self.subtreeEntry(s))
+      return true
+    }
     if try !hasChildren(id) {
       // A leaf (most deletes): one row, without the recursive query's temporary tables.
-      let leaf = try db.cachedStatement(
-        sql: """
-          SELECT n.id, 0, n.cloudID, n.dirPrefix, n.cloudName, n.eTagRcrd, n.eTagData, p.dirPrefix
-          FROM nodes n LEFT JOIN nodes p ON p.id = n.parentID WHERE n.id = ?
-          """)
-      return try Row.fetchAll(leaf, arguments: [id]).map(Self.subtreeEntry)
+      try rawQuery(
+        """
+        SELECT n.id, 0, n.cloudID, n.dirPrefix, n.cloudName, n.eTagRcrd, n.eTagData, p.dirPrefix
+        FROM nodes n LEFT JOIN nodes p ON p.id = n.parentID WHERE n.id = ?
+        """, [id], row: read)
+      return out
     }
-    let stmt = try db.cachedStatement(
-      sql: """
-        WITH RECURSIVE sub(id, depth) AS (
-          SELECT id, 0 FROM nodes WHERE id = ?
-          UNION ALL
-          SELECT n.id, sub.depth + 1 FROM nodes n JOIN sub ON n.parentID = sub.id
-        )
-        SELECT n.id, sub.depth, n.cloudID, n.dirPrefix, n.cloudName, n.eTagRcrd, n.eTagData,
-          p.dirPrefix
-        FROM sub JOIN nodes n ON n.id = sub.id LEFT JOIN nodes p ON p.id = n.parentID
-        ORDER BY sub.depth, n.id
-        """)
-    var out: [SubtreeEntry] = []
-    let cursor = try Row.fetchCursor(stmt, arguments: [id])
-    while let row = try cursor.next() { out.append(Self.subtreeEntry(row)) }
+    try rawQuery(
+      """
+      WITH RECURSIVE sub(id, depth) AS (
+        SELECT id, 0 FROM nodes WHERE id = ?
+        UNION ALL
+        SELECT n.id, sub.depth + 1 FROM nodes n JOIN sub ON n.parentID = sub.id
+      )
+      SELECT n.id, sub.depth, n.cloudID, n.dirPrefix, n.cloudName, n.eTagRcrd, n.eTagData,
+        p.dirPrefix
+      FROM sub JOIN nodes n ON n.id = sub.id LEFT JOIN nodes p ON p.id = n.parentID
+      ORDER BY sub.depth, n.id
+      """, [id], row: read)
     return out
   }
 
-  private static func subtreeEntry(_ row: Row) -> SubtreeEntry {
-    SubtreeEntry(
-      id: row[0], depth: row[1], cloudID: row[2], dirPrefix: row[3], cloudName: row[4],
-      eTagRcrd: row[5], eTagData: row[6], parentDirPrefix: row[7])
+  private static func subtreeEntry(_ s: SQLiteStatement) throws -> SubtreeEntry {
+    let id = RawColumn.int(s, 0)
+    guard let cloudID = RawColumn.text(s, 2), let dirPrefix = RawColumn.text(s, 3),
+      let cloudName = RawColumn.text(s, 4)
+    else { throw CatalogError.corrupt("node \(id): no cloud identity") }
+    return SubtreeEntry(
+      id: id, depth: Int(RawColumn.int(s, 1)), cloudID: cloudID, dirPrefix: dirPrefix,
+      cloudName: cloudName, eTagRcrd: RawColumn.text(s, 5), eTagData: RawColumn.text(s, 6),
+      parentDirPrefix: RawColumn.text(s, 7))
   }
 
   /// Deletes the rows of a subtree with their tags and links, deepest first (the catalog runs

@@ -45,9 +45,9 @@ enum FieldCoding: Sendable {
     case .plain: return key.value
     case .sealed(let s):
       guard let (base, suffix) = CaseVariant.splitKey(key.value) else {
-        return s.nameDigest.digest(key.value)
+        return s.nameKeyDigest(key.value)
       }
-      return s.nameDigest.digest(base) + Data(suffix.utf8)
+      return s.nameKeyDigest(String(base)) + Data(suffix.utf8)
     case .locked: throw CatalogError.locked
     }
   }
@@ -61,7 +61,7 @@ enum FieldCoding: Sendable {
     switch self {
     case .plain: return (key, key + "\u{1}")
     case .sealed(let s):
-      let digest = s.nameDigest.digest(key)
+      let digest = s.nameKeyDigest(key)
       return (digest, digest + Data([1]))
     case .locked: throw CatalogError.locked
     }
@@ -114,6 +114,9 @@ struct FieldSeal: Sendable {
   let key: Data
   /// Makes the keys of the name index (see ``FieldCoding/nameKey(_:)``).
   let nameDigest: KeyedDigest
+  /// The digests of the names used lately: a file operation asks for the key of one name
+  /// several times (the lookup, the uniqueness check, the write).
+  private let recentNameKeys = NameKeyMemo()
   private static let nonces = NonceSource()
 
   init(key: Data) throws {
@@ -123,6 +126,14 @@ struct FieldSeal: Sendable {
     self.key = key
     let nameKeyKey = try KeyedDigest(key: key, length: 32)
     nameDigest = try KeyedDigest(key: nameKeyKey.digest("zdc.catalog.namekey.v1"))
+  }
+
+  /// The index key of a normalised name (``FieldCoding/nameKey(_:)``): its keyed digest.
+  func nameKeyDigest(_ key: String) -> Data {
+    if let known = recentNameKeys.get(key) { return known }
+    let digest = nameDigest.digest(key)
+    recentNameKeys.put(key, digest)
+    return digest
   }
 
   /// `plaintext` sealed, after `mark` when given.
@@ -187,6 +198,24 @@ private final class NonceSource: @unchecked Sendable {
     prefix.withUnsafeBytes { nonce.copyMemory(from: $0) }
     withUnsafeBytes(of: &n) {
       UnsafeMutableRawBufferPointer(rebasing: nonce[(AEAD.nonceSize - 8)...]).copyMemory(from: $0)
+    }
+  }
+}
+
+/// A bounded map from normalised names to their index keys (``FieldSeal/nameKeyDigest(_:)``).
+final class NameKeyMemo: @unchecked Sendable {
+  // @unchecked: `entries` is only touched under `lock`.
+  private let lock = NSLock()
+  private var entries: [String: Data] = [:]
+  /// Past this many names the memo starts over (what matters is the few of the last moments).
+  static let capacity = 1024
+
+  func get(_ key: String) -> Data? { lock.withLock { entries[key] } }
+
+  func put(_ key: String, _ digest: Data) {
+    lock.withLock {
+      if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
+      entries[key] = digest
     }
   }
 }

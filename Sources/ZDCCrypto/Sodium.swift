@@ -38,16 +38,26 @@ public enum SecureRandom {
   /// A new local node uuid (RFC 4122 version 4 form, lower case), from libsodium's generator
   /// (Foundation's `UUID()` opens `/dev/urandom` for each one on Linux).
   public static func uuid() -> String {
-    var b = [UInt8](bytes(16))
-    b[6] = (b[6] & 0x0f) | 0x40  // version 4
-    b[8] = (b[8] & 0x3f) | 0x80  // RFC 4122 variant
-    let h = Hex.encode(Data(b))
-    let c = Array(h.utf8)
-    return String(decoding: c[0..<8], as: UTF8.self) + "-"
-      + String(decoding: c[8..<12], as: UTF8.self) + "-"
-      + String(decoding: c[12..<16], as: UTF8.self) + "-"
-      + String(decoding: c[16..<20], as: UTF8.self) + "-"
-      + String(decoding: c[20..<32], as: UTF8.self)
+    Sodium.ensure()
+    var b: (UInt64, UInt64) = (0, 0)
+    return withUnsafeMutableBytes(of: &b) { raw in
+      randombytes_buf(raw.baseAddress!, 16)
+      raw[6] = (raw[6] & 0x0f) | 0x40  // version 4
+      raw[8] = (raw[8] & 0x3f) | 0x80  // RFC 4122 variant
+      return String(unsafeUninitializedCapacity: 36) { out in
+        var o = 0
+        for i in 0..<16 {
+          if i == 4 || i == 6 || i == 8 || i == 10 {
+            out[o] = UInt8(ascii: "-")
+            o += 1
+          }
+          out[o] = Hex.lowerDigit(raw[i] >> 4)
+          out[o + 1] = Hex.lowerDigit(raw[i] & 0x0f)
+          o += 2
+        }
+        return o
+      }
+    }
   }
 
   /// A new userID: 160 random bits in zBase32 (32 characters).
@@ -58,14 +68,26 @@ public enum SecureRandom {
 public enum Hex {
   /// Encodes bytes as hex digits.
   public static func encode(_ data: Data, uppercase: Bool = false) -> String {
-    let digits = Array((uppercase ? "0123456789ABCDEF" : "0123456789abcdef").utf8)
-    var out = [UInt8]()
-    out.reserveCapacity(data.count * 2)
-    for b in data {
-      out.append(digits[Int(b >> 4)])
-      out.append(digits[Int(b & 0x0f)])
+    data.withUnsafeBytes { src in
+      String(unsafeUninitializedCapacity: src.count * 2) { out in
+        for (i, b) in src.enumerated() {
+          out[2 * i] = digit(b >> 4, uppercase: uppercase)
+          out[2 * i + 1] = digit(b & 0x0f, uppercase: uppercase)
+        }
+        return src.count * 2
+      }
     }
-    return String(decoding: out, as: UTF8.self)
+  }
+
+  /// The lower-case hex digit of a nibble (0...15).
+  @inline(__always)
+  static func lowerDigit(_ nibble: UInt8) -> UInt8 {
+    nibble < 10 ? 0x30 + nibble : 0x57 + nibble
+  }
+
+  @inline(__always)
+  static func digit(_ nibble: UInt8, uppercase: Bool) -> UInt8 {
+    nibble < 10 ? 0x30 + nibble : (uppercase ? 0x37 : 0x57) + nibble
   }
 
   /// Decodes hex digits (either case); `nil` on odd length or a non-hex character.

@@ -73,6 +73,8 @@ public final class FileSystem: @unchecked Sendable {
   var recentOrder: [NodeID] = []
   /// Nodes with a download in progress (for `user.zdc.state`).
   var downloading: [NodeID: Int] = [:]
+  /// Children found or named lately, by parent and exact name (see ``child(of:shown:_:)``).
+  let recentChildren = RecentChildren()
   /// Per node, the content version the kernel may hold in its page cache (see
   /// `keepPageCache`).
   var pageCacheVersions: [NodeID: ContentVersion] = [:]
@@ -231,11 +233,20 @@ public final class FileSystem: @unchecked Sendable {
   func child(of parent: NodeID, shown: String, _ tx: CloudTransaction) throws -> Node? {
     switch try NameEscape.parse(shown) {
     case .name(let name):
+      // A child met lately is checked against its node: still there, under this name.
+      if let id = recentChildren.get(parent, name), let c = try tx.node(id: id),
+        c.parentID == parent, c.name.utf8.elementsEqual(name.utf8)
+      {
+        return c
+      }
       // The catalog matches names case-insensitively; the mount shows exact names only, so
       // the kernel never holds two spellings of one node (and `mv a A` reaches `rename`). A
       // name beside a sibling that differs from it only in case is kept as its case variant.
       let found = try tx.children(of: parent, sharingNameWith: name)
-      if let c = found.first(where: { $0.name.utf8.elementsEqual(name.utf8) }) { return c }
+      if let c = found.first(where: { $0.name.utf8.elementsEqual(name.utf8) }) {
+        recentChildren.put(parent, name, c.id)
+        return c
+      }
       guard found.count > 0, NameEscape.isPlain(name) else { return nil }
       let variant = CaseVariant.name(for: name)
       return found.first { $0.name.utf8.elementsEqual(variant.utf8) }
@@ -539,6 +550,7 @@ public final class FileSystem: @unchecked Sendable {
       }
       return (try attributes(of: node, .node, tx, hasChildren: false), node)
     }
+    recentChildren.put(node.parentID ?? 0, node.name, node.id)
     noteLookup(attrs.inode)
     return (attrs, node)
   }
@@ -714,6 +726,7 @@ public final class FileSystem: @unchecked Sendable {
       if flags.contains(.exchange) { throw FileSystemError.notFound }
       try placing(newName, in: np.id, shown: shownNew, tx) { name in
         try tx.moveNode(src.id, toParent: np.id, name: name)
+        recentChildren.put(np.id, name, src.id)
       }
       // Renaming a conflicted copy is how a user settles it.
       try tx.setTag(nil, forNodeID: src.id, identifier: Self.conflictTag)
@@ -990,5 +1003,31 @@ struct ContentKey: Hashable {
   init(_ nodeID: NodeID, _ section: FileSystem.Section) {
     self.nodeID = nodeID
     self.section = section == .node ? .data : section
+  }
+}
+
+/// A bounded map from (parent, exact name) to the child last found or placed there. An entry is
+/// a hint, never trusted alone: ``FileSystem/child(of:shown:_:)`` uses it only when the node
+/// still has that parent and that name, so it needs no invalidation.
+final class RecentChildren: @unchecked Sendable {
+  // @unchecked: `entries` is only touched under `lock`.
+  private struct Key: Hashable {
+    var parent: NodeID
+    var name: String
+  }
+  private let lock = NSLock()
+  private var entries: [Key: NodeID] = [:]
+  /// Past this many entries the map starts over (what matters is the last moments' names).
+  static let capacity = 4096
+
+  func get(_ parent: NodeID, _ name: String) -> NodeID? {
+    lock.withLock { entries[Key(parent: parent, name: name)] }
+  }
+
+  func put(_ parent: NodeID, _ name: String, _ id: NodeID) {
+    lock.withLock {
+      if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
+      entries[Key(parent: parent, name: name)] = id
+    }
   }
 }

@@ -110,6 +110,19 @@ import ZDCCore
   }
 }
 
+@Suite struct HexTests {
+  /// Every byte value, in both cases, against Foundation's formatting, and back.
+  @Test func everyByteEncodesAsTwoDigitsAndDecodesBack() throws {
+    let all = Data((0...255).map { UInt8($0) })
+    let lower = Hex.encode(all)
+    #expect(lower == all.map { String(format: "%02x", $0) }.joined())
+    #expect(Hex.encode(all, uppercase: true) == all.map { String(format: "%02X", $0) }.joined())
+    #expect(Hex.decode(lower) == all)
+    #expect(Hex.decode(Hex.encode(all, uppercase: true)) == all)
+    #expect(Hex.encode(Data()) == "")
+  }
+}
+
 @Suite struct KeyedDigestTests {
   /// The first keyed vector of the BLAKE2 reference KAT (`blake2b-kat.txt`): empty message,
   /// key 00…3f, 64-byte digest.

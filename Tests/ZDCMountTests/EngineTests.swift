@@ -125,6 +125,41 @@ import ZDCFileSystem
     #expect(try fs.getattr(dir.inode).mode == 0o2775)
   }
 
+  /// The children the engine met lately are hints, checked against the catalog: a child that
+  /// is renamed, deleted or replaced behind the engine (as a pull does) is not found under its
+  /// old name, and a new one under that name is.
+  @Test func childrenMetLatelyFollowChangesMadeBehindTheEngine() throws {
+    let w = try LazyDownloadTests.World()
+    let fs = try w.fileSystem(online: false)
+    let d = try fs.mkdir(parent: 1, name: "d", mode: 0o755)
+    let (a, h) = try fs.create(parent: d.inode, name: "a", mode: 0o644, flags: O_WRONLY)
+    try fs.release(h.handle)
+    #expect(try fs.lookup(parent: d.inode, name: "a").inode == a.inode)
+    let aID = NodeID(a.inode)
+    let dID = NodeID(d.inode)
+    try fs.catalog.write(fs.userID) { tx in try tx.moveNode(aID, toParent: dID, name: "b") }
+    #expect(throws: FileSystemError.notFound) { try fs.lookup(parent: d.inode, name: "a") }
+    #expect(throws: FileSystemError.notFound) { try fs.unlink(parent: d.inode, name: "a") }
+    #expect(try fs.lookup(parent: d.inode, name: "b").inode == a.inode)
+    let other = try fs.catalog.write(fs.userID) { tx in
+      try tx.createNode(
+        Node(
+          uuid: "", localUserID: fs.userID, parentID: dID, name: "a", kind: .file,
+          shareList: .owner(fs.userID), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "",
+          cloudID: "", mode: 0o644, mtime: FileTime(Date())))
+    }
+    #expect(try fs.lookup(parent: d.inode, name: "a").inode == Inode(other.id))
+    // Renamed through the engine, then deleted behind it.
+    try fs.rename(parent: d.inode, name: "b", newParent: 1, newName: "c", flags: [])
+    try fs.catalog.write(fs.userID) { tx in try tx.deleteNode(aID) }
+    #expect(throws: FileSystemError.notFound) { try fs.lookup(parent: 1, name: "c") }
+    #expect(throws: FileSystemError.notFound) {
+      try fs.rename(parent: 1, name: "c", newParent: 1, newName: "e", flags: [])
+    }
+    try fs.unlink(parent: d.inode, name: "a")
+    #expect(throws: FileSystemError.notFound) { try fs.lookup(parent: d.inode, name: "a") }
+  }
+
   @Test func typedErrorsForPOSIXCases() throws {
     let w = try LazyDownloadTests.World()
     let fs = try w.fileSystem(online: false)
