@@ -537,14 +537,20 @@ public final class CloudTransaction {
   private func insertNew(_ node: Node, parent: Node) throws -> Node {
     try validateName(node.name)
     if parent.kind == .symlink { throw CatalogError.notADirectory(parent.id) }
-    if let existing = try existingChildID(of: parent.id, nameKey: node.nameKey) {
-      throw CatalogError.nameTaken(parentID: parent.id, name: node.name, existingID: existing)
-    }
     let cloudName =
       try node.explicitCloudName
       ?? CloudName.compute(name: node.name, parentDirSalt: parent.dirSalt)
     var stored = node
-    stored.id = try insertNodeRow(node, cloudName: cloudName, id: node.id == 0 ? nil : node.id)
+    do {
+      stored.id = try insertNodeRow(node, cloudName: cloudName, id: node.id == 0 ? nil : node.id)
+    } catch let error as DatabaseError where error.resultCode == .SQLITE_CONSTRAINT {
+      // A name taken is refused by the `(parentID, nameKey)` index (the failed statement
+      // changed nothing): asked only then, not before every insert.
+      if let existing = try existingChildID(of: parent.id, nameKey: node.nameKey) {
+        throw CatalogError.nameTaken(parentID: parent.id, name: node.name, existingID: existing)
+      }
+      throw error
+    }
     sharedNodes?.put(stored)
     try check("createNode.afterInsert")
     var deps: [Int64] = []
@@ -670,9 +676,6 @@ public final class CloudTransaction {
     }
     if oldParentID == newParentID, Array(newName.utf8) == Array(node.name.utf8) { return node }
     let newKey = NameKey(newName)
-    if let existing = try existingChildID(of: newParentID, nameKey: newKey), existing != id {
-      throw CatalogError.nameTaken(parentID: newParentID, name: newName, existingID: existing)
-    }
     let old = try objectLocation(of: id)!
     let newCloudName = try CloudName.compute(name: newName, parentDirSalt: newParent.dirSalt)
     let stmt = try db.cachedStatement(
@@ -681,12 +684,20 @@ public final class CloudTransaction {
           explicitCloudName = NULL
         WHERE id = ?
         """)
-    try rawExecute(
-      stmt,
-      [
-        newParentID, try fields.storedText(newName), try fields.nameKey(newKey), newCloudName,
-        id,
-      ])
+    do {
+      try rawExecute(
+        stmt,
+        [
+          newParentID, try fields.storedText(newName), try fields.nameKey(newKey), newCloudName,
+          id,
+        ])
+    } catch let error as DatabaseError where error.resultCode == .SQLITE_CONSTRAINT {
+      // A name taken by another node is refused by the name index (see `insertNew`).
+      if let existing = try existingChildID(of: newParentID, nameKey: newKey), existing != id {
+        throw CatalogError.nameTaken(parentID: newParentID, name: newName, existingID: existing)
+      }
+      throw error
+    }
     rowChanged(id)
     try check("moveNode.afterUpdate")
     var moved = node

@@ -121,14 +121,23 @@ extension CloudTransaction {
   /// moves of the node.
   @discardableResult
   func enqueuePutRcrd(_ node: Node) throws -> Int64 {
-    let ops = try outstandingOperations(ofNode: node.id)
+    var ops = try outstandingOperations(ofNode: node.id)
+    return try enqueuePutRcrd(node, ops: &ops)
+  }
+
+  /// ``enqueuePutRcrd(_:)`` given the node's outstanding operations, which gain the one it
+  /// enqueues.
+  @discardableResult
+  private func enqueuePutRcrd(_ node: Node, ops: inout [NodeOp]) throws -> Int64 {
     if let pending = ops.first(where: { $0.kind == .putRcrd && $0.state == .pending }) {
       return pending.id
     }
     let deps = ops.filter { ($0.kind == .putRcrd && $0.state == .inFlight) || $0.kind == .move }
-    return try insertOperation(
+    let id = try insertOperation(
       kind: .putRcrd, nodeID: node.id, cloudID: node.cloudID, payload: nil,
       dependsOn: deps.map(\.id))
+    ops.append(NodeOp(id: id, kind: .putRcrd, state: .pending, payload: "{}"))
+    return id
   }
 
   /// Enqueues an upload of the node's DATA, coalesced into the node's pending one if any (whose
@@ -159,6 +168,8 @@ extension CloudTransaction {
     try requireWritable()
     var node = try existingNode(id: nodeID)
     guard node.trunk == nil else { throw CatalogError.invalidOperation("trunks have no data") }
+    // Read once for both enqueue rules.
+    var ops = try outstandingOperations(ofNode: nodeID)
     if node.dataSize != size || (mtime != nil && mtime != node.mtime) {
       node.dataSize = size
       if let mtime { node.mtime = mtime }
@@ -167,9 +178,9 @@ extension CloudTransaction {
       try rawExecute(stmt, [Int64(bitPattern: size), node.mtime.totalNanoseconds, nodeID])
       sharedNodes?.put(node)
       try check("updateNode.afterUpdate")
-      try enqueuePutRcrd(node)
+      try enqueuePutRcrd(node, ops: &ops)
     }
-    _ = try queueDataUploadUnjournaled(nodeID: nodeID)
+    _ = try queueDataUpload(node, ops: ops)
     return node
   }
 
@@ -177,7 +188,12 @@ extension CloudTransaction {
     try requireWritable()
     let node = try existingNode(id: nodeID)
     guard node.trunk == nil else { throw CatalogError.invalidOperation("trunks have no data") }
-    let ops = try outstandingOperations(ofNode: nodeID)
+    return try queueDataUpload(node, ops: try outstandingOperations(ofNode: nodeID))
+  }
+
+  /// The DATA enqueue rule, given the node's outstanding operations.
+  private func queueDataUpload(_ node: Node, ops: [NodeOp]) throws -> Int64 {
+    let nodeID = node.id
     if let pending = ops.first(where: { $0.kind == .putData && $0.state == .pending }) {
       let stmt = try db.cachedStatement(
         sql: "UPDATE pushOperations SET generation = generation + 1, createdAt = ? WHERE id = ?")
