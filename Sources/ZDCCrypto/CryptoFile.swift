@@ -304,6 +304,16 @@ public final class CryptoFile: @unchecked Sendable {
     at url: URL, key: Data, chunkShift: UInt8 = defaultChunkShift,
     cipher: Cipher = defaultCipher, deferringFirstChunk: Bool = false
   ) throws -> CryptoFile {
+    try create(
+      path: url.path, key: key, chunkShift: chunkShift, cipher: cipher,
+      deferringFirstChunk: deferringFirstChunk)
+  }
+
+  /// ``create(at:key:chunkShift:cipher:deferringFirstChunk:)`` at a file path.
+  public static func create(
+    path: String, key: Data, chunkShift: UInt8 = defaultChunkShift,
+    cipher: Cipher = defaultCipher, deferringFirstChunk: Bool = false
+  ) throws -> CryptoFile {
     guard key.count == AEAD.keySize else {
       throw CryptoError.invalidKey("file key must be 32 bytes")
     }
@@ -312,7 +322,7 @@ public final class CryptoFile: @unchecked Sendable {
     }
     let fileID = SecureRandom.bytes(fileIDSize)
     let aes = try aesKey(cipher, key: key, fileID: fileID)
-    let fd = try POSIXIO.open(url.path, O_RDWR | O_CREAT | O_TRUNC)
+    let fd = try POSIXIO.open(path, O_RDWR | O_CREAT | O_TRUNC)
     var header = Data(count: headerSize)
     header.withUnsafeMutableBytes { h in
       h.copyBytes(from: magic)

@@ -53,7 +53,7 @@ public final class DiskManager: @unchecked Sendable {
   private var flushScheduled = false
   private var deleteFlushScheduled = false
   /// Files of removed entries waiting for the maintenance queue (see ``remove(nodeID:)``).
-  private var pendingUnlinks: [URL] = []
+  private var pendingUnlinks: [String] = []
   private var unlinksScheduled = false
   /// The longest the index keeps rows of removed entries (deleted in batches).
   public static let deleteFlushDelay: Double = 0.05
@@ -326,8 +326,10 @@ public final class DiskManager: @unchecked Sendable {
     return (n, v)
   }
 
-  private func unlink(_ url: URL) {
-    if Glibc.unlink(url.path) != 0 && errno != ENOENT {
+  private func unlink(_ url: URL) { unlink(path: url.path) }
+
+  private func unlink(path: String) {
+    if Glibc.unlink(path) != 0 && errno != ENOENT {
       logger.warning("could not delete a disk cache file: errno \(errno)")
     }
   }
@@ -488,16 +490,18 @@ public final class DiskManager: @unchecked Sendable {
     // what an `unlink` cost here.
     index.deleteSoon(ids: entries.map(\.id).filter { $0 > 0 })
     scheduleDeleteFlush()
-    let unpinned = stateLock.withLock { () -> [URL] in
+    let unpinned = stateLock.withLock { () -> [String] in
       if !pendingInserts.isEmpty {
         pendingInserts.removeAll { p in entries.contains { $0 === p } }
       }
-      var out: [URL] = []
+      var out: [String] = []
       for e in entries where !e.removed {
         detach(e)
         e.removed = true
         accessed.remove(e.id)
-        if e.pins == 0 { out.append(url(pool: e.row.pool, fileName: e.row.fileName)) }
+        if e.pins == 0 {
+          out.append((e.row.pool == .cache ? cachePath : stagingPath) + "/" + e.row.fileName)
+        }
       }
       return out
     }
@@ -509,20 +513,20 @@ public final class DiskManager: @unchecked Sendable {
       }
       if go { background.async { [weak self] in self?.unlinkPending() } }
     } else {
-      for u in unpinned { unlink(u) }
+      for u in unpinned { unlink(path: u) }
     }
   }
 
   /// Deletes the files ``remove(nodeID:)`` left for later.
   private func unlinkPending() {
-    let urls = stateLock.withLock { () -> [URL] in
+    let paths = stateLock.withLock { () -> [String] in
       defer {
         pendingUnlinks = []
         unlinksScheduled = false
       }
       return pendingUnlinks
     }
-    for u in urls { unlink(u) }
+    for p in paths { unlink(path: p) }
   }
 
   private func scheduleDeleteFlush() {
@@ -882,9 +886,9 @@ public final class DiskManager: @unchecked Sendable {
     } else {
       name = Self.randomName()
       file = try CryptoFile.create(
-        at: url(pool: .staging, fileName: name), key: key, chunkShift: chunkShift)
+        path: stagingPath + "/" + name, key: key, chunkShift: chunkShift)
     }
-    let path = url(pool: .staging, fileName: name)
+    let path = stagingPath + "/" + name
     do {
       if !truncate {
         // Pinned: an upload finishing meanwhile moves the entry to the cache, the handle stays.
@@ -897,13 +901,13 @@ public final class DiskManager: @unchecked Sendable {
       }
     } catch {
       try? file.close()
-      unlink(path)
+      unlink(path: path)
       throw error
     }
     return try mutationLock.withLock {
       if let open = try openUncommitted(nodeID) {
         try? file.close()
-        unlink(path)
+        unlink(path: path)
         if truncate { try open.truncate(to: 0) }
         return open
       }
@@ -1222,8 +1226,7 @@ final class SpareStagingFiles: @unchecked Sendable {
     let path = directory + "/" + name
     do {
       let file = try CryptoFile.create(
-        at: URL(fileURLWithPath: path, isDirectory: false), key: key, chunkShift: chunkShift,
-        deferringFirstChunk: true)
+        path: path, key: key, chunkShift: chunkShift, deferringFirstChunk: true)
       let kept = lock.withLock { () -> Bool in
         guard !closed else { return false }
         files.append((name, file))
