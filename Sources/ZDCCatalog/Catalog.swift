@@ -728,24 +728,17 @@ final class CommitHooks: TransactionObserver, @unchecked Sendable {
 /// the row the writer connection sees. This holds because the catalog's writer connection is
 /// the only writer of its database (one process per state directory). Reader connections,
 /// which may see an older snapshot, don't use it.
-final class NodeCache: @unchecked Sendable {
-  // @unchecked: `entries` is only touched under `lock`.
-  private let lock = NSLock()
-  private var entries: [NodeID: Node] = [:]
+final class NodeCache: Sendable {
   /// Past this many entries the cache starts over (a scan of a large tree touches each node
   /// once; what matters is the few hot ones).
   static let capacity = 16_384
+  private let entries = BoundedMap<NodeID, Node>(capacity: NodeCache.capacity)
 
-  func get(_ id: NodeID) -> Node? { lock.withLock { entries[id] } }
+  func get(_ id: NodeID) -> Node? { entries.get(id) }
 
-  func put(_ node: Node) {
-    lock.withLock {
-      if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
-      entries[node.id] = node
-    }
-  }
+  func put(_ node: Node) { entries.put(node.id, node) }
 
-  func remove(_ id: NodeID) { _ = lock.withLock { entries.removeValue(forKey: id) } }
+  func remove(_ id: NodeID) { entries.remove(id) }
 
-  func removeAll() { lock.withLock { entries.removeAll() } }
+  func removeAll() { entries.removeAll() }
 }

@@ -116,7 +116,7 @@ struct FieldSeal: Sendable {
   let nameDigest: KeyedDigest
   /// The digests of the names used lately: a file operation asks for the key of one name
   /// several times (the lookup, the uniqueness check, the write).
-  private let recentNameKeys = NameKeyMemo()
+  private let recentNameKeys = BoundedMap<String, Data>(capacity: 1024)
   private static let nonces = NonceSource()
 
   init(key: Data) throws {
@@ -198,24 +198,6 @@ private final class NonceSource: @unchecked Sendable {
     prefix.withUnsafeBytes { nonce.copyMemory(from: $0) }
     withUnsafeBytes(of: &n) {
       UnsafeMutableRawBufferPointer(rebasing: nonce[(AEAD.nonceSize - 8)...]).copyMemory(from: $0)
-    }
-  }
-}
-
-/// A bounded map from normalised names to their index keys (``FieldSeal/nameKeyDigest(_:)``).
-final class NameKeyMemo: @unchecked Sendable {
-  // @unchecked: `entries` is only touched under `lock`.
-  private let lock = NSLock()
-  private var entries: [String: Data] = [:]
-  /// Past this many names the memo starts over (what matters is the few of the last moments).
-  static let capacity = 1024
-
-  func get(_ key: String) -> Data? { lock.withLock { entries[key] } }
-
-  func put(_ key: String, _ digest: Data) {
-    lock.withLock {
-      if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
-      entries[key] = digest
     }
   }
 }

@@ -51,8 +51,8 @@ public enum SecureRandom {
             out[o] = UInt8(ascii: "-")
             o += 1
           }
-          out[o] = Hex.lowerDigit(raw[i] >> 4)
-          out[o + 1] = Hex.lowerDigit(raw[i] & 0x0f)
+          out[o] = Hex.digit(raw[i] >> 4, uppercase: false)
+          out[o + 1] = Hex.digit(raw[i] & 0x0f, uppercase: false)
           o += 2
         }
         return o
@@ -79,12 +79,7 @@ public enum Hex {
     }
   }
 
-  /// The lower-case hex digit of a nibble (0...15).
-  @inline(__always)
-  static func lowerDigit(_ nibble: UInt8) -> UInt8 {
-    nibble < 10 ? 0x30 + nibble : 0x57 + nibble
-  }
-
+  /// The hex digit (ASCII) of a nibble (0...15).
   @inline(__always)
   static func digit(_ nibble: UInt8, uppercase: Bool) -> UInt8 {
     nibble < 10 ? 0x30 + nibble : (uppercase ? 0x37 : 0x57) + nibble

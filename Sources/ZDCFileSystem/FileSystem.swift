@@ -73,8 +73,9 @@ public final class FileSystem: @unchecked Sendable {
   var recentOrder: [NodeID] = []
   /// Nodes with a download in progress (for `user.zdc.state`).
   var downloading: [NodeID: Int] = [:]
-  /// Children found or named lately, by parent and exact name (see ``child(of:shown:_:)``).
-  let recentChildren = RecentChildren()
+  /// Children found or named lately, by parent and exact name: hints, never trusted alone
+  /// (see ``child(of:shown:_:)``), so they need no invalidation.
+  let recentChildren = BoundedMap<ChildName, NodeID>(capacity: 4096)
   /// Per node, the content version the kernel may hold in its page cache (see
   /// `keepPageCache`).
   var pageCacheVersions: [NodeID: ContentVersion] = [:]
@@ -234,7 +235,8 @@ public final class FileSystem: @unchecked Sendable {
     switch try NameEscape.parse(shown) {
     case .name(let name):
       // A child met lately is checked against its node: still there, under this name.
-      if let id = recentChildren.get(parent, name), let c = try tx.node(id: id),
+      if let id = recentChildren.get(ChildName(parent: parent, name: name)),
+        let c = try tx.node(id: id),
         c.parentID == parent, c.name.utf8.elementsEqual(name.utf8)
       {
         return c
@@ -244,7 +246,7 @@ public final class FileSystem: @unchecked Sendable {
       // name beside a sibling that differs from it only in case is kept as its case variant.
       let found = try tx.children(of: parent, sharingNameWith: name)
       if let c = found.first(where: { $0.name.utf8.elementsEqual(name.utf8) }) {
-        recentChildren.put(parent, name, c.id)
+        recentChildren.put(ChildName(parent: parent, name: name), c.id)
         return c
       }
       guard found.count > 0, NameEscape.isPlain(name) else { return nil }
@@ -550,7 +552,7 @@ public final class FileSystem: @unchecked Sendable {
       }
       return (try attributes(of: node, .node, tx, hasChildren: false), node)
     }
-    recentChildren.put(node.parentID ?? 0, node.name, node.id)
+    recentChildren.put(ChildName(parent: node.parentID ?? 0, name: node.name), node.id)
     noteLookup(attrs.inode)
     return (attrs, node)
   }
@@ -726,7 +728,7 @@ public final class FileSystem: @unchecked Sendable {
       if flags.contains(.exchange) { throw FileSystemError.notFound }
       try placing(newName, in: np.id, shown: shownNew, tx) { name in
         try tx.moveNode(src.id, toParent: np.id, name: name)
-        recentChildren.put(np.id, name, src.id)
+        recentChildren.put(ChildName(parent: np.id, name: name), src.id)
       }
       // Renaming a conflicted copy is how a user settles it.
       try tx.setTag(nil, forNodeID: src.id, identifier: Self.conflictTag)
@@ -994,6 +996,11 @@ public final class FileSystem: @unchecked Sendable {
     guard let n = notifier else { return }
     notifyQueue.async { body(n) }
   }
+
+  /// Waits until the kernel notifications posted so far are delivered. Only after the reply to
+  /// the request that posted them: until it has its reply, the kernel may hold a lock they need
+  /// (a `chmod` holds the directory whose child entries it makes the kernel forget).
+  public func waitForNotifications() { notifyQueue.sync {} }
 }
 
 /// Identifies the content an open file works on.
@@ -1006,28 +1013,8 @@ struct ContentKey: Hashable {
   }
 }
 
-/// A bounded map from (parent, exact name) to the child last found or placed there. An entry is
-/// a hint, never trusted alone: ``FileSystem/child(of:shown:_:)`` uses it only when the node
-/// still has that parent and that name, so it needs no invalidation.
-final class RecentChildren: @unchecked Sendable {
-  // @unchecked: `entries` is only touched under `lock`.
-  private struct Key: Hashable {
-    var parent: NodeID
-    var name: String
-  }
-  private let lock = NSLock()
-  private var entries: [Key: NodeID] = [:]
-  /// Past this many entries the map starts over (what matters is the last moments' names).
-  static let capacity = 4096
-
-  func get(_ parent: NodeID, _ name: String) -> NodeID? {
-    lock.withLock { entries[Key(parent: parent, name: name)] }
-  }
-
-  func put(_ parent: NodeID, _ name: String, _ id: NodeID) {
-    lock.withLock {
-      if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
-      entries[Key(parent: parent, name: name)] = id
-    }
-  }
+/// A child's place: its parent and exact (stored) name.
+struct ChildName: Hashable, Sendable {
+  var parent: NodeID
+  var name: String
 }

@@ -215,6 +215,10 @@ enum FuseOperations {
         if changes.size != nil { ctx.waitForStores(ino) }
         return a
       }
+      // A directory that lost search or read bits has the kernel forget its entries and
+      // listing (see `FileSystem.setattr`): done before this thread takes another request, so
+      // the next path lookup through it (`chmod 0600 d; cat d/a`) meets the check.
+      if changes.mode != nil { ctx.fs.waitForNotifications() }
     }
     ops.readlink = { req, ino in
       do {
