@@ -76,6 +76,8 @@ public final class FileSystem: @unchecked Sendable {
   /// Children found or named lately, by parent and exact name: hints, never trusted alone
   /// (see ``child(of:shown:_:)``), so they need no invalidation.
   let recentChildren = BoundedMap<ChildName, NodeID>(capacity: 4096)
+  /// Access-narrowing kernel notifications queued and not yet delivered (see `post`).
+  var urgentNotifications = 0
   /// Per node, the content version the kernel may hold in its page cache (see
   /// `keepPageCache`).
   var pageCacheVersions: [NodeID: ContentVersion] = [:]
@@ -504,12 +506,12 @@ public final class FileSystem: @unchecked Sendable {
           }
           return lost
         }
-        if lost.search { try forgetChildEntries(of: id) }
+        if lost.search { try forgetChildEntries(of: id, beforeNextRequest: true) }
         if lost.read {
           // The kernel may keep a listing of the directory it read before; it must ask again
           // (and meet the read check).
           let dir = inode(of: id, .node)
-          post { $0.invalidateInode(dir) }
+          post(beforeNextRequest: true) { $0.invalidateInode(dir) }
         }
       }
     }
@@ -893,7 +895,7 @@ public final class FileSystem: @unchecked Sendable {
   /// Makes the kernel forget its cached entries of a directory's children, so that the next
   /// path lookup through the directory asks again (and meets the permission check of a
   /// directory that may no longer be searched).
-  func forgetChildEntries(of id: NodeID) throws {
+  func forgetChildEntries(of id: NodeID, beforeNextRequest: Bool = false) throws {
     let ino = inode(of: id, .node)
     var names = [Section.data, .meta, .thumb].map(\.fileName)
     var after: NodeID = 0
@@ -904,7 +906,7 @@ public final class FileSystem: @unchecked Sendable {
       after = last.id
     }
     let all = names
-    post { n in
+    post(beforeNextRequest: beforeNextRequest) { n in
       for name in all { n.invalidateEntry(parent: ino, name: name) }
     }
   }
@@ -992,15 +994,32 @@ public final class FileSystem: @unchecked Sendable {
 
   // MARK: Notifications
 
-  func post(_ body: @escaping @Sendable (any KernelNotifier) -> Void) {
+  /// Queues a kernel notification. `beforeNextRequest`: one that narrows access (the kernel must
+  /// forget what it would otherwise use without asking), which the adapter waits for through
+  /// ``settleNotifications()`` once it has replied.
+  func post(
+    beforeNextRequest: Bool = false, _ body: @escaping @Sendable (any KernelNotifier) -> Void
+  ) {
     guard let n = notifier else { return }
-    notifyQueue.async { body(n) }
+    guard beforeNextRequest else {
+      notifyQueue.async { body(n) }
+      return
+    }
+    lock.withLock { urgentNotifications += 1 }
+    notifyQueue.async { [self] in
+      body(n)
+      lock.withLock { urgentNotifications -= 1 }
+    }
   }
 
-  /// Waits until the kernel notifications posted so far are delivered. Only after the reply to
-  /// the request that posted them: until it has its reply, the kernel may hold a lock they need
-  /// (a `chmod` holds the directory whose child entries it makes the kernel forget).
-  public func waitForNotifications() { notifyQueue.sync {} }
+  /// Waits until the access-narrowing notifications posted so far are delivered (none: returns
+  /// at once). Called by the adapter after its reply, before its thread takes another request:
+  /// until it has the reply, the kernel may hold a lock they need (a `chmod` holds the
+  /// directory whose child entries it makes the kernel forget).
+  public func settleNotifications() {
+    guard lock.withLock({ urgentNotifications }) > 0 else { return }
+    notifyQueue.sync {}
+  }
 }
 
 /// Identifies the content an open file works on.

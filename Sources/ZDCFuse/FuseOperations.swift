@@ -216,9 +216,9 @@ enum FuseOperations {
         return a
       }
       // A directory that lost search or read bits has the kernel forget its entries and
-      // listing (see `FileSystem.setattr`): done before this thread takes another request, so
-      // the next path lookup through it (`chmod 0600 d; cat d/a`) meets the check.
-      if changes.mode != nil { ctx.fs.waitForNotifications() }
+      // listing: delivered before this thread takes another request, so the next path lookup
+      // through it (`chmod 0600 d; cat d/a`) meets the check.
+      ctx.fs.settleNotifications()
     }
     ops.readlink = { req, ino in
       do {
