@@ -313,9 +313,11 @@ extension ZDC {
         let mp = URL(fileURLWithPath: mountpoint).standardizedFileURL.path
         let sock = Self.stateDirectory(of: mp, given: state)
           .appendingPathComponent("control.sock").path
-        if ControlClient.status(socketPath: sock)?["sync"] as? String == "draining" {
+        let before = ControlClient.status(socketPath: sock)
+        let server = (before?["pid"] as? Int).map { pid_t($0) }
+        if before?["sync"] as? String == "draining" {
           // Already gone from the kernel and uploading: only wait (or stop waiting).
-          waitForServer(sock)
+          waitForServer(sock, pid: server)
           print("Unmounted \(mp).")
           return
         }
@@ -339,7 +341,7 @@ extension ZDC {
           throw CLIError.usage(
             "cannot unmount \(mp): \(message.trimmingCharacters(in: .whitespacesAndNewlines))")
         }
-        waitForServer(sock)
+        waitForServer(sock, pid: server)
         print("Unmounted \(mp).")
       }
     }
@@ -360,9 +362,11 @@ extension ZDC {
       return URL(fileURLWithPath: recorded, isDirectory: true)
     }
 
-    /// Waits until the serving process has uploaded what is pending (unless `--no-wait`) and
-    /// removed its control socket, printing what is left while it uploads.
-    func waitForServer(_ sock: String) {
+    /// Waits until the serving process (`pid`, when known) has uploaded what is pending (unless
+    /// `--no-wait`), removed its control socket and finished (it closes the catalog last: a
+    /// mount started meanwhile would find it still held), printing what is left while it
+    /// uploads.
+    func waitForServer(_ sock: String, pid: pid_t?) {
       if noWait { _ = ControlClient.request(socketPath: sock, command: "cancel-drain") }
       var deadline = Date().addingTimeInterval(lazy ? 0 : 15)
       let display = ProgressDisplay(
@@ -381,6 +385,17 @@ extension ZDC {
         }
         usleep(100_000)
       }
+      guard !lazy, let pid else { return }
+      let end = Date().addingTimeInterval(15)
+      while Self.isRunning(pid), Date() < end { usleep(20_000) }
+    }
+
+    /// True while `pid` runs (a process that has ended but not been reaped does not).
+    static func isRunning(_ pid: pid_t) -> Bool {
+      guard kill(pid, 0) == 0 else { return false }
+      let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+      guard let close = stat.lastIndex(of: ")") else { return false }
+      return !stat[close...].hasPrefix(") Z")
     }
   }
 
