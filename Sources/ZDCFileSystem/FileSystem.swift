@@ -719,7 +719,13 @@ public final class FileSystem: @unchecked Sendable {
           afterDelete(dst, tx)
           return .done
         }
-        if src.kind == .file && dst.kind == .file {
+        // While the source is open, or the target open for writing, the rename keeps POSIX
+        // semantics instead: each handle stays with its own file (the target's as an unlinked
+        // file's), and so do its reads and writes. (A target open read-only reads the new
+        // content: the editors' rule keeps it, as `sed -i` closes the original just before.)
+        if src.kind == .file && dst.kind == .file && !isOpen(dst.id, writable: true)
+          && !isOpen(src.id, writable: false)
+        {
           return .replaceContent(source: src, target: dst.id, section: .node)
         }
         try tx.deleteNode(dst.id)

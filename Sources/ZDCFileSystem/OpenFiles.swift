@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import ZDCCatalog
 import ZDCCore
 import ZDCCrypto
@@ -21,6 +22,11 @@ final class OpenHandle: @unchecked Sendable {
   /// The first write through this handle clears the file's set-user-ID and set-group-ID bits
   /// (an unprivileged caller opened it for writing while it had them).
   var clearsPrivileges = false
+  /// Closed by its process as far as the engine can tell: a `flush` (every `close(2)` of a
+  /// writable descriptor sends one, and waits for it) and no write since. The kernel sends
+  /// `release` only afterwards and asynchronously, so a handle may still exist when its process
+  /// has gone on to a `rename`.
+  let flushed = Atomic<Bool>(false)
 
   init(id: FileHandleID, key: ContentKey, content: NodeContent, writable: Bool, append: Bool) {
     self.id = id
@@ -198,6 +204,20 @@ final class NodeContent: @unchecked Sendable {
 
 extension FileSystem {
   func isOpen(_ key: ContentKey) -> Bool { lock.withLock { contents[key] != nil } }
+
+  /// Whether a node's data is open through a handle its process has not closed (see
+  /// `OpenHandle.flushed`); with `writable`, only handles open for writing count. Read-only
+  /// handles are never flushed (their `close(2)` sends no `flush`), so they count until
+  /// released.
+  func isOpen(_ id: NodeID, writable: Bool) -> Bool {
+    let key = ContentKey(id, .data)
+    return lock.withLock {
+      guard let c = contents[key], !writable || c.writableCount > 0 else { return false }
+      return handles.values.contains {
+        $0.key == key && (!writable || $0.writable) && !$0.flushed.load(ordering: .relaxed)
+      }
+    }
+  }
 
   /// A read source for a node's data: staged content, else the cache, else a download.
   ///
@@ -532,6 +552,7 @@ extension FileSystem {
       c.dirty = true
       c.pendingMtime = FileTime(Date())
     }
+    if oh.flushed.load(ordering: .relaxed) { oh.flushed.store(false, ordering: .relaxed) }
     return bytes.count
   }
 
@@ -540,6 +561,7 @@ extension FileSystem {
   /// only later, after `close(2)` has returned).
   public func flush(_ h: FileHandleID) throws {
     let oh = try handle(h)
+    oh.flushed.store(true, ordering: .relaxed)
     guard oh.writable else { return }
     // The file's creation and attribute changes are in the catalog's journal already.
     try oh.content.lock.withLock { try commitLocked(oh.content) }
