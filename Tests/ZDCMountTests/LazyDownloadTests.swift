@@ -74,6 +74,8 @@ import ZDCTestSupport
 
   @Test func smallFileIsDownloadedWholeOnOpenThenReadOffline() throws {
     let w = try World()
+    // Kept to the end: its directory goes with it, and the file system works inside.
+    defer { withExtendedLifetime(w) {} }
     let content = SecureRandom.bytes(300_000)
     let node = try w.remoteFile("small.bin", data: content, metadata: Data("meta!".utf8))
     let fs = try w.fileSystem(online: true)
@@ -99,6 +101,8 @@ import ZDCTestSupport
 
   @Test func bigFileIsReadByRanges() throws {
     let w = try World()
+    // Kept to the end: its directory goes with it, and the file system works inside.
+    defer { withExtendedLifetime(w) {} }
     let content = SecureRandom.bytes(12 << 20)
     let node = try w.remoteFile("big.bin", data: content)
     let fs = try w.fileSystem(online: true)
@@ -115,6 +119,8 @@ import ZDCTestSupport
 
   @Test func writingARemoteFileStartsFromItsContent() throws {
     let w = try World()
+    // Kept to the end: its directory goes with it, and the file system works inside.
+    defer { withExtendedLifetime(w) {} }
     let content = Data(repeating: 0x41, count: 200_000)
     let node = try w.remoteFile("edit.bin", data: content)
     let fs = try w.fileSystem(online: true)
@@ -136,6 +142,8 @@ import ZDCTestSupport
 
   @Test func sectionChangeStagesTheDataSoTheUploadKeepsIt() throws {
     let w = try World()
+    // Kept to the end: its directory goes with it, and the file system works inside.
+    defer { withExtendedLifetime(w) {} }
     let content = SecureRandom.bytes(100_000)
     let node = try w.remoteFile("keep.bin", data: content)
     let fs = try w.fileSystem(online: true)
@@ -169,6 +177,8 @@ import ZDCTestSupport
   /// content, none fails, and re-staging never starts from an empty file.
   @Test func opensRacingAFinishingUploadSeeTheContent() throws {
     let w = try World()
+    // Kept to the end: its directory goes with it, and the file system works inside.
+    defer { withExtendedLifetime(w) {} }
     let fs = try w.fileSystem(online: true)
     let delegate = FileSystemSyncDelegate(fileSystem: fs)
     let (attrs, created) = try fs.create(parent: 1, name: "race.bin", mode: 0o644, flags: O_WRONLY)
@@ -249,6 +259,8 @@ import ZDCTestSupport
 
   @Test func pullDiscoveriesBecomeKernelInvalidations() throws {
     let w = try World()
+    // Kept to the end: its directory goes with it, and the file system works inside.
+    defer { withExtendedLifetime(w) {} }
     let node = try w.remoteFile(".data", data: Data("x".utf8))
     let fs = try w.fileSystem(online: true)
     let recorder = Recorder()

@@ -42,6 +42,8 @@ import ZDCTestSupport
 
   @Test func pageCacheIsKeptOnlyForTheBytesTheKernelSaw() throws {
     let w = try World()
+    // Kept to the end: its directory goes with it, and the file system works inside.
+    defer { withExtendedLifetime(w) {} }
     let node = try w.remoteFile("doc.txt", data: Data("version one".utf8))
     let fs = try w.fileSystem(online: true)
     let ino = try fs.lookup(parent: 1, name: "doc.txt").inode
@@ -85,6 +87,8 @@ import ZDCTestSupport
   /// returns one whole version, never an error from a reader closed under it.
   @Test func readsRacingWritesAndCommitsSeeWholeVersions() throws {
     let w = try World()
+    // Kept to the end: its directory goes with it, and the file system works inside.
+    defer { withExtendedLifetime(w) {} }
     let size = 300_000
     _ = try w.remoteFile("race.bin", data: Data(repeating: 1, count: size))
     let fs = try w.fileSystem(online: true)
@@ -131,6 +135,8 @@ import ZDCTestSupport
   /// reader gets every byte right while read-ahead downloads run in the background.
   @Test func rangedReadsFetchWhatTheReaderNeeds() throws {
     let w = try World()
+    // Kept to the end: its directory goes with it, and the file system works inside.
+    defer { withExtendedLifetime(w) {} }
     let size = 12 << 20
     var content = Data(count: size)
     content.withUnsafeMutableBytes { b in
