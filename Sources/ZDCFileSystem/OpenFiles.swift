@@ -524,8 +524,12 @@ extension FileSystem {
   }
 
   /// Writes bytes at `offset` (or at the end with `O_APPEND`); a gap reads as zeros.
-  public func write(_ h: FileHandleID, offset: UInt64, bytes: UnsafeRawBufferPointer) throws -> Int
-  {
+  /// `fromPageCache`: the kernel writes back pages a shared `mmap` changed, which clears no
+  /// set-user-ID or set-group-ID bit (as on a local file system: only `write(2)` and truncation
+  /// do).
+  public func write(
+    _ h: FileHandleID, offset: UInt64, bytes: UnsafeRawBufferPointer, fromPageCache: Bool = false
+  ) throws -> Int {
     let oh = try handle(h)
     guard oh.writable else { throw FileSystemError.badHandle }
     let c = oh.content
@@ -541,7 +545,7 @@ extension FileSystem {
         c.dirty = true
         return
       }
-      if oh.clearsPrivileges {
+      if oh.clearsPrivileges && !fromPageCache {
         try clearPrivilegeBits(c.key.nodeID)
         oh.clearsPrivileges = false
       }

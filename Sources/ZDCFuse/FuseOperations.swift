@@ -270,9 +270,14 @@ enum FuseOperations {
         if newParent != parent {
           try FuseOperations.require(req, ctx, newParent, [.write, .execute])
           if !ctx.kernelChecksPermissions {
+            let caller = FuseOperations.caller(req)
             try $0.checkDirectoryMove(
-              parent: Inode(parent), name: a, newParent: Inode(newParent),
-              caller: FuseOperations.caller(req))
+              parent: Inode(parent), name: a, newParent: Inode(newParent), caller: caller)
+            // An exchange moves the target the other way.
+            if RenameFlags(rawValue: flags).contains(.exchange) {
+              try $0.checkDirectoryMove(
+                parent: Inode(newParent), name: b, newParent: Inode(parent), caller: caller)
+            }
           }
         }
         try $0.rename(
@@ -342,7 +347,8 @@ enum FuseOperations {
         guard let fi else { throw FileSystemError.badHandle }
         let n = try FuseOperations.context(req).fs.write(
           FileHandleID(fi.pointee.fh), offset: UInt64(max(0, off)),
-          bytes: UnsafeRawBufferPointer(start: bytes, count: size))
+          bytes: UnsafeRawBufferPointer(start: bytes, count: size),
+          fromPageCache: zdc_fi_get_writepage(fi) != 0)
         fuse_reply_write(req, n)
       } catch { FuseOperations.fail(req, error) }
     }

@@ -17,7 +17,7 @@ import ZDCTestSupport
     test -w f; echo "test -w: $?"; test -r f; echo "test -r: $?"; cat f
     chmod 0200 f; cat f; echo "read 0200: $?"; echo y >> f; echo "append 0200: $?"
     getfattr -n user.x f >/dev/null 2>&1; echo "getxattr 0200: $?"
-    python3 -c 'import os; os.listxattr("f")'; echo "listxattr 0200: $?"; ls -l f >/dev/null; echo "ls -l 0200: $?"
+    /usr/bin/python3 -c 'import os; os.listxattr("f")'; echo "listxattr 0200: $?"; ls -l f >/dev/null; echo "ls -l 0200: $?"
     chmod 0644 f; setfattr -n user.x -v 1 f; echo "setxattr 0644: $?"
     chmod 0444 f; setfattr -n user.y -v 1 f 2>/dev/null; echo "setxattr 0444: $?"
     touch -d @1000000000 f; echo "utime own 0444: $?"; : > f; echo "truncate 0444: $?"
@@ -34,8 +34,11 @@ import ZDCTestSupport
     echo s > s; chmod 4755 s; stat -c %a s; echo more >> s; stat -c %a s
     chmod 2775 s; echo more >> s; stat -c %a s; chmod 2745 s; echo more >> s; stat -c %a s
     chmod 6775 s; truncate -s 1 s; stat -c %a s
-    chmod 4755 s; python3 -c 'import os; os.truncate("s", 0)'; stat -c %a s
+    chmod 4755 s; /usr/bin/python3 -c 'import os; os.truncate("s", 0)'; stat -c %a s
     chmod 4755 s; echo new > s; stat -c %a s; cat s
+    echo m > mm; chmod 2750 mm; /usr/bin/python3 -c 'import mmap, os
+    fd = os.open("mm", os.O_RDWR); m = mmap.mmap(fd, 2); m[0:1] = b"M"; m.flush(); m.close()'
+    stat -c %a mm; cat mm
     """
 
   /// The script's standard output in `dir`, run by `user` (`nil`: this process's user).
@@ -126,9 +129,23 @@ import ZDCTestSupport
     let expected = try Self.run(in: reference, as: Self.nobody)
     let got = try Self.run(in: mnt, as: Self.nobody)
     #expect(
-      expected.contains("test -w: 1") && expected.hasSuffix("new\n"),
+      expected.contains("test -w: 1") && expected.hasSuffix("new\n2750\nM\n"),
       "the reference run went wrong: \(expected)")
     #expect(got == expected)
+
+    // Random operations, modes that refuse the owner among them (tools/fsx), against the
+    // same user's local directory.
+    let fsx = dir.path("fsx")
+    try FileManager.default.copyItem(at: DifferentialMountTests.fsx, to: fsx)
+    for seed in [21, 22] {
+      let t = mnt.appendingPathComponent("fsx\(seed)")
+      let r = reference.appendingPathComponent("fsx\(seed)")
+      #expect(try asNobody(["/bin/mkdir", t.path, r.path]).status == 0)
+      let run = try asNobody([
+        "/usr/bin/python3", fsx.path, t.path, r.path, "--seed", "\(seed)", "--ops", "2000",
+      ])
+      #expect(run.status == 0, "fsx as the owner: \(run.stdout) \(run.stderr)")
+    }
   }
 
   /// The options the kernel shows for a mount point.
