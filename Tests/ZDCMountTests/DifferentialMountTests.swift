@@ -42,12 +42,7 @@ import ZDCTestSupport
     }
 
     // Every descriptor was closed: all of it survives a kill -9 of the daemon.
-    let pid = try #require(a.pid)
-    kill(pid, SIGKILL)
-    for _ in 0..<200 where SyncDevice.isAlive(pid) { usleep(50_000) }
-    a.pid = nil
-    let u = try runProcess(URL(fileURLWithPath: "/usr/bin/fusermount3"), ["-u", a.mnt.path])
-    #expect(u.status == 0, "\(u.stderr)")
+    try a.killServingProcess()
     try a.mount()
     for seed in Self.seeds {
       try Self.fsx(

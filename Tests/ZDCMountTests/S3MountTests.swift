@@ -119,12 +119,7 @@ import ZDCTestSupport
     }
     try #require(finished.count >= 24, "the upload did not get going: \(proxy.requestCounts)")
     phase("uploading 24 parts")
-    let pid = try #require(a.pid)
-    kill(pid, SIGKILL)
-    for _ in 0..<200 where SyncDevice.isAlive(pid) { usleep(50_000) }
-    a.pid = nil
-    let u = try runProcess(URL(fileURLWithPath: "/usr/bin/fusermount3"), ["-u", a.mnt.path])
-    #expect(u.status == 0, "\(u.stderr)")
+    try a.killServingProcess()
     // Parts that reached moto, whether or not the killed daemon heard back.
     let sentBefore = proxy.partUploads
     let done = Set(sentBefore.filter { $0.status == 200 }.map { "\($0.uploadID) \($0.partNumber)" })

@@ -95,6 +95,17 @@ final class SyncDevice: @unchecked Sendable {
     return result
   }
 
+  /// Kills the serving process with SIGKILL (a crash), waits for it to end and clears the
+  /// dead mount point, ready for `mount()`.
+  func killServingProcess(sourceLocation: SourceLocation = #_sourceLocation) throws {
+    let pid = try #require(pid, sourceLocation: sourceLocation)
+    kill(pid, SIGKILL)
+    for _ in 0..<200 where Self.isAlive(pid) { usleep(50_000) }
+    self.pid = nil
+    let u = try runProcess(URL(fileURLWithPath: "/usr/bin/fusermount3"), ["-u", mnt.path])
+    #expect(u.status == 0, "\(u.stderr)", sourceLocation: sourceLocation)
+  }
+
   /// True while the process exists and is not a zombie.
   static func isAlive(_ pid: pid_t) -> Bool {
     guard kill(pid, 0) == 0 else { return false }
