@@ -325,7 +325,9 @@ extension CloudTransaction {
         WHERE id = ?
         """)
     for e in entries {
-      if hadData.contains(e.id), let kept = existing[e.id] {
+      // A node with DATA found at its keys keeps that version, dirty or clean (a clean one's
+      // content is known only by it).
+      if let kept = existing[e.id] {
         hadData.remove(e.id)
         try rawExecute(
           keep,

@@ -944,11 +944,12 @@ public final class PullManager: @unchecked Sendable {
       // Which descendants still have their RCRD in the store, and which nodes with changes
       // outstanding (but none to their content) still have DATA at their keys (I/O before the
       // transaction).
-      let (below, unchanged) = try context.catalog.read(context.userID) {
-        tx -> ([(NodeID, CloudObjectRef)], [(NodeID, String, Data)]) in
-        guard let n = try tx.node(cloudID: cloudID) else { return ([], []) }
+      let (below, unchanged, clean) = try context.catalog.read(context.userID) {
+        tx -> ([(NodeID, CloudObjectRef)], [(NodeID, String, Data)], [(NodeID, String, Data)]) in
+        guard let n = try tx.node(cloudID: cloudID) else { return ([], [], []) }
         var below: [(NodeID, CloudObjectRef)] = []
         var unchanged: [(NodeID, String, Data)] = []
+        var clean: [(NodeID, String, Data)] = []
         for (i, id) in try tx.subtreeIDs(of: n.id).enumerated() {
           guard let loc = try tx.objectLocation(of: id), let node = try tx.node(id: id) else {
             continue
@@ -957,9 +958,11 @@ public final class PullManager: @unchecked Sendable {
           let kinds = try tx.outstandingKinds(ofNodeID: id)
           if !kinds.isEmpty, !kinds.contains(.putData), node.kind != .directory {
             unchanged.append((id, loc.dataKey, node.encryptionKey))
+          } else if i > 0, kinds.isEmpty, node.kind == .file, node.eTagData != nil {
+            clean.append((id, loc.dataKey, node.encryptionKey))
           }
         }
-        return (below, unchanged)
+        return (below, unchanged, clean)
       }
       var existingData: [NodeID: CloudDataInfo] = [:]
       for (id, key, nodeKey) in unchanged {
@@ -981,6 +984,11 @@ public final class PullManager: @unchecked Sendable {
           }
         }
         for (id, loc) in below where present.contains(loc.rcrdKey) { alive.insert(id) }
+      }
+      // A clean file still in the store (uploaded here while the deletion happened elsewhere)
+      // is kept with the DATA at its keys: its content is known only by that version.
+      for (id, key, nodeKey) in clean where alive.contains(id) {
+        if let info = try existingDataInfo(key: key, nodeKey: nodeKey) { existingData[id] = info }
       }
       try context.catalog.write(context.userID) { tx in
         guard let n = try tx.node(cloudID: cloudID), n.trunk == nil, !handled.contains(n.id) else {

@@ -303,6 +303,31 @@ final class SyncDevice: @unchecked Sendable {
       store: store, devices: [a, b])
   }
 
+  /// One device removes a folder while the other adds files to it: the folder comes back with
+  /// the files, and each device reads them (found by tools/fsx-sync: the device that had
+  /// uploaded a file before it heard of the delete lost track of its content, EIO).
+  @Test func filesAddedToAFolderAnotherDeviceRemovesStayReadableOnBoth() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    let b = try SyncDevice("devB", in: dir, store: store, join: true)
+    defer { b.unmount(wait: false) }
+    try a.sh("mkdir d")
+    try a.sync()
+    try b.sync()
+    try b.sh("rmdir d")
+    try a.sh("echo hello > d/f && mkdir d/e && echo deeper > d/e/g")
+    for _ in 0..<2 {
+      try a.sync()
+      try b.sync()
+    }
+    for d in [a, b] {
+      #expect(try d.sh("cat d/f d/e/g").stdout == "hello\ndeeper\n", "\(d.name)")
+    }
+  }
+
   /// The kernel keeps a directory's listing with the directory's inode (it opens directories
   /// without asking). A pull that deletes an entry whose name the kernel no longer holds as a
   /// dentry must still drop that listing.

@@ -203,6 +203,14 @@ import ZDCTestSupport
     try p.a.sync()
     for d in [p.a, p.b] {
       #expect(try d.tree() == ["/d": "dir", "/d/new.txt": "file:new from beta"])
+      // Each knows the DATA version in the store: its content is found by it (beta's file
+      // was clean, its upload done, when the delete arrived: it used to lose its eTag, and the
+      // mount read it as missing).
+      let n = try #require(try d.node("d/new.txt"))
+      let key = try #require(try d.catalog.read(d.user.userID) { try $0.objectLocation(of: n.id) })
+        .dataKey
+      let stored = try d.store.head(key: key).eTag
+      #expect(n.eTagData == stored, "\(d.name)")
     }
     #expect(p.b.delegate.conflicts.contains { $0.0 == .deletedWhileDirty })
   }
