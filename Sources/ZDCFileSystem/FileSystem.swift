@@ -235,6 +235,13 @@ public final class FileSystem: @unchecked Sendable {
   /// The child of a directory named `shown` (as typed through the mount), or `nil`.
   func child(of parent: NodeID, shown: String, _ tx: CloudTransaction) throws -> Node? {
     switch try NameEscape.parse(shown) {
+    case .name(let name)
+    where shown.hasPrefix(NameEscape.prefix) && NameEscape.variantBase(name) != nil:
+      // A case variant typed escaped: its name only while a sibling holds its plain name.
+      guard let c = try tx.child(of: parent, named: name), c.name.utf8.elementsEqual(name.utf8),
+        try variantIsShadowed(c.name, in: parent, tx)
+      else { return nil }
+      return c
     case .name(let name):
       // A child met lately is checked against its node: still there, under this name.
       if let id = recentChildren.get(ChildName(parent: parent, name: name)),
@@ -259,10 +266,27 @@ public final class FileSystem: @unchecked Sendable {
       while true {
         let batch = try tx.children(of: parent, afterID: after, limit: 512)
         if batch.isEmpty { return nil }
-        if let hit = batch.first(where: { NameEscape.shown($0.name) == typed }) { return hit }
+        if let hit = try batch.first(where: { try shownName(of: $0, tx) == typed }) { return hit }
         after = batch.last!.id
       }
     }
+  }
+
+  /// Whether a sibling holds exactly the plain name that the case variant `name` stands for
+  /// (then the variant is shown escaped: see ``NameEscape/shown(_:baseTaken:)``).
+  func variantIsShadowed(_ name: String, in parent: NodeID, _ tx: CloudTransaction) throws -> Bool {
+    guard let base = NameEscape.variantBase(name) else { return false }
+    return try tx.children(of: parent, sharingNameWith: base).contains {
+      $0.name.utf8.elementsEqual(base.utf8)
+    }
+  }
+
+  /// The name a child is shown as in its directory.
+  func shownName(of c: Node, _ tx: CloudTransaction) throws -> String {
+    guard let parent = c.parentID, NameEscape.variantBase(c.name) != nil else {
+      return NameEscape.shown(c.name)
+    }
+    return NameEscape.shown(c.name, baseTaken: try variantIsShadowed(c.name, in: parent, tx))
   }
 
   /// Runs `body` (which creates or moves an entry named `name` into `parent`); when the name is
@@ -287,6 +311,9 @@ public final class FileSystem: @unchecked Sendable {
   func newName(_ shown: String) throws -> String {
     if shown.utf8.count > NameEscape.maxBytes { throw FileSystemError.nameTooLong }
     switch try NameEscape.parse(shown) {
+    // A case variant is made by the file system, never typed as a new name.
+    case .name(let n) where shown.hasPrefix(NameEscape.prefix) && NameEscape.variantBase(n) != nil:
+      throw FileSystemError.invalidArgument
     case .name(let n): return n
     case .hashed: throw FileSystemError.invalidArgument
     }
@@ -808,10 +835,10 @@ public final class FileSystem: @unchecked Sendable {
         n.invalidateEntry(parent: dir, name: Section.data.fileName)
       }
     } else if let t = try? read({ tx in try tx.node(id: targetID) }), let parent = t.parentID {
-      let name = t.name
+      let names = NameEscape.shownForms(t.name)
       post { n in
         n.invalidateInode(self.inode(of: targetID))
-        n.invalidateEntry(parent: self.inode(of: parent), name: NameEscape.shown(name))
+        for name in names { n.invalidateEntry(parent: self.inode(of: parent), name: name) }
       }
     }
   }
@@ -883,7 +910,7 @@ public final class FileSystem: @unchecked Sendable {
         for c in children {
           batch.append(
             DirectoryEntry(
-              name: NameEscape.shown(c.name), nextOffset: UInt64(c.id) + fixed,
+              name: try shownName(of: c, tx), nextOffset: UInt64(c.id) + fixed,
               attributes: try attributes(
                 of: c, .node, tx, hasChildren: parents.contains(c.id))))
         }
@@ -907,7 +934,7 @@ public final class FileSystem: @unchecked Sendable {
     var after: NodeID = 0
     while true {
       let children = try read { tx in try tx.children(of: id, afterID: after, limit: 1024) }
-      names += children.map { NameEscape.shown($0.name) }
+      names += children.flatMap { NameEscape.shownForms($0.name) }
       guard let last = children.last, children.count == 1024 else { break }
       after = last.id
     }

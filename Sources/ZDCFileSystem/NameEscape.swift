@@ -24,11 +24,38 @@ public enum NameEscape {
       && !name.hasPrefix(prefix)
   }
 
-  /// The name shown for a treesystem name.
+  /// The name shown for a treesystem name (see ``shown(_:baseTaken:)`` for a case variant).
   public static func shown(_ name: String) -> String {
     if isPlain(name) { return name }
     // A plain name kept beside a sibling that differs from it only in case.
     if let base = CaseVariant.base(of: name), isPlain(base) { return base }
+    return escaped(name)
+  }
+
+  /// The name shown for a treesystem name whose siblings are known: the case variant of a
+  /// name that a sibling holds exactly (two devices each kept their spelling, and the other
+  /// spelling is gone) is shown escaped, so that no two entries of a directory show alike.
+  public static func shown(_ name: String, baseTaken: Bool) -> String {
+    guard baseTaken, !isPlain(name), let base = CaseVariant.base(of: name), isPlain(base) else {
+      return shown(name)
+    }
+    return escaped(name)
+  }
+
+  /// Every name a treesystem name may be shown as (a case variant: two), for the kernel's
+  /// entries to forget.
+  public static func shownForms(_ name: String) -> [String] {
+    variantBase(name) != nil ? [shown(name), escaped(name)] : [shown(name)]
+  }
+
+  /// The plain name a case variant is shown as, when it is one (`nil` otherwise).
+  public static func variantBase(_ name: String) -> String? {
+    guard let base = CaseVariant.base(of: name), isPlain(base) else { return nil }
+    return base
+  }
+
+  /// The escaped form of a name (form 1, or form 2 when too long).
+  static func escaped(_ name: String) -> String {
     let full = prefix + percentEncode(name)
     if full.utf8.count <= maxBytes { return full }
     // Too long even escaped: a cut prefix plus a hash; resolved by scanning the directory.
@@ -58,13 +85,15 @@ public enum NameEscape {
   }
 
   /// Parses a name typed through the mount. Throws `invalidArgument` for an escaped form that
-  /// is not the canonical escape of any name (so every accepted name round-trips).
+  /// is not the canonical escape of any name (so every accepted name round-trips); the escape
+  /// of a case variant is accepted too (it is how the variant is shown while a sibling holds
+  /// its plain name: the file system checks that).
   public static func parse(_ typed: String) throws -> Parsed {
     guard typed.hasPrefix(prefix) else { return .name(typed) }
     let body = typed.dropFirst(prefix.count)
     if body.contains("%~") { return .hashed(typed) }
     guard let decoded = percentDecode(String(body)), !decoded.isEmpty,
-      shown(decoded) == typed
+      shown(decoded) == typed || (variantBase(decoded) != nil && escaped(decoded) == typed)
     else { throw FileSystemError.invalidArgument }
     return .name(decoded)
   }

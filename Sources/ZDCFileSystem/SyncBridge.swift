@@ -57,9 +57,13 @@ extension FileSystem {
   public func nodeAppeared(_ node: Node) {
     guard let parent = node.parentID else { return }
     let p = inode(of: parent)
-    let name = NameEscape.shown(node.name)
+    let names = NameEscape.shownForms(node.name)
+    // The plain name may shadow a case variant beside it, now shown escaped.
+    let variant =
+      NameEscape.isPlain(node.name) ? NameEscape.escaped(CaseVariant.name(for: node.name)) : nil
     post { n in
-      n.invalidateEntry(parent: p, name: name)
+      for name in names { n.invalidateEntry(parent: p, name: name) }
+      if let variant { n.invalidateEntry(parent: p, name: variant) }
       n.invalidateInode(p)
     }
   }
@@ -72,7 +76,9 @@ extension FileSystem {
     post { n in
       n.invalidateInode(ino)
       if change.contains(.kind), let parent {
-        n.invalidateEntry(parent: parent, name: NameEscape.shown(node.name))
+        for name in NameEscape.shownForms(node.name) {
+          n.invalidateEntry(parent: parent, name: name)
+        }
         n.invalidateInode(parent)
       }
     }
@@ -81,14 +87,14 @@ extension FileSystem {
   /// A pull moved or renamed a node.
   public func nodeMoved(_ node: Node, fromParent oldParent: NodeID, oldName: String) {
     let old = inode(of: oldParent)
-    let oldShown = NameEscape.shown(oldName)
+    let oldShown = NameEscape.shownForms(oldName)
     let new = node.parentID.map { inode(of: $0) }
-    let newShown = NameEscape.shown(node.name)
+    let newShown = NameEscape.shownForms(node.name)
     post { n in
-      n.invalidateEntry(parent: old, name: oldShown)
+      for name in oldShown { n.invalidateEntry(parent: old, name: name) }
       n.invalidateInode(old)
       if let new {
-        n.invalidateEntry(parent: new, name: newShown)
+        for name in newShown { n.invalidateEntry(parent: new, name: name) }
         n.invalidateInode(new)
       }
     }
@@ -99,10 +105,10 @@ extension FileSystem {
     guard let parent = node.parentID else { return }
     let p = inode(of: parent)
     let c = inode(of: node.id)
-    let name = NameEscape.shown(node.name)
+    let names = NameEscape.shownForms(node.name)
     afterDelete(node)
     post { n in
-      n.deleteEntry(parent: p, child: c, name: name)
+      for name in names { n.deleteEntry(parent: p, child: c, name: name) }
       // The kernel forgets a listing it keeps only when it held the entry itself.
       n.invalidateInode(p)
     }

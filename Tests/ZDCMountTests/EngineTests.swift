@@ -160,6 +160,60 @@ import ZDCFileSystem
     #expect(throws: FileSystemError.notFound) { try fs.lookup(parent: d.inode, name: "a") }
   }
 
+  /// Two devices each kept their spelling of a name and the other spelling went: a name and the
+  /// case variant of that same name are siblings. No two entries may show alike: the variant
+  /// is shown escaped while the plain name is there, reachable by that name, and shown as its
+  /// name again once the plain one is gone (found by tools/fsx-sync).
+  @Test func aCaseVariantBesideItsOwnNameIsShownEscaped() throws {
+    let w = try LazyDownloadTests.World()
+    let fs = try w.fileSystem(online: false)
+    let d = try fs.mkdir(parent: 1, name: "d", mode: 0o755)
+    let dID = NodeID(d.inode)
+    func make(_ name: String) throws -> Node {
+      try fs.catalog.write(fs.userID) { tx in
+        try tx.createNode(
+          Node(
+            uuid: "", localUserID: fs.userID, parentID: dID, name: name, kind: .file,
+            shareList: .owner(fs.userID), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "",
+            cloudID: "", mode: 0o644, mtime: FileTime(Date())))
+      }
+    }
+    func esc(_ name: String) -> String {
+      "%%" + name.replacingOccurrences(of: "\u{0}", with: "%00")
+    }
+    func entries() throws -> [String] {
+      try names(fs, d.inode, from: 0, max: 10).0.filter { $0 != "." && $0 != ".." }
+    }
+    let variant = try make(CaseVariant.name(for: "A"))
+    #expect(try entries() == ["A"])
+    #expect(try fs.lookup(parent: d.inode, name: "A").inode == Inode(variant.id))
+    let escaped = esc(CaseVariant.name(for: "A"))
+    // Not shadowed: the escaped form is no name of it.
+    #expect(throws: FileSystemError.notFound) { try fs.lookup(parent: d.inode, name: escaped) }
+    let plain = try make("A")
+    #expect(Set(try entries()) == ["A", escaped])
+    #expect(try fs.lookup(parent: d.inode, name: "A").inode == Inode(plain.id))
+    #expect(try fs.lookup(parent: d.inode, name: escaped).inode == Inode(variant.id))
+    // A variant is never typed as a new name.
+    #expect(throws: FileSystemError.invalidArgument) {
+      try fs.mkdir(
+        parent: d.inode,
+        name: esc(CaseVariant.name(for: "B")),
+        mode: 0o755)
+    }
+    // Renamed by its escaped name, it is an ordinary file; the plain one stays.
+    try fs.rename(parent: d.inode, name: escaped, newParent: d.inode, newName: "A 2", flags: [])
+    #expect(Set(try entries()) == ["A", "A 2"])
+    #expect(try fs.lookup(parent: d.inode, name: "A 2").inode == Inode(variant.id))
+    // Shadowed again, then the plain one goes: the variant shows as its name again.
+    try fs.catalog.write(fs.userID) { tx in
+      try tx.moveNode(variant.id, toParent: dID, name: CaseVariant.name(for: "A"))
+    }
+    try fs.unlink(parent: d.inode, name: "A")
+    #expect(try entries() == ["A"])
+    #expect(try fs.lookup(parent: d.inode, name: "A").inode == Inode(variant.id))
+  }
+
   @Test func typedErrorsForPOSIXCases() throws {
     let w = try LazyDownloadTests.World()
     let fs = try w.fileSystem(online: false)

@@ -449,14 +449,17 @@ import ZDCTestSupport
   }
 
   /// A plain name kept as its case variant is shown as the name; the escape of the variant's
-  /// treesystem name is not a name of the mount (one node, one name).
+  /// treesystem name is its name only beside a sibling holding the plain name (one node, one
+  /// name: `EngineTests.aCaseVariantBesideItsOwnNameIsShownEscaped`).
   @Test func caseVariantsAreShownAsTheirNames() throws {
     let variant = CaseVariant.name(for: "makefile")
+    let escaped = NameEscape.prefix + NameEscape.percentEncode(variant)
     #expect(NameEscape.shown(variant) == "makefile")
+    #expect(NameEscape.shown(variant, baseTaken: false) == "makefile")
+    #expect(NameEscape.shown(variant, baseTaken: true) == escaped)
+    #expect(NameEscape.shown("makefile", baseTaken: true) == "makefile")
     #expect(CaseVariant.base(of: variant) == "makefile")
-    #expect(throws: FileSystemError.invalidArgument) {
-      try NameEscape.parse(NameEscape.prefix + NameEscape.percentEncode(variant))
-    }
+    #expect(try NameEscape.parse(escaped) == .name(variant))
     // Not a variant: another suffix, or the variant of a name that is not plain.
     #expect(CaseVariant.base(of: "makefile\u{0}0123456789abcdef") == nil)
     #expect(NameEscape.shown(CaseVariant.name(for: "a/b")).hasPrefix(NameEscape.prefix))
