@@ -61,6 +61,11 @@ enum FieldCoding: Sendable {
     switch self {
     case .plain: return (key, key + "\u{1}")
     case .sealed(let s):
+      // A name of a case variant's shape is stored under its split key (see `nameKey(_:)`).
+      if let (base, suffix) = CaseVariant.splitKey(key) {
+        let stored = s.nameKeyDigest(String(base)) + Data(suffix.utf8)
+        return (stored, stored + Data([1]))
+      }
       let digest = s.nameKeyDigest(key)
       return (digest, digest + Data([1]))
     case .locked: throw CatalogError.locked

@@ -212,6 +212,16 @@ import ZDCCrypto
       let v = try #require(try tx.node(path: p(names[1])))
       #expect(v.name == names[1])
       #expect(try tx.path(of: v.id) == p(names[1]))
+      // A name of a variant's shape that is no variant of its prefix (a conflicted copy of a
+      // variant: text went in before the suffix) is found by its own name (found by
+      // tools/fsx-sync: it was listed, but a lookup missed it).
+      let shaped =
+        "B (conflicted copy).txt"
+        + CaseVariant.name(for: "B.txt").utf8.suffix(17)
+        .map { String(UnicodeScalar($0)) }.joined()
+      #expect(CaseVariant.base(of: shaped) == nil && CaseVariant.splitKey(shaped) != nil)
+      let made = try tx.createNode(path: p(shaped))
+      #expect(try tx.children(of: home.id, sharingNameWith: shaped).map(\.id) == [made.id])
     }
   }
 }

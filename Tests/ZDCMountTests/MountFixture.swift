@@ -40,7 +40,7 @@ final class MountFixture: @unchecked Sendable {
   deinit { unmount() }
 
   var isMounted: Bool {
-    let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
+    let mounts = procText("/proc/mounts")
     return mounts.split(separator: "\n").contains {
       $0.split(separator: " ").dropFirst().first.map(String.init) == mnt.path
     }

@@ -41,7 +41,7 @@ import ZDCTestSupport
     }
 
     var mountLine: Substring? {
-      let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
+      let mounts = procText("/proc/mounts")
       return mounts.split(separator: "\n").first {
         $0.split(separator: " ").dropFirst().first.map(String.init) == mnt.path
       }

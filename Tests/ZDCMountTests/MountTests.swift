@@ -410,7 +410,7 @@ import ZDCTestSupport
       _ = try? runProcess(URL(fileURLWithPath: "/usr/bin/fusermount3"), ["-u", "-z", mnt.path])
     }
     func mounted() -> Bool {
-      let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
+      let mounts = procText("/proc/mounts")
       return mounts.contains(" \(mnt.path) fuse.zdc ")
     }
     let deadline = Date().addingTimeInterval(20)

@@ -59,7 +59,7 @@ final class SyncDevice: @unchecked Sendable {
   deinit { unmount(wait: false) }
 
   var isMounted: Bool {
-    let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
+    let mounts = procText("/proc/mounts")
     return mounts.split(separator: "\n").contains {
       $0.split(separator: " ").dropFirst().first.map(String.init) == mnt.path
     }
@@ -109,7 +109,7 @@ final class SyncDevice: @unchecked Sendable {
   /// True while the process exists and is not a zombie.
   static func isAlive(_ pid: pid_t) -> Bool {
     guard kill(pid, 0) == 0 else { return false }
-    let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+    let stat = procText("/proc/\(pid)/stat")
     guard let close = stat.lastIndex(of: ")") else { return false }
     return !stat[close...].hasPrefix(") Z")
   }
@@ -207,7 +207,7 @@ final class SyncDevice: @unchecked Sendable {
   }
 
   static func expectNoFuseMounts(under dir: TemporaryDirectory) {
-    let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
+    let mounts = procText("/proc/mounts")
     #expect(!mounts.contains(dir.url.path), "mounts left: \(mounts)")
   }
 
@@ -509,7 +509,7 @@ final class SyncDevice: @unchecked Sendable {
     let a = try SyncDevice(
       "devA", in: dir, store: store, join: false, mountArguments: ["--upload-delay", "600"])
     defer { a.unmount(wait: false) }
-    let mounts = try String(contentsOfFile: "/proc/mounts", encoding: .utf8)
+    let mounts = procText("/proc/mounts")
     #expect(mounts.contains("zdcfs:\(a.state.path) \(a.mnt.path) fuse.zdc "), "\(mounts)")
     let pid = try #require(a.pid)
     let content = Self.marker("unmount-by-mount-point")
