@@ -277,6 +277,12 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
     fileSystem.nodeDeleted(node)
   }
 
+  public func didRenameNode(_ node: Node, oldName: String, transaction: CloudTransaction) {
+    // The kernel may hold the old name's entry (a lookup before the sync): it forgets it.
+    guard let parent = node.parentID else { return }
+    fileSystem.nodeMoved(node, fromParent: parent, oldName: oldName)
+  }
+
   public func didDiscoverConflict(
     _ kind: ConflictKind, node: Node, other: Node?, at path: TreesystemPath,
     transaction: CloudTransaction

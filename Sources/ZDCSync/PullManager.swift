@@ -804,7 +804,8 @@ public final class PullManager: @unchecked Sendable {
       // mount, keep both, this one as its case variant (see `CaseVariant`) — not a conflict.
       let variant = CaseVariant.name(for: c.name)
       if try tx.child(of: parent.id, named: variant) == nil {
-        try tx.moveNode(c.id, toParent: parent.id, name: variant)
+        let renamed = try tx.moveNode(c.id, toParent: parent.id, name: variant)
+        context.delegate.didRenameNode(renamed, oldName: c.name, transaction: tx)
         return
       }
     }
@@ -816,12 +817,14 @@ public final class PullManager: @unchecked Sendable {
     }
     if c.eTagRcrd == nil {
       let renamed = try tx.moveNode(c.id, toParent: parent.id, name: free)
+      context.delegate.didRenameNode(renamed, oldName: c.name, transaction: tx)
       context.delegate.didDiscoverConflict(
         .path, node: renamed, other: nil, at: try tx.path(of: c.id), transaction: tx)
       return
     }
     let dirty = try tx.dirtyNodes(inSubtreeOf: c.id)
     let renamed = try tx.renameWithoutMove(c.id, to: free)
+    context.delegate.didRenameNode(renamed, oldName: c.name, transaction: tx)
     // Its object was replaced: it moved or was deleted elsewhere; a full scan will tell (it
     // applies the move, or the delete — which keeps a node with local changes). Taking it for
     // deleted here would upload a node with local changes again as new while it may only have

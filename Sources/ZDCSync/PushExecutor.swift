@@ -186,8 +186,9 @@ struct PushExecutor {
     }
     guard let chosen else { throw PushIssue.needsPull("no free name") }
     try write { tx in
-      guard try tx.node(id: node.id) != nil else { return }
+      guard let old = try tx.node(id: node.id) else { return }
       let renamed = try tx.renameWithoutMove(node.id, to: chosen)
+      context.delegate.didRenameNode(renamed, oldName: old.name, transaction: tx)
       let path = try tx.path(of: node.id)
       context.delegate.didDiscoverConflict(
         .path, node: renamed, other: nil, at: path, transaction: tx)
@@ -218,8 +219,9 @@ struct PushExecutor {
     let key = context.layout.rcrdKey(dirPrefix: parent.dirPrefix, cloudName: cloudName)
     guard localFree, try context.headIfExists(key) == nil else { return false }
     try write { tx in
-      guard try tx.node(id: node.id) != nil else { return }
-      try tx.renameWithoutMove(node.id, to: variant)
+      guard let old = try tx.node(id: node.id) else { return }
+      let renamed = try tx.renameWithoutMove(node.id, to: variant)
+      context.delegate.didRenameNode(renamed, oldName: old.name, transaction: tx)
     }
     context.logger.info(
       "name differing only in case: kept beside", metadata: ["node": "\(node.id)"])
@@ -1135,8 +1137,9 @@ struct PushExecutor {
       let key = context.layout.rcrdKey(dirPrefix: parent.dirPrefix, cloudName: cloudName)
       guard try context.headIfExists(key) == nil else { continue }
       try write { tx in
-        guard try tx.node(id: node.id) != nil else { return }
+        guard let old = try tx.node(id: node.id) else { return }
         let renamed = try tx.renameWithoutMove(node.id, to: candidate)
+        context.delegate.didRenameNode(renamed, oldName: old.name, transaction: tx)
         context.delegate.didDiscoverConflict(
           .path, node: renamed, other: nil, at: try tx.path(of: node.id), transaction: tx)
       }

@@ -33,6 +33,9 @@ public protocol SyncDelegate: AnyObject, Sendable {
   /// A node deleted elsewhere has local changes (itself or below): it is kept and re-uploaded.
   func didDiscoverDeletedDirtyNode(
     _ node: Node, dirtyDescendants: [NodeID], timestamp: Date?, transaction: CloudTransaction)
+  /// The sync engine renamed a node in place to resolve a conflict of names (a numbered name,
+  /// or a case variant); `oldName` is the name it had, which views of the tree should forget.
+  func didRenameNode(_ node: Node, oldName: String, transaction: CloudTransaction)
   /// A conflict was resolved without losing either side; `other` is the node holding the
   /// other version where there is one (e.g. the conflicted copy).
   func didDiscoverConflict(
@@ -76,4 +79,5 @@ extension SyncDelegate {
     _ kind: ConflictKind, node: Node, other: Node?, at path: TreesystemPath,
     transaction: CloudTransaction
   ) {}
+  public func didRenameNode(_ node: Node, oldName: String, transaction: CloudTransaction) {}
 }

@@ -38,6 +38,9 @@ final class TestDelegate: SyncDelegate, @unchecked Sendable {
     if change.contains(.data) { lock.withLock { contents[node.uuid] = nil } }
     record("modified \(path) \(change.rawValue)")
   }
+  func didRenameNode(_ node: Node, oldName: String, transaction: CloudTransaction) {
+    record("renamed \(oldName) -> \(node.name)")
+  }
   func didDiscoverMovedNode(
     _ node: Node, from oldPath: TreesystemPath, to newPath: TreesystemPath,
     transaction: CloudTransaction
