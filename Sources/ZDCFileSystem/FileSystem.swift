@@ -235,8 +235,7 @@ public final class FileSystem: @unchecked Sendable {
   /// The child of a directory named `shown` (as typed through the mount), or `nil`.
   func child(of parent: NodeID, shown: String, _ tx: CloudTransaction) throws -> Node? {
     switch try NameEscape.parse(shown) {
-    case .name(let name)
-    where shown.hasPrefix(NameEscape.prefix) && NameEscape.variantBase(name) != nil:
+    case .name(let name) where NameEscape.isEscapedVariant(shown, parsedAs: name):
       // A case variant typed escaped: its name only while a sibling holds its plain name.
       guard let c = try tx.child(of: parent, named: name), c.name.utf8.elementsEqual(name.utf8),
         try variantIsShadowed(c.name, in: parent, tx)
@@ -283,6 +282,8 @@ public final class FileSystem: @unchecked Sendable {
 
   /// The name a child is shown as in its directory.
   func shownName(of c: Node, _ tx: CloudTransaction) throws -> String {
+    // Most names are plain: no look at the siblings (a readdir asks this for every entry).
+    if NameEscape.isPlain(c.name) { return c.name }
     guard let parent = c.parentID, NameEscape.variantBase(c.name) != nil else {
       return NameEscape.shown(c.name)
     }
@@ -312,7 +313,7 @@ public final class FileSystem: @unchecked Sendable {
     if shown.utf8.count > NameEscape.maxBytes { throw FileSystemError.nameTooLong }
     switch try NameEscape.parse(shown) {
     // A case variant is made by the file system, never typed as a new name.
-    case .name(let n) where shown.hasPrefix(NameEscape.prefix) && NameEscape.variantBase(n) != nil:
+    case .name(let n) where NameEscape.isEscapedVariant(shown, parsedAs: n):
       throw FileSystemError.invalidArgument
     case .name(let n): return n
     case .hashed: throw FileSystemError.invalidArgument

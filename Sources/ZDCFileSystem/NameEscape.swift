@@ -28,18 +28,20 @@ public enum NameEscape {
   public static func shown(_ name: String) -> String {
     if isPlain(name) { return name }
     // A plain name kept beside a sibling that differs from it only in case.
-    if let base = CaseVariant.base(of: name), isPlain(base) { return base }
-    return escaped(name)
+    return variantBase(name) ?? escaped(name)
   }
 
   /// The name shown for a treesystem name whose siblings are known: the case variant of a
   /// name that a sibling holds exactly (two devices each kept their spelling, and the other
   /// spelling is gone) is shown escaped, so that no two entries of a directory show alike.
   public static func shown(_ name: String, baseTaken: Bool) -> String {
-    guard baseTaken, !isPlain(name), let base = CaseVariant.base(of: name), isPlain(base) else {
-      return shown(name)
-    }
-    return escaped(name)
+    baseTaken && variantBase(name) != nil ? escaped(name) : shown(name)
+  }
+
+  /// Whether `typed` is the escaped form of the case variant `name` it parsed to (see
+  /// ``shown(_:baseTaken:)``): a name of the variant only while its plain name is taken.
+  public static func isEscapedVariant(_ typed: String, parsedAs name: String) -> Bool {
+    typed.hasPrefix(prefix) && variantBase(name) != nil
   }
 
   /// Every name a treesystem name may be shown as (a case variant: two), for the kernel's

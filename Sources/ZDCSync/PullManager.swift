@@ -947,12 +947,12 @@ public final class PullManager: @unchecked Sendable {
       // Which descendants still have their RCRD in the store, and which nodes with changes
       // outstanding (but none to their content) still have DATA at their keys (I/O before the
       // transaction).
-      let (below, unchanged, clean) = try context.catalog.read(context.userID) {
-        tx -> ([(NodeID, CloudObjectRef)], [(NodeID, String, Data)], [(NodeID, String, Data)]) in
-        guard let n = try tx.node(cloudID: cloudID) else { return ([], [], []) }
+      // `unchanged`: (id, DATA key, node key, clean) — a clean file counts only if alive.
+      let (below, unchanged) = try context.catalog.read(context.userID) {
+        tx -> ([(NodeID, CloudObjectRef)], [(NodeID, String, Data, Bool)]) in
+        guard let n = try tx.node(cloudID: cloudID) else { return ([], []) }
         var below: [(NodeID, CloudObjectRef)] = []
-        var unchanged: [(NodeID, String, Data)] = []
-        var clean: [(NodeID, String, Data)] = []
+        var unchanged: [(NodeID, String, Data, Bool)] = []
         for (i, id) in try tx.subtreeIDs(of: n.id).enumerated() {
           guard let loc = try tx.objectLocation(of: id), let node = try tx.node(id: id) else {
             continue
@@ -960,16 +960,12 @@ public final class PullManager: @unchecked Sendable {
           if i > 0 { below.append((id, loc)) }
           let kinds = try tx.outstandingKinds(ofNodeID: id)
           if !kinds.isEmpty, !kinds.contains(.putData), node.kind != .directory {
-            unchanged.append((id, loc.dataKey, node.encryptionKey))
+            unchanged.append((id, loc.dataKey, node.encryptionKey, false))
           } else if i > 0, kinds.isEmpty, node.kind == .file, node.eTagData != nil {
-            clean.append((id, loc.dataKey, node.encryptionKey))
+            unchanged.append((id, loc.dataKey, node.encryptionKey, true))
           }
         }
-        return (below, unchanged, clean)
-      }
-      var existingData: [NodeID: CloudDataInfo] = [:]
-      for (id, key, nodeKey) in unchanged {
-        if let info = try existingDataInfo(key: key, nodeKey: nodeKey) { existingData[id] = info }
+        return (below, unchanged)
       }
       var alive = Set<NodeID>()
       if !below.isEmpty {
@@ -990,7 +986,8 @@ public final class PullManager: @unchecked Sendable {
       }
       // A clean file still in the store (uploaded here while the deletion happened elsewhere)
       // is kept with the DATA at its keys: its content is known only by that version.
-      for (id, key, nodeKey) in clean where alive.contains(id) {
+      var existingData: [NodeID: CloudDataInfo] = [:]
+      for (id, key, nodeKey, clean) in unchanged where !clean || alive.contains(id) {
         if let info = try existingDataInfo(key: key, nodeKey: nodeKey) { existingData[id] = info }
       }
       try context.catalog.write(context.userID) { tx in

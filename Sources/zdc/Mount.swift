@@ -84,7 +84,7 @@ extension ZDC {
           let at = obj["mountpoint"] as? String ?? "?"
           throw CLIError.usage("this account is already mounted on \(at)")
         }
-        let mounts = procText("/proc/mounts")
+        let mounts = ProcFile.text("/proc/mounts")
         if mounts.split(separator: "\n").contains(where: {
           $0.split(separator: " ").dropFirst().first.map(String.init) == mp
         }) {
@@ -350,7 +350,7 @@ extension ZDC {
     /// source, unless `--state-dir` names another whose process serves that mount point; else
     /// the given (or default) one.
     static func stateDirectory(of mountpoint: String, given: StateOptions) -> URL {
-      let table = procText("/proc/self/mountinfo")
+      let table = ProcFile.text("/proc/self/mountinfo")
       guard let recorded = FuseMount.stateDirectory(ofMountpoint: mountpoint, mountTable: table)
       else { return given.stateDirectory.url }
       if given.stateDir != nil {
@@ -393,7 +393,7 @@ extension ZDC {
     /// True while `pid` runs (a process that has ended but not been reaped does not).
     static func isRunning(_ pid: pid_t) -> Bool {
       guard kill(pid, 0) == 0 else { return false }
-      let stat = procText("/proc/\(pid)/stat")
+      let stat = ProcFile.text("/proc/\(pid)/stat")
       guard let close = stat.lastIndex(of: ")") else { return false }
       return !stat[close...].hasPrefix(") Z")
     }
@@ -479,13 +479,4 @@ extension FileHandle {
   func writeIgnoringErrors(_ data: Data) {
     try? write(contentsOf: data)
   }
-}
-
-/// The whole text of a file in /proc (empty if it cannot be read). Such files report a size of
-/// 0, and `String(contentsOfFile:)` then reads only its first buffer: 4 KiB of `/proc/mounts`,
-/// which misses mount points on a machine with a few dozen mounts.
-func procText(_ path: String) -> String {
-  guard let h = FileHandle(forReadingAtPath: path) else { return "" }
-  defer { try? h.close() }
-  return String(decoding: h.readDataToEndOfFile(), as: UTF8.self)
 }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import ZDCCore
 import ZDCTestSupport
 
 #if canImport(Glibc)
@@ -40,7 +41,7 @@ final class MountFixture: @unchecked Sendable {
   deinit { unmount() }
 
   var isMounted: Bool {
-    let mounts = procText("/proc/mounts")
+    let mounts = ProcFile.text("/proc/mounts")
     return mounts.split(separator: "\n").contains {
       $0.split(separator: " ").dropFirst().first.map(String.init) == mnt.path
     }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import ZDCCore
 import ZDCTestSupport
 
 #if canImport(Glibc)
@@ -41,7 +42,7 @@ import ZDCTestSupport
     }
 
     var mountLine: Substring? {
-      let mounts = procText("/proc/mounts")
+      let mounts = ProcFile.text("/proc/mounts")
       return mounts.split(separator: "\n").first {
         $0.split(separator: " ").dropFirst().first.map(String.init) == mnt.path
       }

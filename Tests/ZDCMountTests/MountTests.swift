@@ -410,7 +410,7 @@ import ZDCTestSupport
       _ = try? runProcess(URL(fileURLWithPath: "/usr/bin/fusermount3"), ["-u", "-z", mnt.path])
     }
     func mounted() -> Bool {
-      let mounts = procText("/proc/mounts")
+      let mounts = ProcFile.text("/proc/mounts")
       return mounts.contains(" \(mnt.path) fuse.zdc ")
     }
     let deadline = Date().addingTimeInterval(20)

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import ZDCCore
 import ZDCTestSupport
 
 #if canImport(Glibc)
@@ -150,7 +151,7 @@ import ZDCTestSupport
 
   /// The options the kernel shows for a mount point.
   static func mountOptions(_ mnt: URL) throws -> [String] {
-    let mounts = procText("/proc/mounts")
+    let mounts = ProcFile.text("/proc/mounts")
     let line = mounts.split(separator: "\n").map { $0.split(separator: " ") }
       .first { $0.count > 3 && $0[1] == mnt.path }
     return try #require(line)[3].split(separator: ",").map(String.init)

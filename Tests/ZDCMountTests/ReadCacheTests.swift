@@ -119,10 +119,8 @@ import ZDCTestSupport
     let dir = try TemporaryDirectory("zdc-read-cache")
     defer { SyncMountTests.expectNoFuseMounts(under: dir) }
     let store = dir.path("store")
-    let a = try SyncDevice("devA", in: dir, store: store, join: false)
-    defer { a.unmount(wait: false) }
-    let b = try SyncDevice("devB", in: dir, store: store, join: true)
-    defer { b.unmount(wait: false) }
+    let (a, b) = try SyncDevice.pair(in: dir, store: store)
+    defer { SyncDevice.unmountAll([a, b]) }
     let size = 200_000
     let first = Data(repeating: UInt8(ascii: "1"), count: size)
     let second = Data(repeating: UInt8(ascii: "2"), count: size)

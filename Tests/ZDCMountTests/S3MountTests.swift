@@ -51,10 +51,8 @@ import ZDCTestSupport
     }
     #expect(count == 2000)
 
-    let a = try SyncDevice("devA", in: dir, store: store, join: false)
-    defer { a.unmount(wait: false) }
-    let b = try SyncDevice("devB", in: dir, store: store, join: true)
-    defer { b.unmount(wait: false) }
+    let (a, b) = try SyncDevice.pair(in: dir, store: store)
+    defer { SyncDevice.unmountAll([a, b]) }
     try a.sh("cp -r '\(src.path)'/. .")
     try a.sync(timeout: 900)
     let upload = try Self.requests(a)

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import ZDCCore
 import ZDCTestSupport
 
 #if canImport(Glibc)
@@ -59,7 +60,7 @@ final class SyncDevice: @unchecked Sendable {
   deinit { unmount(wait: false) }
 
   var isMounted: Bool {
-    let mounts = procText("/proc/mounts")
+    let mounts = ProcFile.text("/proc/mounts")
     return mounts.split(separator: "\n").contains {
       $0.split(separator: " ").dropFirst().first.map(String.init) == mnt.path
     }
@@ -95,6 +96,23 @@ final class SyncDevice: @unchecked Sendable {
     return result
   }
 
+  /// Two devices of a new account on `store`: "devA" creates it, "devB" joins.
+  static func pair(in dir: TemporaryDirectory, store: MountStore) throws -> (SyncDevice, SyncDevice)
+  {
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    return (a, try SyncDevice("devB", in: dir, store: store, join: true))
+  }
+
+  /// ``pair(in:store:)`` on a local-folder store.
+  static func pair(in dir: TemporaryDirectory, store: URL) throws -> (SyncDevice, SyncDevice) {
+    try pair(in: dir, store: MountStore.local(store))
+  }
+
+  /// Unmounts each device without waiting for uploads (the end of a test).
+  static func unmountAll(_ devices: [SyncDevice]) {
+    for d in devices.reversed() { d.unmount(wait: false) }
+  }
+
   /// Kills the serving process with SIGKILL (a crash), waits for it to end and clears the
   /// dead mount point, ready for `mount()`.
   func killServingProcess(sourceLocation: SourceLocation = #_sourceLocation) throws {
@@ -109,7 +127,7 @@ final class SyncDevice: @unchecked Sendable {
   /// True while the process exists and is not a zombie.
   static func isAlive(_ pid: pid_t) -> Bool {
     guard kill(pid, 0) == 0 else { return false }
-    let stat = procText("/proc/\(pid)/stat")
+    let stat = ProcFile.text("/proc/\(pid)/stat")
     guard let close = stat.lastIndex(of: ")") else { return false }
     return !stat[close...].hasPrefix(") Z")
   }
@@ -207,7 +225,7 @@ final class SyncDevice: @unchecked Sendable {
   }
 
   static func expectNoFuseMounts(under dir: TemporaryDirectory) {
-    let mounts = procText("/proc/mounts")
+    let mounts = ProcFile.text("/proc/mounts")
     #expect(!mounts.contains(dir.url.path), "mounts left: \(mounts)")
   }
 
@@ -227,10 +245,8 @@ final class SyncDevice: @unchecked Sendable {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
     let store = onS3 ? try MountStore.s3() : .local(dir.path("store"))
-    let a = try SyncDevice("devA", in: dir, store: store, join: false)
-    defer { a.unmount(wait: false) }
-    let b = try SyncDevice("devB", in: dir, store: store, join: true)
-    defer { b.unmount(wait: false) }
+    let (a, b) = try SyncDevice.pair(in: dir, store: store)
+    defer { SyncDevice.unmountAll([a, b]) }
 
     // A file written and closed on A reaches B through the store, without a remount of B.
     let content = try Self.random(300_000) + Self.marker("content")
@@ -310,10 +326,8 @@ final class SyncDevice: @unchecked Sendable {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
     let store = dir.path("store")
-    let a = try SyncDevice("devA", in: dir, store: store, join: false)
-    defer { a.unmount(wait: false) }
-    let b = try SyncDevice("devB", in: dir, store: store, join: true)
-    defer { b.unmount(wait: false) }
+    let (a, b) = try SyncDevice.pair(in: dir, store: store)
+    defer { SyncDevice.unmountAll([a, b]) }
     try a.sh("mkdir d")
     try a.sync()
     try b.sync()
@@ -335,10 +349,8 @@ final class SyncDevice: @unchecked Sendable {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
     let store = dir.path("store")
-    let a = try SyncDevice("devA", in: dir, store: store, join: false)
-    defer { a.unmount(wait: false) }
-    let b = try SyncDevice("devB", in: dir, store: store, join: true)
-    defer { b.unmount(wait: false) }
+    let (a, b) = try SyncDevice.pair(in: dir, store: store)
+    defer { SyncDevice.unmountAll([a, b]) }
     try a.sh("mkdir d && echo one > d/gone.txt && echo two > d/kept.txt")
     try a.sync()
     try b.sync()
@@ -367,10 +379,8 @@ final class SyncDevice: @unchecked Sendable {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
     let store = dir.path("store")
-    let a = try SyncDevice("devA", in: dir, store: store, join: false)
-    defer { a.unmount(wait: false) }
-    let b = try SyncDevice("devB", in: dir, store: store, join: true)
-    defer { b.unmount(wait: false) }
+    let (a, b) = try SyncDevice.pair(in: dir, store: store)
+    defer { SyncDevice.unmountAll([a, b]) }
     try a.sh(
       "echo upper > Makefile && echo lower > makefile && mkdir D d && echo in > d/x"
         + " && ln -s Makefile MAKEFILE && cp -r /usr/include/linux/netfilter nf"
@@ -509,7 +519,7 @@ final class SyncDevice: @unchecked Sendable {
     let a = try SyncDevice(
       "devA", in: dir, store: store, join: false, mountArguments: ["--upload-delay", "600"])
     defer { a.unmount(wait: false) }
-    let mounts = procText("/proc/mounts")
+    let mounts = ProcFile.text("/proc/mounts")
     #expect(mounts.contains("zdcfs:\(a.state.path) \(a.mnt.path) fuse.zdc "), "\(mounts)")
     let pid = try #require(a.pid)
     let content = Self.marker("unmount-by-mount-point")

@@ -1,5 +1,6 @@
 public import Foundation
 public import Testing
+import ZDCCore
 public import ZDCS3Store
 
 #if canImport(Glibc)
@@ -149,7 +150,7 @@ public final class MotoServer: Sendable {
   static func listens(pid: pid_t, port: UInt16) -> Bool {
     let hex = String(port, radix: 16, uppercase: true)
     let hexPort = ":" + String(repeating: "0", count: max(0, 4 - hex.count)) + hex
-    let table = procText("/proc/net/tcp")
+    let table = ProcFile.text("/proc/net/tcp")
     // Fields: sl local_address rem_address st tx:rx tr:tm retrnsmt uid timeout inode.
     let inodes = table.split(separator: "\n").dropFirst().compactMap { line -> String? in
       let f = line.split(separator: " ", omittingEmptySubsequences: true)

@@ -54,14 +54,6 @@ public struct ProcessResult: Sendable {
   public var stderr: String
 }
 
-/// The whole text of a file in /proc (empty if it cannot be read): `String(contentsOfFile:)`
-/// reads only the first 4 KiB of a file that reports a size of 0, as /proc files do.
-public func procText(_ path: String) -> String {
-  guard let h = FileHandle(forReadingAtPath: path) else { return "" }
-  defer { try? h.close() }
-  return String(decoding: h.readDataToEndOfFile(), as: UTF8.self)
-}
-
 /// Runs an executable to completion, feeding `input` on stdin and collecting its output.
 ///
 /// Spawns a ``ChildProcess`` and reads both pipes on the calling thread (`poll`).
