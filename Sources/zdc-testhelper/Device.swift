@@ -46,7 +46,8 @@ struct Mix64 {
 
 /// Runs one device from a state directory: applies scripted changes (seeded, resumable after
 /// a crash), pushing as it goes, and prints `ACK <step> <change>` once each change is
-/// committed; `DONE` once everything is pushed.
+/// committed; `SYNC` once every change is made and it waits for the uploads; `DONE` once
+/// everything is pushed.
 func runDevice(
   stateDir: URL, store: any CloudStore, seed: UInt64, steps: Int, bigStep: Int
 ) throws {
@@ -153,6 +154,8 @@ func runDevice(
     step += 1
     Thread.sleep(forTimeInterval: 0.015)
   }
+  // From here on no ACK comes: the line tells a watcher that the device is uploading.
+  out.write(Data("SYNC\n".utf8))
   guard try engine.syncNow(timeout: 300) else { throw SyncError.dataUnavailable("sync timed out") }
   engine.stop()
   out.write(Data("DONE\n".utf8))

@@ -8,7 +8,8 @@
 //   zdc-testhelper device STATE-DIR STORE SEED STEPS BIG-STEP
 //     Runs a sync device from STATE-DIR: applies seeded changes (12 MiB files at BIG-STEP and 5 × BIG-STEP),
 //     resuming after a crash, pushing as it goes; prints "ACK <step> <change>" once each change
-//     is committed and "DONE" when everything reached the store.
+//     is committed, "SYNC" once every change is made, and "DONE" when everything reached the
+//     store.
 //
 // STORE (and ROOT) is a local-folder store's path, or s3://BUCKET/PREFIX for an S3 store
 // configured the AWS way (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, …).

@@ -92,10 +92,20 @@ final class LineBox: @unchecked Sendable {
         "AWS_SECRET_ACCESS_KEY": server.credentials.secretAccessKey, "AWS_SESSION_TOKEN": "",
       ]
     }
-    func multipartUnderWay() -> Bool {
-      if let proxy { return !proxy.openUploads.isEmpty }
+    // Parts stored so far while a multipart upload is open (nil when none is): an upload a
+    // killed run left open stays open, so a round looks for a part stored since it began.
+    func multipartParts() -> Int? {
+      if let proxy {
+        guard !proxy.openUploads.isEmpty else { return nil }
+        return proxy.partUploads.filter { (200..<300).contains($0.status) }.count
+      }
       let uploads = backing.dir?.url.appendingPathComponent(".zdc-multipart").path ?? ""
-      return !((try? FileManager.default.contentsOfDirectory(atPath: uploads)) ?? []).isEmpty
+      let open = (try? FileManager.default.contentsOfDirectory(atPath: uploads)) ?? []
+      guard !open.isEmpty else { return nil }
+      return open.reduce(0) { sum, upload in
+        let parts = (try? FileManager.default.contentsOfDirectory(atPath: uploads + "/" + upload))
+        return sum + (parts ?? []).filter { $0.hasPrefix("part-") }.count
+      }
     }
     let args = [
       "device", stateDir.url.path, storeArgument, "11", "70", "4",
@@ -106,28 +116,37 @@ final class LineBox: @unchecked Sendable {
     let rounds = 24
     for round in 0..<rounds {
       let run = try HelperRun(args, environment: environment)
-      // Random time after the device got going (its first acknowledged change), so every
-      // round makes progress however slow the machine is.
+      // A multipart upload seen storing a part ends the round a moment later, whenever it is
+      // seen: uploads run beside the changes, and after the last change they are all there is.
+      var sawMultipart = false
+      let partsBefore = multipartParts() ?? 0
+      func multipartSeen() -> Bool {
+        guard killedDuringMultipart < 4, let parts = multipartParts(), parts > partsBefore else {
+          return false
+        }
+        sawMultipart = true
+        Thread.sleep(forTimeInterval: Double(rng.next() % 20) / 1000)
+        return true
+      }
+      // Random time after the device got going (its first acknowledged change, or the start
+      // of its uploads once every change is made), so every round makes progress however
+      // slow the machine is.
       let started = Date().addingTimeInterval(20)
-      while !run.lines.contains(where: { $0.hasPrefix("ACK") || $0 == "DONE" })
+      while !run.lines.contains(where: { $0.hasPrefix("ACK") || $0 == "SYNC" || $0 == "DONE" })
         && run.process.isRunning && Date() < started
       {
         Thread.sleep(forTimeInterval: 0.002)
+        if multipartSeen() { break }
       }
       // Later rounds that still caught no multipart upload wait for one however long it takes
       // (on a loaded machine the device may rarely get that far within the random delay).
       let patient = killedDuringMultipart == 0 && round >= rounds / 2
       let delay = patient ? 90 : 0.02 + Double(rng.next() % 500) / 1000
-      let deadline = Date().addingTimeInterval(delay)
+      let deadline = Date().addingTimeInterval(sawMultipart ? 0 : delay)
       // Kill at the random time, or as soon as a multipart upload is seen under way.
-      var sawMultipart = false
       while Date() < deadline && run.process.isRunning {
         Thread.sleep(forTimeInterval: 0.002)
-        if killedDuringMultipart < 4 && multipartUnderWay() {
-          sawMultipart = true
-          Thread.sleep(forTimeInterval: Double(rng.next() % 20) / 1000)
-          break
-        }
+        if multipartSeen() { break }
       }
       run.kill()
       if sawMultipart { killedDuringMultipart += 1 }
