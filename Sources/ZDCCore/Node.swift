@@ -250,6 +250,9 @@ public enum ConflictKind: String, Sendable, Hashable, Codable, CaseIterable {
   case deletedWhileDirty
   /// Moved remotely while edited locally: both apply.
   case movedWhileEdited
+  /// Two devices moved directories into each other: the one with the smallest cloudID among
+  /// those the moves would close into a loop goes to the top of the tree instead.
+  case crossedMoves
 }
 
 /// The push operations the catalog enqueues with each change (DESIGN §4).

@@ -440,13 +440,25 @@ public final class PullManager: @unchecked Sendable {
       var gone = Set(
         index.filter { $0.trunk == nil && $0.eTagRcrd != nil && !seen.contains($0.cloudID) }
           .map(\.cloudID))
-      if !gone.isEmpty {
+      // A node whose RCRD is still where this device knows it was not deleted (a delete
+      // removes it, as the incremental pull also checks): the walk did not reach it, because a
+      // directory above it moved while the listing ran, or sits in a loop that crossed moves
+      // of two devices made (which the pull that meets the closing move breaks). Taking it for
+      // deleted would upload what it holds again as new: two RCRDs of one node.
+      let unreached = gone.filter { homeOf[$0].map { listedRcrds.contains($0.key) } ?? false }
+      gone.subtract(unreached)
+      if !unreached.isEmpty {
+        context.logger.info(
+          "full scan: nodes still in the store not reached from the top",
+          metadata: ["count": "\(unreached.count)"])
+      }
+      if !gone.isEmpty || !unreached.isEmpty {
         // A listing is no snapshot: a node moved elsewhere while it ran, from a part not listed
         // yet to a part listed already, is in neither. Before taking unseen nodes for deleted,
         // the tree is listed again and what appeared or changed since is fetched: a node found
-        // there has moved (the next scan applies it).
+        // there has moved (the next scan applies it, and reaches what is below it).
         let moved = try movedDuringListing(listedETags, result: &result)
-        if !gone.isDisjoint(with: moved) {
+        if !gone.isDisjoint(with: moved) || (!unreached.isEmpty && !moved.isEmpty) {
           gone.subtract(moved)
           rescan = true
         }
@@ -572,17 +584,20 @@ public final class PullManager: @unchecked Sendable {
       if !found { gone.append(cloudID) }
     }
     try applyDeletions(gone, result: &result)
-    // Parents first: apply what has a known parent, until nothing more can be applied.
+    // Parents first: apply what has a known parent, until nothing more can be applied. A move
+    // into what is here still below the node waits too: another move of the batch may take
+    // that out first (a directory taken out of another, which then moves into it).
     var pending = items
     var progress = true
     while !pending.isEmpty && progress {
       progress = false
       var rest: [Item] = []
       for item in pending {
-        let hasParent = try context.catalog.read(context.userID) {
-          try $0.node(dirPrefix: item.parentDirPrefix) != nil
+        let ready = try context.catalog.read(context.userID) { tx in
+          try tx.node(dirPrefix: item.parentDirPrefix) != nil
+            && self.loopClosed(by: item, tx: tx) == nil
         }
-        if !hasParent {
+        if !ready {
           rest.append(item)
           continue
         }
@@ -592,6 +607,21 @@ public final class PullManager: @unchecked Sendable {
         }
       }
       pending = rest
+    }
+    // What is left that has its parent would close a loop: moves of two devices that crossed.
+    var loops: [Item] = []
+    pending = try pending.filter { item in
+      let hasParent = try context.catalog.read(context.userID) {
+        try $0.node(dirPrefix: item.parentDirPrefix) != nil
+      }
+      if hasParent { loops.append(item) }
+      return !hasParent
+    }
+    for item in loops {
+      try context.catalog.write(context.userID) { tx in
+        try self.breakLoop(closedBy: item, tx: tx, result: &result)
+        try self.apply(item, tx: tx, result: &result)
+      }
     }
     if !pending.isEmpty {
       context.logger.error(
@@ -778,6 +808,55 @@ public final class PullManager: @unchecked Sendable {
     let stored = try tx.insertRemoteNode(node, cloudName: item.cloudName)
     dl.didDiscoverNewNode(stored, at: try tx.path(of: stored.id), transaction: tx)
     result.newNodes += 1
+  }
+
+  /// The nodes a remote move would close into a loop here — the moved node, then its new
+  /// parent and that parent's ancestors up to it — or nil when applying it makes no loop.
+  private func loopClosed(by item: Item, tx: CloudTransaction) throws -> [Node]? {
+    let meta = item.rcrd.meta
+    guard !meta.moving, !meta.arriving, let e = try tx.node(cloudID: item.rcrd.cloudID),
+      e.trunk == nil, let parent = try tx.node(dirPrefix: item.parentDirPrefix),
+      let loc = try tx.objectLocation(of: e.id), loc.rcrdKey != item.rcrdKey,
+      !(try tx.outstandingKinds(ofNodeID: e.id).contains(.move))
+    else { return nil }
+    var chain = [e]
+    var cur: Node? = parent
+    var steps = 0
+    while let c = cur, steps < 100_000 {
+      if c.id == e.id { return chain }
+      chain.append(c)
+      cur = try c.parentID.flatMap { try tx.node(id: $0) }
+      steps += 1
+    }
+    return nil
+  }
+
+  /// Breaks the loop a remote move would close (two devices moved directories into each
+  /// other): of the nodes in it, the one with the smallest cloudID — the same on every device
+  /// that meets the loop — moves to the top of the home tree, and its move is pushed.
+  private func breakLoop(closedBy item: Item, tx: CloudTransaction, result: inout PullResult)
+    throws
+  {
+    guard let chain = try loopClosed(by: item, tx: tx), let home = try tx.trunkNode(.home) else {
+      return
+    }
+    let loser = chain.filter { !$0.cloudID.isEmpty }.min { $0.cloudID < $1.cloudID } ?? chain[0]
+    let oldPath = try tx.path(of: loser.id)
+    var name = loser.name
+    var n = 2
+    while let other = try tx.child(of: home.id, named: name), other.id != loser.id {
+      name = ConflictNames.numbered(loser.name, n)
+      n += 1
+    }
+    let moved = try tx.moveNode(loser.id, toParent: home.id, name: name)
+    let newPath = try tx.path(of: loser.id)
+    context.logger.info(
+      "crossed moves: a directory goes to the top of the tree",
+      metadata: ["node": "\(loser.id)", "closing": "\(chain[0].id)"])
+    context.delegate.didDiscoverMovedNode(moved, from: oldPath, to: newPath, transaction: tx)
+    context.delegate.didDiscoverConflict(
+      .crossedMoves, node: moved, other: nil, at: newPath, transaction: tx)
+    result.movedNodes += 1
   }
 
   private func isDescendant(_ id: NodeID, of ancestor: NodeID, tx: CloudTransaction) throws -> Bool

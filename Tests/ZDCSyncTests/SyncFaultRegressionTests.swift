@@ -425,6 +425,73 @@ import ZDCTestSupport
     for d in [alpha, beta] { #expect(try d.tree() == expected, "\(d.name)") }
   }
 
+  /// The same with a directory: what is below it keeps its keys, and the walk of the listing,
+  /// which found the directory in neither place, did not reach it. Taken for deleted, a clean
+  /// file was removed and a changed one uploaded again as new: two RCRDs of one node (found by
+  /// tools/fsx-sync). A node whose RCRD is still where this device knows it is not deleted.
+  @Test func nodeBelowADirectoryMovedDuringAFullScansListingIsNotTakenForDeleted() throws {
+    let backing = try StoreKind.local.make("zdc-sync-scan-listing-dir")
+    let store = backing.store
+    let hooked = HookStore(store)
+    let user = try TestUser()
+    let alpha = try Device("alpha", user: user, store: hooked)
+    let beta = try Device("beta", user: user, store: store)
+    try alpha.start()
+    try beta.start()
+    try alpha.create("e.txt", "content e")
+    // A directory whose children sort after the home trunk's (so the listing reaches the
+    // place the directory moves to before them).
+    let home = try #require(try alpha.catalog.read(user.userID) { try $0.trunkNode(.home) })
+    var dirs: [String] = []
+    for i in 0..<64 where dirs.count < 6 {
+      let d = try alpha.create("d\(i)", kind: .directory)
+      if d.dirPrefix > home.dirPrefix { dirs.append("d\(i)") }
+    }
+    try alpha.sync()
+    let treePrefix = "\(user.userID)/\(user.treeID)/"
+    let first = try #require(try store.listAll(prefix: treePrefix).map(\.key).min())
+    let dir = try #require(try dirs.first { try alpha.rcrdKey($0) > first })
+    try alpha.create("\(dir)/clean.txt", "clean")
+    try alpha.create("\(dir)/changed.txt", "v1")
+    try alpha.sync()
+    try beta.sync()
+    try #require(try store.listAll(prefix: treePrefix).map(\.key).min() == first)
+    var target = ""
+    for i in 0..<1000 where target.isEmpty {
+      let name = "t\(i)"
+      if try beta.rcrdKey(name, parentOf: dir) < first { target = name }
+    }
+    try #require(!target.isEmpty)
+    alpha.engine.push.stop()
+    try alpha.write("\(dir)/changed.txt", "v2 from alpha")
+    alpha.delegate.clearEvents()
+    var failure: (any Error)? = nil
+    hooked.afterFirstListPage(of: treePrefix) {
+      do {
+        try beta.move(dir, to: target)
+        try beta.sync()
+      } catch { failure = error }
+    }
+    let result = try alpha.engine.pull.pull(fullScan: true)
+    #expect(failure == nil)
+    #expect(result.deletedNodes == 0)
+    #expect(!alpha.delegate.events.contains { $0.hasPrefix("deleted") })
+    try alpha.engine.push.start()
+    for _ in 0..<2 {
+      try alpha.sync()
+      try beta.sync()
+    }
+    for d in [alpha, beta] {
+      let tree = try d.tree()
+      #expect(tree["/\(target)/clean.txt"] == "file:clean", "\(d.name): \(tree)")
+      #expect(tree["/\(target)/changed.txt"] == "file:v2 from alpha", "\(d.name): \(tree)")
+    }
+    // One RCRD per node in the store.
+    let rcrds = try store.listAll(prefix: treePrefix).filter { $0.key.hasSuffix(".rcrd") }
+    let nodes = try alpha.tree().count
+    #expect(rcrds.count == nodes)
+  }
+
   /// Beta deleted a file that alpha had moved away meanwhile: its delete found nothing where it
   /// knew the file, and still logged a delete. Beta then brought the file back from alpha's move
   /// and moved it on; alpha, reading beta's delete and finding the file no longer where it knew

@@ -1,0 +1,119 @@
+import Foundation
+import Testing
+import ZDCCatalog
+import ZDCCore
+import ZDCSync
+import ZDCTestSupport
+
+/// Two devices that each move a directory into the other's (offline, or before hearing of the
+/// other move): no device may end with a subtree the store no longer reaches.
+@Suite(.serialized, .motoServer) struct CrossedMoveTests {
+  /// Every device (and a new one, which reads only the store) shows the same tree, with every
+  /// file.
+  func expectConverged(_ devices: [Device], files: [String: String]) throws {
+    let fresh = try Device("fresh", user: devices[0].user, store: devices[0].store)
+    try fresh.engine.pull.pull(fullScan: true)
+    let trees = try (devices + [fresh]).map { try $0.tree() }
+    for (d, t) in zip(devices + [fresh], trees) {
+      #expect(t == trees[0], "\(d.name): \(t) vs \(devices[0].name): \(trees[0])")
+      for (name, content) in files {
+        #expect(
+          t.contains { $0.key.hasSuffix("/" + name) && $0.value == "file:" + content },
+          "\(d.name) lost \(name): \(t)")
+      }
+    }
+  }
+
+  @Test(arguments: StoreKind.all, [false, true])
+  func directoriesMovedIntoEachOtherConverge(_ kind: StoreKind, alphaFirst: Bool) throws {
+    let backing = try kind.make("zdc-sync-crossed")
+    let user = try TestUser()
+    let a = try Device("alpha", user: user, store: backing.store)
+    let b = try Device("beta", user: user, store: backing.store)
+    try a.start()
+    try b.start()
+    try a.create("x", kind: .directory)
+    try a.create("y", kind: .directory)
+    try a.create("x/fx.txt", "in x")
+    try a.create("y/fy.txt", "in y")
+    try a.sync()
+    try b.sync()
+    // Each moves one directory into the other; both moves reach the store before either
+    // device hears of the other's.
+    a.engine.pull.stop()
+    b.engine.pull.stop()
+    try a.move("x", to: "y/x")
+    try b.move("y", to: "x/y")
+    let (first, second) = alphaFirst ? (a, b) : (b, a)
+    #expect(first.engine.push.waitUntilIdle(timeout: 30))
+    #expect(second.engine.push.waitUntilIdle(timeout: 30))
+    for _ in 0..<2 {
+      try a.sync()
+      try b.sync()
+    }
+    try expectConverged([a, b], files: ["fx.txt": "in x", "fy.txt": "in y"])
+    // One of the two stays where its move took it, inside the other, which is at the top.
+    let tree = try a.tree(withContent: false)
+    #expect(tree["/x/y"] == "dir" || tree["/y/x"] == "dir", "\(tree)")
+    #expect([a, b].contains { $0.delegate.conflicts.contains { $0.0 == .crossedMoves } })
+  }
+
+  /// One device takes a directory out of another and then moves that other into it: whatever
+  /// the order in which a pull meets the two moves, neither is mistaken for a cycle.
+  @Test(arguments: StoreKind.all)
+  func directoryMovedIntoOneTakenOutOfItConverges(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-crossed2")
+    let user = try TestUser()
+    let a = try Device("alpha", user: user, store: backing.store)
+    let b = try Device("beta", user: user, store: backing.store)
+    try a.start()
+    try b.start()
+    for name in ["x", "x/t", "x/t/u", "x/t/u/v"] { try a.create(name, kind: .directory) }
+    try a.create("x/fx.txt", "in x")
+    try a.create("x/t/u/v/fv.txt", "in v")
+    try a.sync()
+    try b.sync()
+    try a.move("x/t/u/v", to: "v")
+    try a.move("x", to: "v/x")
+    try a.sync()
+    try b.sync()
+    #expect(try b.tree()["/v/x/t/u"] == "dir")
+    try expectConverged([a, b], files: ["fx.txt": "in x", "fv.txt": "in v"])
+  }
+
+  /// Two devices each edit a file and move it elsewhere: one move wins, both versions stay.
+  @Test(arguments: StoreKind.all, [false, true])
+  func fileMovedAndEditedOnBothConverges(_ kind: StoreKind, targetTaken: Bool) throws {
+    let backing = try kind.make("zdc-sync-crossed3")
+    let user = try TestUser()
+    let a = try Device("alpha", user: user, store: backing.store)
+    let b = try Device("beta", user: user, store: backing.store)
+    try a.start()
+    try b.start()
+    for name in ["d", "x", "y"] { try a.create(name, kind: .directory) }
+    try a.create("d/f", "v0")
+    try a.create("y/A", "taken")
+    try a.sync()
+    try b.sync()
+    b.engine.push.stop()
+    try a.write("d/f", "edited by alpha")
+    try a.move("d/f", to: "x/B.txt")
+    // Beta's target name, taken meanwhile by another node.
+    if targetTaken { try a.create("y/C", "taken by alpha") }
+    try a.sync()
+    try b.write("d/f", "edited by beta")
+    try b.move("d/f", to: "y/C")
+    try b.engine.push.start()
+    _ = b.engine.push.waitUntilIdle(timeout: 10)
+    for _ in 0..<2 {
+      try a.sync()
+      try b.sync()
+    }
+    try expectConverged([a, b], files: [:])
+    let tree = try a.tree()
+    let values = Set(tree.values)
+    #expect(values.contains("file:edited by alpha"), "\(tree)")
+    #expect(values.contains("file:edited by beta"), "\(tree)")
+    #expect(values.contains("file:taken"), "\(tree)")
+  }
+}
