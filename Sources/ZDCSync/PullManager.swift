@@ -434,18 +434,33 @@ public final class PullManager: @unchecked Sendable {
       }
       level = next
     }
+    // RCRDs below no directory the walk reached (normally none): nodes in a loop that crossed
+    // moves of two devices made, or below a directory being deleted. They are in the store:
+    // not deleted.
+    let unreachedKeys = listedRcrds.filter { key in
+      layout.parse(key: key).map { !visitedPrefixes.contains($0.dirPrefix) } ?? false
+    }
+    if !unreachedKeys.isEmpty {
+      let (found, _) = try self.items(
+        fetch(unreachedKeys.sorted().map { ($0, nil, false) }), result: &result)
+      result.fetchedRcrds += unreachedKeys.count
+      for item in found { seen.insert(item.rcrd.cloudID) }
+    }
     // Nodes that were in the cloud and are no longer anywhere in it — unless an RCRD vanished
     // between the listing and its fetch (the node may have been there: the next scan decides).
     if !vanished {
       var gone = Set(
         index.filter { $0.trunk == nil && $0.eTagRcrd != nil && !seen.contains($0.cloudID) }
           .map(\.cloudID))
-      // A node whose RCRD is still where this device knows it was not deleted (a delete
-      // removes it, as the incremental pull also checks): the walk did not reach it, because a
-      // directory above it moved while the listing ran, or sits in a loop that crossed moves
-      // of two devices made (which the pull that meets the closing move breaks). Taking it for
-      // deleted would upload what it holds again as new: two RCRDs of one node.
-      let unreached = gone.filter { homeOf[$0].map { listedRcrds.contains($0.key) } ?? false }
+      // A node whose RCRD is still where this device knows it, unchanged, was not deleted (a
+      // delete removes it, as the incremental pull also checks): the walk did not reach it,
+      // because a directory above it moved while the listing ran, or sits in a loop that
+      // crossed moves of two devices made (which the pull that meets the closing move breaks).
+      // Taking it for deleted would upload what it holds again as new: two RCRDs of one node.
+      let unreached = gone.filter { id in
+        guard let home = homeOf[id], let eTag = home.eTag else { return false }
+        return listedETags[home.key] == eTag
+      }
       gone.subtract(unreached)
       if !unreached.isEmpty {
         context.logger.info(

@@ -24,8 +24,13 @@ import ZDCTestSupport
     }
   }
 
-  @Test(arguments: StoreKind.all, [false, true])
-  func directoriesMovedIntoEachOtherConverge(_ kind: StoreKind, alphaFirst: Bool) throws {
+  /// `fullScan`: each device meets the loop in the store by a full scan first, which reaches
+  /// neither directory from the top: both are kept as they are (they were taken for deleted,
+  /// and uploaded again as new). Only a pull that meets the closing move breaks the loop (see
+  /// the sync engine's known limitations).
+  @Test(arguments: StoreKind.all, [(false, false), (true, false), (false, true)])
+  func directoriesMovedIntoEachOtherConverge(_ kind: StoreKind, order: (Bool, Bool)) throws {
+    let (alphaFirst, fullScan) = order
     let backing = try kind.make("zdc-sync-crossed")
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: backing.store)
@@ -47,6 +52,20 @@ import ZDCTestSupport
     let (first, second) = alphaFirst ? (a, b) : (b, a)
     #expect(first.engine.push.waitUntilIdle(timeout: 30))
     #expect(second.engine.push.waitUntilIdle(timeout: 30))
+    if fullScan {
+      for d in [a, b] {
+        let result = try d.engine.pull.pull(fullScan: true)
+        #expect(result.deletedNodes == 0, "\(d.name)")
+        let tree = try d.tree()
+        #expect(tree.values.contains("file:in x") && tree.values.contains("file:in y"), "\(tree)")
+      }
+      for _ in 0..<2 {
+        try a.sync()
+        try b.sync()
+      }
+      #expect(try a.operationCount() == 0 && b.operationCount() == 0)
+      return
+    }
     for _ in 0..<2 {
       try a.sync()
       try b.sync()
