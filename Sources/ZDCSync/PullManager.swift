@@ -436,15 +436,40 @@ public final class PullManager: @unchecked Sendable {
     }
     // RCRDs below no directory the walk reached (normally none): nodes in a loop that crossed
     // moves of two devices made, or below a directory being deleted. They are in the store:
-    // not deleted.
+    // not deleted — except a node with a change other than a move outstanding here, which
+    // cannot be written where this device knows it: taken for deleted, it is kept and uploaded
+    // again (its change would otherwise wait for a pull that never places it).
     let unreachedKeys = listedRcrds.filter { key in
       layout.parse(key: key).map { !visitedPrefixes.contains($0.dirPrefix) } ?? false
     }
     if !unreachedKeys.isEmpty {
       let (found, _) = try self.items(
-        fetch(unreachedKeys.sorted().map { ($0, nil, false) }), result: &result)
+        fetch(unreachedKeys.sorted().map { ($0, nil, true) }), result: &result)
       result.fetchedRcrds += unreachedKeys.count
-      for item in found { seen.insert(item.rcrd.cloudID) }
+      try context.catalog.write(context.userID) { tx in
+        for item in found {
+          guard let e = try tx.node(cloudID: item.rcrd.cloudID), e.trunk == nil else {
+            seen.insert(item.rcrd.cloudID)
+            continue
+          }
+          let kinds = try tx.outstandingKinds(ofNodeID: e.id)
+          if kinds.contains(.move) {
+            // Its move starts from where it is found (as when it moved elsewhere too).
+            if try Self.storeLocation(of: e.id, tx: tx) != item.rcrdKey {
+              try tx.setMoveOrigin(
+                CloudObjectRef(
+                  nodeID: e.id, cloudID: e.cloudID, dirPrefix: item.parentDirPrefix,
+                  cloudName: item.cloudName, rcrdKey: item.rcrdKey,
+                  dataKey: layout.dataKey(
+                    dirPrefix: item.parentDirPrefix, cloudName: item.cloudName),
+                  eTagRcrd: item.rcrdInfo.eTag, eTagData: item.dataInfo?.eTag), forNodeID: e.id)
+            }
+          } else if !kinds.isEmpty {
+            continue
+          }
+          seen.insert(item.rcrd.cloudID)
+        }
+      }
     }
     // Nodes that were in the cloud and are no longer anywhere in it — unless an RCRD vanished
     // between the listing and its fetch (the node may have been there: the next scan decides).
