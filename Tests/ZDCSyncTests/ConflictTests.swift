@@ -16,11 +16,7 @@ import ZDCTestSupport
 
   func pair(_ label: String, _ kind: StoreKind) throws -> Pair {
     let backing = try kind.make("zdc-sync-\(label)")
-    let user = try TestUser()
-    let a = try Device("alpha", user: user, store: backing.store)
-    let b = try Device("beta", user: user, store: backing.store)
-    try a.start()
-    try b.start()
+    let (a, b) = try startedPair(on: backing.store)
     return Pair(backing: backing, a: a, b: b)
   }
 

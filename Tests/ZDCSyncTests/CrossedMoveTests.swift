@@ -32,11 +32,7 @@ import ZDCTestSupport
   func directoriesMovedIntoEachOtherConverge(_ kind: StoreKind, order: (Bool, Bool)) throws {
     let (alphaFirst, fullScan) = order
     let backing = try kind.make("zdc-sync-crossed")
-    let user = try TestUser()
-    let a = try Device("alpha", user: user, store: backing.store)
-    let b = try Device("beta", user: user, store: backing.store)
-    try a.start()
-    try b.start()
+    let (a, b) = try startedPair(on: backing.store)
     try a.create("x", kind: .directory)
     try a.create("y", kind: .directory)
     try a.create("x/fx.txt", "in x")
@@ -82,11 +78,7 @@ import ZDCTestSupport
   @Test(arguments: StoreKind.all)
   func directoryMovedIntoOneTakenOutOfItConverges(_ kind: StoreKind) throws {
     let backing = try kind.make("zdc-sync-crossed2")
-    let user = try TestUser()
-    let a = try Device("alpha", user: user, store: backing.store)
-    let b = try Device("beta", user: user, store: backing.store)
-    try a.start()
-    try b.start()
+    let (a, b) = try startedPair(on: backing.store)
     for name in ["x", "x/t", "x/t/u", "x/t/u/v"] { try a.create(name, kind: .directory) }
     try a.create("x/fx.txt", "in x")
     try a.create("x/t/u/v/fv.txt", "in v")
@@ -104,11 +96,7 @@ import ZDCTestSupport
   @Test(arguments: StoreKind.all, [false, true])
   func fileMovedAndEditedOnBothConverges(_ kind: StoreKind, targetTaken: Bool) throws {
     let backing = try kind.make("zdc-sync-crossed3")
-    let user = try TestUser()
-    let a = try Device("alpha", user: user, store: backing.store)
-    let b = try Device("beta", user: user, store: backing.store)
-    try a.start()
-    try b.start()
+    let (a, b) = try startedPair(on: backing.store)
     for name in ["d", "x", "y"] { try a.create(name, kind: .directory) }
     try a.create("d/f", "v0")
     try a.create("y/A", "taken")

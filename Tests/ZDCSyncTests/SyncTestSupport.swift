@@ -328,6 +328,16 @@ final class Device: @unchecked Sendable {
   }
 }
 
+/// Two started devices, alpha and beta, of one new test user on `store`.
+func startedPair(on store: any CloudStore) throws -> (Device, Device) {
+  let user = try TestUser()
+  let a = try Device("alpha", user: user, store: store)
+  let b = try Device("beta", user: user, store: store)
+  try a.start()
+  try b.start()
+  return (a, b)
+}
+
 /// A device did not get in sync in time.
 struct SyncTimeout: Error, CustomStringConvertible {
   let device: String
