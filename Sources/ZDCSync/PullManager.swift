@@ -230,6 +230,14 @@ public final class PullManager: @unchecked Sendable {
     var rcrdInfo: ObjectInfo
     var rcrd: DecodedRcrd
     var dataInfo: ObjectInfo?
+
+    /// Where this item holds `node` in the store (a move's origin).
+    func ref(of node: Node, layout: CloudLayout) -> CloudObjectRef {
+      CloudObjectRef(
+        nodeID: node.id, cloudID: node.cloudID, dirPrefix: parentDirPrefix, cloudName: cloudName,
+        rcrdKey: rcrdKey, dataKey: layout.dataKey(dirPrefix: parentDirPrefix, cloudName: cloudName),
+        eTagRcrd: rcrdInfo.eTag, eTagData: dataInfo?.eTag)
+    }
   }
 
   /// What fetching one RCRD gave.
@@ -456,13 +464,7 @@ public final class PullManager: @unchecked Sendable {
           if kinds.contains(.move) {
             // Its move starts from where it is found (as when it moved elsewhere too).
             if try Self.storeLocation(of: e.id, tx: tx) != item.rcrdKey {
-              try tx.setMoveOrigin(
-                CloudObjectRef(
-                  nodeID: e.id, cloudID: e.cloudID, dirPrefix: item.parentDirPrefix,
-                  cloudName: item.cloudName, rcrdKey: item.rcrdKey,
-                  dataKey: layout.dataKey(
-                    dirPrefix: item.parentDirPrefix, cloudName: item.cloudName),
-                  eTagRcrd: item.rcrdInfo.eTag, eTagData: item.dataInfo?.eTag), forNodeID: e.id)
+              try tx.setMoveOrigin(item.ref(of: e, layout: layout), forNodeID: e.id)
             }
           } else if !kinds.isEmpty {
             continue
@@ -628,17 +630,21 @@ public final class PullManager: @unchecked Sendable {
     // into what is here still below the node waits too: another move of the batch may take
     // that out first (a directory taken out of another, which then moves into it).
     var pending = items
+    // Of the last pass, the items whose parent is known that would close a loop.
+    var loops: [Item] = []
     var progress = true
     while !pending.isEmpty && progress {
       progress = false
+      loops = []
       var rest: [Item] = []
       for item in pending {
-        let ready = try context.catalog.read(context.userID) { tx in
-          try tx.node(dirPrefix: item.parentDirPrefix) != nil
-            && self.loopClosed(by: item, tx: tx) == nil
+        let (hasParent, closesLoop) = try context.catalog.read(context.userID) { tx in
+          try tx.node(dirPrefix: item.parentDirPrefix) == nil
+            ? (false, false) : (true, self.loopClosed(by: item, tx: tx) != nil)
         }
-        if !ready {
+        if !hasParent || closesLoop {
           rest.append(item)
+          if closesLoop { loops.append(item) }
           continue
         }
         progress = true
@@ -649,14 +655,8 @@ public final class PullManager: @unchecked Sendable {
       pending = rest
     }
     // What is left that has its parent would close a loop: moves of two devices that crossed.
-    var loops: [Item] = []
-    pending = try pending.filter { item in
-      let hasParent = try context.catalog.read(context.userID) {
-        try $0.node(dirPrefix: item.parentDirPrefix) != nil
-      }
-      if hasParent { loops.append(item) }
-      return !hasParent
-    }
+    let looping = Set(loops.map(\.rcrdKey))
+    pending.removeAll { looping.contains($0.rcrdKey) }
     for item in loops {
       try context.catalog.write(context.userID) { tx in
         try self.breakLoop(closedBy: item, tx: tx, result: &result)
@@ -735,15 +735,9 @@ public final class PullManager: @unchecked Sendable {
       if !sameLocation {
         if kinds.contains(.move) {
           // Moved here and there: this device's move wins, starting from where the node is now.
-          try tx.setMoveOrigin(
-            CloudObjectRef(
-              nodeID: e.id, cloudID: e.cloudID, dirPrefix: item.parentDirPrefix,
-              cloudName: item.cloudName, rcrdKey: item.rcrdKey,
-              dataKey: context.layout.dataKey(
-                dirPrefix: item.parentDirPrefix, cloudName: item.cloudName),
-              eTagRcrd: item.rcrdInfo.eTag, eTagData: item.dataInfo?.eTag), forNodeID: e.id)
+          try tx.setMoveOrigin(item.ref(of: e, layout: context.layout), forNodeID: e.id)
         } else {
-          if try parent.id == e.id || isDescendant(parent.id, of: e.id, tx: tx) {
+          if try ancestors(from: parent, upTo: e.id, tx: tx) != nil {
             result.skipped += 1
             return
           }
@@ -859,14 +853,20 @@ public final class PullManager: @unchecked Sendable {
       let loc = try tx.objectLocation(of: e.id), loc.rcrdKey != item.rcrdKey,
       !(try tx.outstandingKinds(ofNodeID: e.id).contains(.move))
     else { return nil }
-    var chain = [e]
-    var cur: Node? = parent
-    var steps = 0
-    while let c = cur, steps < 100_000 {
-      if c.id == e.id { return chain }
+    return try ancestors(from: parent, upTo: e.id, tx: tx).map { [e] + $0 }
+  }
+
+  /// `start` and its ancestors below `stop`, when `stop` is `start` or one of its ancestors;
+  /// otherwise nil.
+  private func ancestors(from start: Node, upTo stop: NodeID, tx: CloudTransaction) throws
+    -> [Node]?
+  {
+    var chain: [Node] = []
+    var cur: Node? = start
+    while let c = cur, chain.count < 100_000 {
+      if c.id == stop { return chain }
       chain.append(c)
       cur = try c.parentID.flatMap { try tx.node(id: $0) }
-      steps += 1
     }
     return nil
   }
@@ -882,12 +882,7 @@ public final class PullManager: @unchecked Sendable {
     }
     let loser = chain.filter { !$0.cloudID.isEmpty }.min { $0.cloudID < $1.cloudID } ?? chain[0]
     let oldPath = try tx.path(of: loser.id)
-    var name = loser.name
-    var n = 2
-    while let other = try tx.child(of: home.id, named: name), other.id != loser.id {
-      name = ConflictNames.numbered(loser.name, n)
-      n += 1
-    }
+    let name = try tx.freeChildName(loser.name, in: home.id, except: loser.id)
     let moved = try tx.moveNode(loser.id, toParent: home.id, name: name)
     let newPath = try tx.path(of: loser.id)
     context.logger.info(
@@ -897,18 +892,6 @@ public final class PullManager: @unchecked Sendable {
     context.delegate.didDiscoverConflict(
       .crossedMoves, node: moved, other: nil, at: newPath, transaction: tx)
     result.movedNodes += 1
-  }
-
-  private func isDescendant(_ id: NodeID, of ancestor: NodeID, tx: CloudTransaction) throws -> Bool
-  {
-    var cur: NodeID? = id
-    var steps = 0
-    while let c = cur, steps < 100_000 {
-      if c == ancestor { return true }
-      cur = try tx.node(id: c)?.parentID
-      steps += 1
-    }
-    return false
   }
 
   /// Frees `name` in `parent` for a remote node: a local node there that never reached the
@@ -928,12 +911,7 @@ public final class PullManager: @unchecked Sendable {
         return
       }
     }
-    var n = 2
-    var free = ConflictNames.numbered(c.name, n)
-    while try tx.child(of: parent.id, named: free) != nil {
-      n += 1
-      free = ConflictNames.numbered(c.name, n)
-    }
+    let free = try tx.freeChildName(c.name, in: parent.id)
     if c.eTagRcrd == nil {
       let renamed = try tx.moveNode(c.id, toParent: parent.id, name: free)
       context.delegate.didRenameNode(renamed, oldName: c.name, transaction: tx)

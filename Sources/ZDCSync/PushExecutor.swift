@@ -1028,12 +1028,7 @@ struct PushExecutor {
         return
       }
       let base = ConflictNames.conflictedCopy(of: cur.name, date: Date(), deviceName: deviceName)
-      var name = base
-      var n = 2
-      while try tx.child(of: parentID, named: name) != nil {
-        name = ConflictNames.numbered(base, n)
-        n += 1
-      }
+      let name = try tx.freeChildName(base, in: parentID)
       var copy = Node(
         uuid: "", localUserID: context.userID, parentID: parentID, name: name,
         kind: cur.kind == .directory ? .file : cur.kind, shareList: cur.shareList,

@@ -142,3 +142,19 @@ public enum ConflictNames {
     return "\(base) \(n)\(ext)"
   }
 }
+
+extension CloudTransaction {
+  /// `base`, or the first of `base 2`, `base 3` … that no child of `parentID` other than
+  /// `except` has.
+  func freeChildName(_ base: String, in parentID: NodeID, except: NodeID? = nil) throws
+    -> String
+  {
+    var name = base
+    var n = 2
+    while let other = try child(of: parentID, named: name), other.id != except {
+      name = ConflictNames.numbered(base, n)
+      n += 1
+    }
+    return name
+  }
+}

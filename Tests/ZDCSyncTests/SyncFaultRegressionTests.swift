@@ -374,6 +374,31 @@ import ZDCTestSupport
     #expect(rcrd.meta.dataSize == 2)
   }
 
+  /// Alpha, whose store calls go through a `HookStore`, and beta, both started.
+  func hookedPair(_ backing: TestStore) throws -> (
+    any CloudStore, HookStore, TestUser, Device, Device
+  ) {
+    let hooked = HookStore(backing.store)
+    let user = try TestUser()
+    let alpha = try Device("alpha", user: user, store: hooked)
+    let beta = try Device("beta", user: user, store: backing.store)
+    try alpha.start()
+    try beta.start()
+    return (backing.store, hooked, user, alpha, beta)
+  }
+
+  /// A name `t<i><suffix>` whose RCRD key beside `sibling` sorts before `key`, if one is found.
+  func name(
+    sortingBefore key: String, besides sibling: String, on device: Device, suffix: String = ""
+  )
+    throws -> String?
+  {
+    for i in 0..<1000 where try device.rcrdKey("t\(i)\(suffix)", parentOf: sibling) < key {
+      return "t\(i)\(suffix)"
+    }
+    return nil
+  }
+
   /// Alpha's full scan, while beta moves `path` to `target` after the first page of its listing
   /// of `listing`, takes nothing for deleted.
   func expectFullScanDeletesNothing(
@@ -401,13 +426,7 @@ import ZDCTestSupport
   /// scan). A scan about to take nodes for deleted now lists again and fetches what appeared.
   @Test func nodeMovedDuringAFullScansListingIsNotTakenForDeleted() throws {
     let backing = try StoreKind.local.make("zdc-sync-scan-listing")
-    let store = backing.store
-    let hooked = HookStore(store)
-    let user = try TestUser()
-    let alpha = try Device("alpha", user: user, store: hooked)
-    let beta = try Device("beta", user: user, store: store)
-    try alpha.start()
-    try beta.start()
+    let (_, hooked, user, alpha, beta) = try hookedPair(backing)
     for name in ["e.txt", "f.txt"] { try alpha.create(name, "content \(name)") }
     try alpha.sync()
     try beta.sync()
@@ -415,12 +434,8 @@ import ZDCTestSupport
     // its new key sorts before all of them.
     let keys = try ["e.txt", "f.txt"].map { try alpha.rcrdKey($0) }
     let moved = keys[0] < keys[1] ? "f.txt" : "e.txt"
-    var target = ""
-    for i in 0..<1000 where target.isEmpty {
-      let name = "t\(i).txt"
-      if try beta.rcrdKey(name, parentOf: moved) < keys.min()! { target = name }
-    }
-    try #require(!target.isEmpty)
+    let target = try #require(
+      try name(sortingBefore: keys.min()!, besides: moved, on: beta, suffix: ".txt"))
     try expectFullScanDeletesNothing(
       alpha, while: beta, moves: moved, to: target, hooked: hooked,
       listing: "\(user.userID)/\(user.treeID)/")
@@ -442,13 +457,7 @@ import ZDCTestSupport
   /// tools/fsx-sync). A node whose RCRD is still where this device knows it is not deleted.
   @Test func nodeBelowADirectoryMovedDuringAFullScansListingIsNotTakenForDeleted() throws {
     let backing = try StoreKind.local.make("zdc-sync-scan-listing-dir")
-    let store = backing.store
-    let hooked = HookStore(store)
-    let user = try TestUser()
-    let alpha = try Device("alpha", user: user, store: hooked)
-    let beta = try Device("beta", user: user, store: store)
-    try alpha.start()
-    try beta.start()
+    let (store, hooked, user, alpha, beta) = try hookedPair(backing)
     try alpha.create("e.txt", "content e")
     // A directory whose children sort after the home trunk's (so the listing reaches the
     // place the directory moves to before them).
@@ -467,12 +476,7 @@ import ZDCTestSupport
     try alpha.sync()
     try beta.sync()
     try #require(try store.listAll(prefix: treePrefix).map(\.key).min() == first)
-    var target = ""
-    for i in 0..<1000 where target.isEmpty {
-      let name = "t\(i)"
-      if try beta.rcrdKey(name, parentOf: dir) < first { target = name }
-    }
-    try #require(!target.isEmpty)
+    let target = try #require(try name(sortingBefore: first, besides: dir, on: beta))
     alpha.engine.push.stop()
     try alpha.write("\(dir)/changed.txt", "v2 from alpha")
     try expectFullScanDeletesNothing(
