@@ -9,6 +9,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/uio.h>
+#include <poll.h>
+#include <time.h>
 #include <unistd.h>
 
 int zdc_fuse_use_version(void) { return FUSE_USE_VERSION; }
@@ -75,6 +77,48 @@ int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, cons
 
 void zdc_malloc_keep_freed(int bytes) { mallopt(M_TRIM_THRESHOLD, bytes); }
 
+// Busy polling of the device during bursts of requests (see zdc_fuse_set_busy_poll).
+static atomic_uint busy_poll_us;
+static atomic_int busy_poller;              // 1 while a thread polls
+static _Atomic uint64_t last_request_ns;    // when a request was last read (0: none yet)
+// Requests closer together than this make a burst; outside bursts nobody polls.
+static const uint64_t burst_gap_ns = 1000000;
+
+static uint64_t monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void zdc_fuse_set_busy_poll(unsigned int microseconds) {
+  atomic_store(&busy_poll_us, microseconds);
+}
+
+// Before a thread blocks for the next request: during a burst, one thread at a time polls the
+// device for up to busy_poll_us, so that the next request is read by a running thread on a
+// running CPU instead of waking a sleeping one (on a virtual machine, waking a thread on an
+// idle virtual CPU costs about as much as the request's own work).
+static void poll_for_request(int fd) {
+  unsigned int us = atomic_load_explicit(&busy_poll_us, memory_order_relaxed);
+  if (us == 0) return;
+  uint64_t now = monotonic_ns();
+  uint64_t last = atomic_load_explicit(&last_request_ns, memory_order_relaxed);
+  if (last == 0 || now - last > burst_gap_ns) return;
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&busy_poller, &expected, 1)) return;
+  uint64_t until = now + (uint64_t)us * 1000u;
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  // Any event (a request, an error, the end of the session) ends the polling; the read that
+  // follows sees it.
+  while (poll(&p, 1, 0) == 0 && monotonic_ns() < until) {
+  }
+  atomic_store(&busy_poller, 0);
+}
+
+static void note_request(ssize_t n) {
+  if (n > 0) atomic_store_explicit(&last_request_ns, monotonic_ns(), memory_order_relaxed);
+}
+
 // FUSE_HANDLE_KILLPRIV_V2 through custom device I/O. The INIT request is read and answered on
 // one thread, so the thread remembers the request's unique id between the two.
 static _Thread_local uint64_t init_unique;
@@ -83,7 +127,9 @@ static atomic_int killpriv_state;  // bit 0: offered by the kernel; bit 1: in th
 
 static ssize_t killpriv_read(int fd, void *buf, size_t len, void *userdata) {
   (void)userdata;
+  poll_for_request(fd);
   ssize_t n = read(fd, buf, len);
+  note_request(n);
   if (n >= (ssize_t)(sizeof(struct fuse_in_header) + 16)) {
     const struct fuse_in_header *in = buf;
     if (in->opcode == FUSE_INIT) {
@@ -116,7 +162,10 @@ static ssize_t killpriv_writev(int fd, struct iovec *iov, int count, void *userd
 static ssize_t killpriv_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout,
                                        size_t len, unsigned int flags, void *userdata) {
   (void)userdata;
-  return splice(fdin, offin, fdout, offout, len, flags);
+  poll_for_request(fdin);
+  ssize_t n = splice(fdin, offin, fdout, offout, len, flags);
+  note_request(n);
+  return n;
 }
 
 static ssize_t killpriv_splice_send(int fdin, off_t *offin, int fdout, off_t *offout,

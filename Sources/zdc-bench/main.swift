@@ -8,6 +8,8 @@
 //   zdc-bench read [FILES] [BIG_MIB]
 //                            the engine's read path without the kernel: per-file open+read
 //                            costs, sequential and random reads of a big file.
+//   zdc-bench meta [N]       the engine's metadata path without the kernel: µs per call of
+//                            each kind in N create/write/close/stat/rename/unlink iterations.
 //   zdc-bench sync [SIZES]   incremental pull of 10 changes and first full pull on trees of
 //                            SIZES nodes (comma-separated; default 1000,10000,100000).
 
@@ -209,6 +211,8 @@ case "sync":
   }
 case "catalog":
   try CatalogBench.run(count: args.count > 1 ? Int(args[args.startIndex + 1]) ?? 5000 : 5000)
+case "meta":
+  try MetaBench.run(count: args.count > 1 ? Int(args[args.startIndex + 1]) ?? 10000 : 10000)
 case "read":
   try ReadBench.run(
     files: args.count > 1 ? Int(args[args.startIndex + 1]) ?? 4000 : 4000,
@@ -217,6 +221,6 @@ default:
   print(
     "usage: zdc-bench cloudfile | zdc-bench cryptofile [SHIFTS] | zdc-bench sync [SIZES]"
       + " | zdc-bench catalog [COUNT]"
-      + " | zdc-bench read [FILES] [BIG_MIB]")
+      + " | zdc-bench read [FILES] [BIG_MIB] | zdc-bench meta [ITERATIONS]")
   exit(args.isEmpty ? 0 : 2)
 }

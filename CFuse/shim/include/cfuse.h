@@ -69,6 +69,13 @@ int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, cons
 /// before the loop. Returns 0 or -errno.
 int zdc_fuse_session_handle_killpriv_v2(struct fuse_session *se);
 
+/// Busy polling of the device by the session's device I/O (installed by
+/// zdc_fuse_session_handle_killpriv_v2): while requests come less than a millisecond apart,
+/// one worker thread at a time polls for the next request for up to `microseconds` before it
+/// blocks (0, the default, turns it off). Sequential workloads then find a running thread on
+/// a running CPU instead of waking a sleeping one.
+void zdc_fuse_set_busy_poll(unsigned int microseconds);
+
 /// What became of FUSE_HANDLE_KILLPRIV_V2 in this process's session: bit 0 set when the
 /// kernel offered it, bit 1 when the INIT reply carrying it was sent.
 int zdc_fuse_killpriv_v2_state(void);

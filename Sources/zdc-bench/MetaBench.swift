@@ -1,0 +1,92 @@
+import Foundation
+import ZDCCatalog
+import ZDCCore
+import ZDCCrypto
+import ZDCDisk
+import ZDCFileSystem
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// The metadata path of the filesystem engine without the kernel: the calls one iteration of
+/// `tools/bench`'s create/stat/rename/unlink loop makes (the lookups the kernel sends before a
+/// create and a rename included), on a sealed catalog in a state directory like the mount's.
+/// Prints µs per call of each kind.
+enum MetaBench {
+  static func run(count: Int) throws {
+    print(
+      "zdc-bench meta (\(count) iterations of create/write/close/stat/rename/unlink; one thread)")
+    let dir = FileManager.default.temporaryDirectory.appendingPathComponent(
+      "zdc-metabench-\(UUID().uuidString)")
+    defer { try? FileManager.default.removeItem(at: dir) }
+    try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+    let user = "benchuser"
+    let catalog = try Catalog(
+      path: dir.appendingPathComponent("catalog.sqlite").path,
+      options: Catalog.Options(durability: .normal, fieldKey: SecureRandom.bytes(32)))
+    try catalog.createLocalUser(
+      LocalUser(
+        id: user, treeID: "bench", boxPublicKey: SecureRandom.bytes(32),
+        signPublicKey: SecureRandom.bytes(32)))
+    let disk = try DiskManager(
+      directory: dir.appendingPathComponent("state"), key: SecureRandom.bytes(32),
+      capBytes: 1 << 40)
+    let fs = try FileSystem(catalog: catalog, userID: user, disk: disk, downloads: nil)
+    let parent = try fs.mkdir(parent: 1, name: "meta", mode: 0o755).inode
+
+    let kinds = [
+      "lookup (absent name)", "create", "write 1 byte", "flush", "release", "getattr",
+      "rename", "unlink",
+    ]
+    var spent = [Double](repeating: 0, count: kinds.count)
+    let byte: [UInt8] = [0x78]
+    func timed(_ k: Int, _ body: () throws -> Void) rethrows {
+      let t0 = now()
+      try body()
+      spent[k] += now() - t0
+    }
+    let t0 = now()
+    for i in 0..<count {
+      let name = "f\(i)"
+      try timed(0) {
+        do {
+          _ = try fs.lookup(parent: parent, name: name)
+          preconditionFailure("\(name) exists")
+        } catch FileSystemError.notFound {}
+      }
+      var created: (Attributes, OpenedFile)?
+      try timed(1) {
+        created = try fs.create(parent: parent, name: name, mode: 0o644, flags: O_WRONLY)
+      }
+      let (attrs, opened) = created!
+      try timed(2) {
+        _ = try byte.withUnsafeBytes { try fs.write(opened.handle, offset: 0, bytes: $0) }
+      }
+      try timed(3) { try fs.flush(opened.handle) }
+      try timed(4) { try fs.release(opened.handle) }
+      try timed(5) {
+        let size = try fs.getattr(attrs.inode).size
+        precondition(size == 1)
+      }
+      try timed(0) {
+        do {
+          _ = try fs.lookup(parent: parent, name: name + ".r")
+          preconditionFailure("\(name).r exists")
+        } catch FileSystemError.notFound {}
+      }
+      try timed(6) {
+        try fs.rename(
+          parent: parent, name: name, newParent: parent, newName: name + ".r", flags: [])
+      }
+      try timed(7) { try fs.unlink(parent: parent, name: name + ".r") }
+      fs.forget(attrs.inode, count: 1)
+    }
+    let total = now() - t0
+    for (k, what) in kinds.enumerated() {
+      let calls = k == 0 ? 2 * count : count
+      ReadBench.line(what, perOp: spent[k] / Double(calls))
+    }
+    ReadBench.line("one iteration (all of the above)", perOp: total / Double(count))
+  }
+}
