@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 #include <poll.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -97,7 +98,9 @@ void zdc_fuse_set_busy_poll(unsigned int microseconds) {
 // Before a thread blocks for the next request: during a burst, one thread at a time polls the
 // device for up to busy_poll_us, so that the next request is read by a running thread on a
 // running CPU instead of waking a sleeping one (on a virtual machine, waking a thread on an
-// idle virtual CPU costs about as much as the request's own work).
+// idle virtual CPU costs about as much as the request's own work). It yields between polls:
+// without, a copy of many small files ran up to three times slower on two CPUs (the poller
+// kept a CPU from the copy and from the server's other threads).
 static void poll_for_request(int fd) {
   unsigned int us = atomic_load_explicit(&busy_poll_us, memory_order_relaxed);
   if (us == 0) return;
@@ -111,6 +114,7 @@ static void poll_for_request(int fd) {
   // Any event (a request, an error, the end of the session) ends the polling; the read that
   // follows sees it.
   while (poll(&p, 1, 0) == 0 && monotonic_ns() < until) {
+    sched_yield();
   }
   atomic_store(&busy_poller, 0);
 }

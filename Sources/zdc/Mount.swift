@@ -78,8 +78,8 @@ extension ZDC {
           + "sleeping (0: never).",
         discussion: "A sequential workload (a copy, a build, a script) then finds a running "
           + "thread instead of waking a sleeping one, which on a virtual machine costs about "
-          + "as much as the request itself. It spends at most this much CPU time after each "
-          + "request of a burst, and none while the mount is idle or on a single CPU.",
+          + "as much as the request itself. The polling thread yields to any other thread that "
+          + "wants its CPU; nothing polls while the mount is idle, or on a single CPU.",
         valueName: "microseconds"))
     var busyPoll: UInt32 = 50
 
