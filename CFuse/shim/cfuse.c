@@ -82,7 +82,7 @@ void zdc_malloc_keep_freed(int bytes) { mallopt(M_TRIM_THRESHOLD, bytes); }
 static atomic_uint busy_poll_us;
 static atomic_int busy_poller;              // 1 while a thread polls
 static _Atomic uint64_t last_request_ns;    // when a request was last read (0: none yet)
-// Requests closer together than this make a burst; outside bursts nobody polls.
+// A burst: the previous request came in less than this long ago. Outside bursts nobody polls.
 static const uint64_t burst_gap_ns = 1000000;
 
 static uint64_t monotonic_ns(void) {
@@ -123,13 +123,14 @@ static void note_request(ssize_t n) {
   if (n > 0) atomic_store_explicit(&last_request_ns, monotonic_ns(), memory_order_relaxed);
 }
 
-// FUSE_HANDLE_KILLPRIV_V2 through custom device I/O. The INIT request is read and answered on
+// The session's device I/O (zdc_fuse_session_handle_killpriv_v2): busy polling, and
+// FUSE_HANDLE_KILLPRIV_V2, which libfuse 3.14 cannot negotiate. The INIT request is read and answered on
 // one thread, so the thread remembers the request's unique id between the two.
 static _Thread_local uint64_t init_unique;
 static _Thread_local int init_offered;
 static atomic_int killpriv_state;  // bit 0: offered by the kernel; bit 1: in the reply
 
-static ssize_t killpriv_read(int fd, void *buf, size_t len, void *userdata) {
+static ssize_t device_read(int fd, void *buf, size_t len, void *userdata) {
   (void)userdata;
   poll_for_request(fd);
   ssize_t n = read(fd, buf, len);
@@ -146,7 +147,7 @@ static ssize_t killpriv_read(int fd, void *buf, size_t len, void *userdata) {
   return n;
 }
 
-static ssize_t killpriv_writev(int fd, struct iovec *iov, int count, void *userdata) {
+static ssize_t device_writev(int fd, struct iovec *iov, int count, void *userdata) {
   (void)userdata;
   if (init_offered && count >= 2 && iov[0].iov_len >= sizeof(struct fuse_out_header) &&
       iov[1].iov_len >= 16) {
@@ -163,7 +164,7 @@ static ssize_t killpriv_writev(int fd, struct iovec *iov, int count, void *userd
   return writev(fd, iov, count);
 }
 
-static ssize_t killpriv_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout,
+static ssize_t device_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout,
                                        size_t len, unsigned int flags, void *userdata) {
   (void)userdata;
   poll_for_request(fdin);
@@ -172,7 +173,7 @@ static ssize_t killpriv_splice_receive(int fdin, off_t *offin, int fdout, off_t 
   return n;
 }
 
-static ssize_t killpriv_splice_send(int fdin, off_t *offin, int fdout, off_t *offout,
+static ssize_t device_splice_send(int fdin, off_t *offin, int fdout, off_t *offout,
                                     size_t len, unsigned int flags, void *userdata) {
   (void)userdata;
   return splice(fdin, offin, fdout, offout, len, flags);
@@ -180,10 +181,10 @@ static ssize_t killpriv_splice_send(int fdin, off_t *offin, int fdout, off_t *of
 
 int zdc_fuse_session_handle_killpriv_v2(struct fuse_session *se) {
   static const struct fuse_custom_io io = {
-      .writev = killpriv_writev,
-      .read = killpriv_read,
-      .splice_receive = killpriv_splice_receive,
-      .splice_send = killpriv_splice_send,
+      .writev = device_writev,
+      .read = device_read,
+      .splice_receive = device_splice_receive,
+      .splice_send = device_splice_send,
   };
   int fd = fuse_session_fd(se);
   if (fd < 0) return -EBADF;

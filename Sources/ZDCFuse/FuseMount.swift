@@ -116,9 +116,9 @@ public final class FuseMount: @unchecked Sendable {
   /// `stateDirectory`, when given, is recorded as the mount's source (`zdcfs:PATH` in
   /// `/proc/mounts`), so that tools find the mount's state from its mount point (see
   /// ``stateDirectory(ofMountpoint:mountTable:)``).
-  /// With `busyPollMicroseconds` > 0 and more than one CPU, while requests come less than a
-  /// millisecond apart, one worker thread at a time polls for the next request for up to that
-  /// long before it sleeps: a sequential workload (a copy, a build, a script) then finds a
+  /// With `busyPollMicroseconds` > 0 and more than one CPU, while the previous request came in
+  /// less than a millisecond ago, one worker thread at a time polls for the next request for up
+  /// to that long (yielding between polls) before it sleeps: a sequential workload (a copy, a build, a script) then finds a
   /// running thread instead of waking a sleeping one, which costs about as much as the
   /// request's own work on a virtual machine. Outside bursts nothing polls.
   public init(

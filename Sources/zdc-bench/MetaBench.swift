@@ -17,18 +17,9 @@ enum MetaBench {
   static func run(count: Int) throws {
     print(
       "zdc-bench meta (\(count) iterations of create/write/close/stat/rename/unlink; one thread)")
-    let dir = FileManager.default.temporaryDirectory.appendingPathComponent(
-      "zdc-metabench-\(UUID().uuidString)")
+    let dir = try ReadBench.scratchDirectory("zdc-metabench")
     defer { try? FileManager.default.removeItem(at: dir) }
-    try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
-    let user = "benchuser"
-    let catalog = try Catalog(
-      path: dir.appendingPathComponent("catalog.sqlite").path,
-      options: Catalog.Options(durability: .normal, fieldKey: SecureRandom.bytes(32)))
-    try catalog.createLocalUser(
-      LocalUser(
-        id: user, treeID: "bench", boxPublicKey: SecureRandom.bytes(32),
-        signPublicKey: SecureRandom.bytes(32)))
+    let (catalog, user) = try ReadBench.benchCatalog(in: dir, fieldKey: SecureRandom.bytes(32))
     let disk = try DiskManager(
       directory: dir.appendingPathComponent("state"), key: SecureRandom.bytes(32),
       capBytes: 1 << 40)

@@ -17,18 +17,9 @@ import ZDCSync
 enum ReadBench {
   static func run(files: Int, bigMiB: Int) throws {
     print("zdc-bench read (\(files) files of 16 KiB, a \(bigMiB) MiB file; one thread)")
-    let dir = FileManager.default.temporaryDirectory.appendingPathComponent(
-      "zdc-readbench-\(UUID().uuidString)")
+    let dir = try scratchDirectory("zdc-readbench")
     defer { try? FileManager.default.removeItem(at: dir) }
-    try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
-    let user = "benchuser"
-    let catalog = try Catalog(
-      path: dir.appendingPathComponent("catalog.sqlite").path,
-      options: Catalog.Options(durability: .normal))
-    try catalog.createLocalUser(
-      LocalUser(
-        id: user, treeID: "bench", boxPublicKey: SecureRandom.bytes(32),
-        signPublicKey: SecureRandom.bytes(32)))
+    let (catalog, user) = try benchCatalog(in: dir, fieldKey: nil)
     let store = try LocalFolderStore(root: dir.appendingPathComponent("store"))
     let disk = try DiskManager(
       directory: dir.appendingPathComponent("state"), key: SecureRandom.bytes(32),
@@ -135,6 +126,28 @@ enum ReadBench {
     precondition(remoteIno == Inode(remote.id))
     let seq = try time { try readAll(fs, remoteIno, size: big, buffer) }
     report("not cached: sequential 1 MiB reads (download)", bytes: big, seconds: seq)
+  }
+
+  /// A new directory under the temporary directory (`TMPDIR`).
+  static func scratchDirectory(_ prefix: String) throws -> URL {
+    let dir = FileManager.default.temporaryDirectory.appendingPathComponent(
+      "\(prefix)-\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+    return dir
+  }
+
+  /// A catalog on disk in `dir` (sealed when given a field key, as the mount's is) with one
+  /// local user; returns it and the user's id.
+  static func benchCatalog(in dir: URL, fieldKey: Data?) throws -> (Catalog, String) {
+    let user = "benchuser"
+    let catalog = try Catalog(
+      path: dir.appendingPathComponent("catalog.sqlite").path,
+      options: Catalog.Options(durability: .normal, fieldKey: fieldKey))
+    try catalog.createLocalUser(
+      LocalUser(
+        id: user, treeID: "bench", boxPublicKey: SecureRandom.bytes(32),
+        signPublicKey: SecureRandom.bytes(32)))
+    return (catalog, user)
   }
 
   static func line(_ what: String, perOp seconds: Double) {

@@ -70,9 +70,9 @@ int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, cons
 int zdc_fuse_session_handle_killpriv_v2(struct fuse_session *se);
 
 /// Busy polling of the device by the session's device I/O (installed by
-/// zdc_fuse_session_handle_killpriv_v2): while requests come less than a millisecond apart,
-/// one worker thread at a time polls for the next request for up to `microseconds` before it
-/// blocks (0, the default, turns it off). Sequential workloads then find a running thread on
+/// zdc_fuse_session_handle_killpriv_v2): while the previous request came in less than a
+/// millisecond ago, one worker thread at a time polls for the next request for up to
+/// `microseconds`, yielding between polls, before it blocks (0, the default, turns it off). Sequential workloads then find a running thread on
 /// a running CPU instead of waking a sleeping one.
 void zdc_fuse_set_busy_poll(unsigned int microseconds);
 
