@@ -120,7 +120,8 @@ static void poll_for_request(int fd) {
 }
 
 static void note_request(ssize_t n) {
-  if (n > 0) atomic_store_explicit(&last_request_ns, monotonic_ns(), memory_order_relaxed);
+  if (n <= 0 || atomic_load_explicit(&busy_poll_us, memory_order_relaxed) == 0) return;
+  atomic_store_explicit(&last_request_ns, monotonic_ns(), memory_order_relaxed);
 }
 
 // The session's device I/O (zdc_fuse_session_handle_killpriv_v2): busy polling, and

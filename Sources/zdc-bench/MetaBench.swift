@@ -17,9 +17,9 @@ enum MetaBench {
   static func run(count: Int) throws {
     print(
       "zdc-bench meta (\(count) iterations of create/write/close/stat/rename/unlink; one thread)")
-    let dir = try ReadBench.scratchDirectory("zdc-metabench")
+    let dir = try scratchDirectory("zdc-metabench")
     defer { try? FileManager.default.removeItem(at: dir) }
-    let (catalog, user) = try ReadBench.benchCatalog(in: dir, fieldKey: SecureRandom.bytes(32))
+    let (catalog, user) = try benchCatalog(in: dir, fieldKey: SecureRandom.bytes(32))
     let disk = try DiskManager(
       directory: dir.appendingPathComponent("state"), key: SecureRandom.bytes(32),
       capBytes: 1 << 40)
@@ -32,11 +32,7 @@ enum MetaBench {
     ]
     var spent = [Double](repeating: 0, count: kinds.count)
     let byte: [UInt8] = [0x78]
-    func timed(_ k: Int, _ body: () throws -> Void) rethrows {
-      let t0 = now()
-      try body()
-      spent[k] += now() - t0
-    }
+    func timed(_ k: Int, _ body: () throws -> Void) rethrows { spent[k] += try time(body) }
     let t0 = now()
     for i in 0..<count {
       let name = "f\(i)"
@@ -76,8 +72,8 @@ enum MetaBench {
     let total = now() - t0
     for (k, what) in kinds.enumerated() {
       let calls = k == 0 ? 2 * count : count
-      ReadBench.line(what, perOp: spent[k] / Double(calls))
+      line(what, perOp: spent[k] / Double(calls))
     }
-    ReadBench.line("one iteration (all of the above)", perOp: total / Double(count))
+    line("one iteration (all of the above)", perOp: total / Double(count))
   }
 }

@@ -128,34 +128,6 @@ enum ReadBench {
     report("not cached: sequential 1 MiB reads (download)", bytes: big, seconds: seq)
   }
 
-  /// A new directory under the temporary directory (`TMPDIR`).
-  static func scratchDirectory(_ prefix: String) throws -> URL {
-    let dir = FileManager.default.temporaryDirectory.appendingPathComponent(
-      "\(prefix)-\(UUID().uuidString)")
-    try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
-    return dir
-  }
-
-  /// A catalog on disk in `dir` (sealed when given a field key, as the mount's is) with one
-  /// local user; returns it and the user's id.
-  static func benchCatalog(in dir: URL, fieldKey: Data?) throws -> (Catalog, String) {
-    let user = "benchuser"
-    let catalog = try Catalog(
-      path: dir.appendingPathComponent("catalog.sqlite").path,
-      options: Catalog.Options(durability: .normal, fieldKey: fieldKey))
-    try catalog.createLocalUser(
-      LocalUser(
-        id: user, treeID: "bench", boxPublicKey: SecureRandom.bytes(32),
-        signPublicKey: SecureRandom.bytes(32)))
-    return (catalog, user)
-  }
-
-  static func line(_ what: String, perOp seconds: Double) {
-    print(
-      what.padding(toLength: 52, withPad: " ", startingAt: 0)
-        + String(format: "%9.1f µs", seconds * 1e6))
-  }
-
   static func readAll(
     _ fs: FileSystem, _ ino: Inode, size: Int, _ buffer: UnsafeMutableRawBufferPointer
   ) throws {

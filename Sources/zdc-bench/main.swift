@@ -15,6 +15,7 @@
 
 import CSodium
 import Foundation
+import ZDCCatalog
 import ZDCCore
 import ZDCCrypto
 
@@ -32,6 +33,35 @@ func time(_ body: () throws -> Void) rethrows -> Double {
   let t0 = now()
   try body()
   return now() - t0
+}
+
+/// A new directory under the temporary directory (`TMPDIR`).
+func scratchDirectory(_ prefix: String) throws -> URL {
+  let dir = FileManager.default.temporaryDirectory.appendingPathComponent(
+    "\(prefix)-\(UUID().uuidString)")
+  try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+  return dir
+}
+
+/// A catalog on disk in `dir` (sealed when given a field key, as the mount's is) with one
+/// local user; returns it and the user's id.
+func benchCatalog(in dir: URL, fieldKey: Data?) throws -> (Catalog, String) {
+  let user = "benchuser"
+  let catalog = try Catalog(
+    path: dir.appendingPathComponent("catalog.sqlite").path,
+    options: Catalog.Options(durability: .normal, fieldKey: fieldKey))
+  try catalog.createLocalUser(
+    LocalUser(
+      id: user, treeID: "bench", boxPublicKey: SecureRandom.bytes(32),
+      signPublicKey: SecureRandom.bytes(32)))
+  return (catalog, user)
+}
+
+/// One line of a per-operation figure, in µs.
+func line(_ what: String, perOp seconds: Double) {
+  print(
+    what.padding(toLength: 52, withPad: " ", startingAt: 0)
+      + String(format: "%9.1f µs", seconds * 1e6))
 }
 
 func report(_ what: String, bytes: Int, seconds: Double) {
