@@ -42,6 +42,9 @@ public final class DiskManager: @unchecked Sendable {
   private let mutationLock = NSLock()
   private var byID: [Int64: Entry] = [:]
   private var cacheEntries: [CacheKey: Entry] = [:]
+  /// The entries of `cacheEntries` by cloudID (an upload or a remote change finds a cloudID's
+  /// entries without a scan of every entry).
+  private var cacheByCloudID: [String: [Entry]] = [:]
   private var stagingEntries: [NodeID: [Entry]] = [:]
   /// Cache entries by node (a node deleted here drops them without a scan of every entry).
   private var cacheByNode: [NodeID: [Entry]] = [:]
@@ -189,7 +192,10 @@ public final class DiskManager: @unchecked Sendable {
     switch e.row.pool {
     case .cache:
       if let c = e.row.cloudID, let t = e.row.eTag {
-        cacheEntries[CacheKey(cloudID: c, eTag: t)] = e
+        let key = CacheKey(cloudID: c, eTag: t)
+        if let displaced = cacheEntries[key], displaced !== e { unindexCloudID(displaced, c) }
+        cacheEntries[key] = e
+        cacheByCloudID[c, default: []].append(e)
       }
       if let n = e.row.nodeID { cacheByNode[n, default: []].append(e) }
       totals.cacheBytes += e.row.diskBytes
@@ -213,6 +219,7 @@ public final class DiskManager: @unchecked Sendable {
         cacheEntries[CacheKey(cloudID: c, eTag: t)] === e
       {
         cacheEntries[CacheKey(cloudID: c, eTag: t)] = nil
+        unindexCloudID(e, c)
       }
       if let n = e.row.nodeID {
         cacheByNode[n]?.removeAll { $0 === e }
@@ -232,6 +239,14 @@ public final class DiskManager: @unchecked Sendable {
   }
 
   /// Replaces an attached entry's row (the maps and totals follow).
+  private func unindexCloudID(_ e: Entry, _ cloudID: String) {
+    cacheByCloudID[cloudID]?.removeAll { $0 === e }
+    if cacheByCloudID[cloudID]?.isEmpty == true { cacheByCloudID[cloudID] = nil }
+  }
+
+  /// The entries of `cacheEntries` whose cloudID is `cloudID` (under `stateLock`).
+  private func cacheEntries(of cloudID: String) -> [Entry] { cacheByCloudID[cloudID] ?? [] }
+
   private func replaceRow(_ e: Entry, _ row: IndexRow) {
     let attached = byID[e.id] === e
     if attached { detach(e) }
@@ -564,7 +579,7 @@ public final class DiskManager: @unchecked Sendable {
   public func invalidate(cloudID: String, keepingETag: String? = nil) {
     mutationLock.withLock {
       let victims = stateLock.withLock {
-        cacheEntries.values.filter { $0.row.cloudID == cloudID && $0.row.eTag != keepingETag }
+        cacheEntries(of: cloudID).filter { $0.row.eTag != keepingETag }
       }
       removeEntries(victims)
     }
@@ -710,7 +725,7 @@ public final class DiskManager: @unchecked Sendable {
   private func insertCacheEntry(_ row: IndexRow, file: CryptoFile) throws -> Entry {
     try mutationLock.withLock {
       let old = stateLock.withLock {
-        cacheEntries.values.filter { $0.row.cloudID == row.cloudID }
+        row.cloudID.map { cacheEntries(of: $0) } ?? []
       }
       removeEntries(old)
       var r = row
@@ -1141,7 +1156,7 @@ public final class DiskManager: @unchecked Sendable {
           ?? versions.last
         let upTo = target?.row.version ?? version ?? 0
         let older = versions.filter { $0 !== target && $0.row.version < upTo }
-        let stale = target == nil ? [] : cacheEntries.values.filter { $0.row.cloudID == cloudID }
+        let stale = target == nil ? [] : cacheEntries(of: cloudID)
         return (target, older, stale)
       }
       removeEntries(older + stale)

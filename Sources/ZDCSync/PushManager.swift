@@ -289,7 +289,7 @@ public final class PushManager: @unchecked Sendable {
           pool?.submit { [self] in run(job) }
         }
         started = jobs.count
-        updateProgress(force: started > 0)
+        updateProgress()
       }
       cond.withLock {
         if !stopped && !wake && (started == 0 || running.count >= config.maxConcurrentOperations) {
@@ -383,7 +383,7 @@ public final class PushManager: @unchecked Sendable {
       wake = true
       cond.broadcast()
     }
-    updateProgress(force: false)
+    updateProgress()
   }
 
   private func fail(_ job: PushJob, _ error: any Error) {
@@ -454,9 +454,11 @@ public final class PushManager: @unchecked Sendable {
 
   /// Refreshes the progress counts; the count of queued operations (a catalog query) at most
   /// every 0.2 s unless forced.
-  private func updateProgress(force: Bool) {
+  /// Publishes the operations in flight, and the queue's length at most every 0.2 s (a count
+  /// per started or finished operation made a long queue's upload quadratic).
+  private func updateProgress() {
     let (inFlight, countNow) = cond.withLock { () -> (Int, Bool) in
-      let due = force || Date().timeIntervalSince(lastProgressCount) >= 0.2
+      let due = Date().timeIntervalSince(lastProgressCount) >= 0.2
       if due { lastProgressCount = Date() }
       return (running.count, due)
     }
