@@ -644,6 +644,48 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(disk.usage.entries == 1)
   }
 
+  /// A cloudID's cache entries are found by cloudID (an index, not a scan): a new version, an
+  /// upload and an invalidation touch that cloudID's entries and no other's, also after a
+  /// restart rebuilt the index from disk.
+  @Test func aCloudIDsEntriesAmongMany() throws {
+    let tmp = try TemporaryDirectory("disk")
+    func has(_ d: DiskManager, _ cloudID: String, _ eTag: String) -> Bool {
+      guard let h = d.cachedFile(cloudID: cloudID, eTag: eTag) else { return false }
+      h.close()
+      return true
+    }
+    do {
+      let disk = try makeDisk(tmp, key: key)
+      for i in 0..<40 { try cache(disk, "c\(i)", "e1", marked("c\(i)", count: 100)).close() }
+      try cache(disk, "c7", "e2", marked("c7-2", count: 100)).close()
+      #expect(!has(disk, "c7", "e1") && has(disk, "c7", "e2"))
+      let s = try disk.stagingFile(forNode: 9)
+      try s.write(Data("uploaded".utf8), at: 0)
+      try disk.commitStaging(s)
+      s.close()
+      #expect(try disk.markUploaded(nodeID: 9, cloudID: "c9", eTag: "e3"))
+      #expect(!has(disk, "c9", "e1"))
+      #expect(
+        try disk.cachedFile(cloudID: "c9", eTag: "e3").map { h in
+          defer { h.close() }
+          return try h.readAll()
+        } == Data("uploaded".utf8))
+      disk.invalidate(cloudID: "c3", keepingETag: "e1")
+      #expect(has(disk, "c3", "e1"))
+      disk.invalidate(cloudID: "c3")
+      #expect(!has(disk, "c3", "e1"))
+      #expect(disk.usage.entries == 39)
+    }
+    let disk = try makeDisk(tmp, key: key)
+    #expect(disk.usage.entries == 39)
+    #expect(has(disk, "c7", "e2") && has(disk, "c9", "e3") && has(disk, "c10", "e1"))
+    #expect(!has(disk, "c3", "e1"))
+    // After the restart, a new version still replaces exactly its cloudID's entry.
+    try cache(disk, "c10", "e2", marked("c10-2", count: 100)).close()
+    #expect(!has(disk, "c10", "e1") && has(disk, "c10", "e2") && has(disk, "c11", "e1"))
+    #expect(disk.usage.entries == 39)
+  }
+
   @Test func nothingPlaintextOnDisk() throws {
     let tmp = try TemporaryDirectory("disk")
     let content = marked("SECRET-CONTENT", count: 300_000)
