@@ -19,10 +19,14 @@ public struct MountStatus: Sendable, Hashable, Codable {
   public var errors: Int
   /// Open files.
   public var openFiles: Int
+  /// Bytes on disk of the local cache and staging files (content not uploaded yet included).
+  public var cacheBytes: UInt64
+  /// The cap eviction keeps the local cache under (`zdc mount --cache-size`).
+  public var cacheCapBytes: UInt64
 
   public init(
     pendingItems: Int, pendingBytes: UInt64, conflicts: Int, conflictPaths: [String] = [],
-    errors: Int, openFiles: Int
+    errors: Int, openFiles: Int, cacheBytes: UInt64 = 0, cacheCapBytes: UInt64 = 0
   ) {
     self.pendingItems = pendingItems
     self.pendingBytes = pendingBytes
@@ -30,6 +34,8 @@ public struct MountStatus: Sendable, Hashable, Codable {
     self.conflictPaths = conflictPaths
     self.errors = errors
     self.openFiles = openFiles
+    self.cacheBytes = cacheBytes
+    self.cacheCapBytes = cacheCapBytes
   }
 }
 
@@ -43,9 +49,11 @@ extension FileSystem {
       }
       return (try tx.operationCount(), try tx.retryingOperationCount(), ids.count, paths)
     }
+    let usage = disk.usage
     return MountStatus(
-      pendingItems: pending, pendingBytes: disk.usage.dirtyBytes, conflicts: conflicted,
-      conflictPaths: paths, errors: retrying, openFiles: lock.withLock { handles.count })
+      pendingItems: pending, pendingBytes: usage.dirtyBytes, conflicts: conflicted,
+      conflictPaths: paths, errors: retrying, openFiles: lock.withLock { handles.count },
+      cacheBytes: usage.bytes, cacheCapBytes: usage.capBytes)
   }
 
   /// How many conflicted copies `status` names.

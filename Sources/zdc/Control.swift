@@ -162,6 +162,8 @@ final class ControlServer: @unchecked Sendable {
       out["conflictPaths"] = s.conflictPaths
       out["errors"] = s.errors
       out["openFiles"] = s.openFiles
+      out["cacheBytes"] = s.cacheBytes
+      out["cacheCapBytes"] = s.cacheCapBytes
     }
     let draining = lock.withLock { self.draining }
     if let sync {

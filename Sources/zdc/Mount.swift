@@ -57,8 +57,27 @@ extension ZDC {
     @Flag(help: .hidden)
     var daemonChild = false
 
-    @Option(help: .hidden)
+    @Option(
+      help: ArgumentHelp(
+        "How often to fetch other devices' changes, in seconds (default: 30).",
+        valueName: "seconds"))
     var pullInterval: Double?
+
+    @Option(
+      help: ArgumentHelp(
+        "The most disk space the local cache of downloaded and uploaded content may take, e.g. "
+          + "500M or 20G (default: half of the free space where the state directory is).",
+        discussion: "Past it, the content read longest ago is evicted (and downloaded again when "
+          + "it is next read). Content not uploaded yet and open files are never evicted, so the "
+          + "cache may stay above the cap while they wait.",
+        valueName: "size"),
+      transform: { text in
+        guard let bytes = ByteSize.parse(text), bytes > 0 else {
+          throw ValidationError("--cache-size takes a size such as 500M, 20G or 1073741824")
+        }
+        return bytes
+      })
+    var cacheSize: UInt64?
 
     /// log2 of the chunk size of new cache and staging files (tests and measurements).
     @Option(help: .hidden)
@@ -82,6 +101,12 @@ extension ZDC {
           + "wants its CPU; nothing polls while the mount is idle, or on a single CPU.",
         valueName: "microseconds"))
     var busyPoll: UInt32 = 50
+
+    func validate() throws {
+      if let pullInterval, !(pullInterval > 0) {
+        throw ValidationError("--pull-interval takes a number of seconds above 0")
+      }
+    }
 
     func run() throws {
       try runReportingErrors {
@@ -165,6 +190,7 @@ extension ZDC {
       for o in options { args += ["-o", o] }
       if verbose { args.append("--verbose") }
       if let pullInterval { args += ["--pull-interval", String(pullInterval)] }
+      if let cacheSize { args += ["--cache-size", String(cacheSize)] }
       if let chunkShift { args += ["--chunk-shift", String(chunkShift)] }
       args += ["--upload-delay", String(uploadDelay)]
       args += ["--busy-poll", String(busyPoll)]
@@ -217,7 +243,7 @@ extension ZDC {
       let cacheKey = try KeyDerivation.key(
         for: .localCache, secret: account.keys.keyPair.boxSecretKey)
       let disk = try DiskManager(
-        directory: stateDirectory.url, key: cacheKey,
+        directory: stateDirectory.url, key: cacheKey, capBytes: cacheSize,
         chunkShift: chunkShift ?? CryptoFile.defaultChunkShift)
       let downloads = DownloadManager(
         store: account.store, disk: disk, catalog: account.catalog, userID: account.config.userID)
@@ -454,6 +480,11 @@ extension ZDC {
           print("  (both versions are kept; rename or delete a copy once you have merged it)")
         }
         print("Open files: \(obj["openFiles"] ?? 0).")
+        if let used = obj["cacheBytes"] as? Int, let cap = obj["cacheCapBytes"] as? Int {
+          print(
+            "Local cache: \(ProgressDisplay.bytes(Int64(used))) of \(ProgressDisplay.bytes(Int64(cap)))."
+          )
+        }
         print("Sync engine: \(obj["sync"] ?? "not running") (process \(obj["pid"] ?? "?")).")
         if obj["sync"] as? String != "not running" {
           print(

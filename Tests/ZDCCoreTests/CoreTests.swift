@@ -161,3 +161,25 @@ import ZDCCore
     #expect(FileTime(seconds: 12, nanoseconds: 3400).description == "12.000003400")
   }
 }
+
+@Suite struct ByteSizeTests {
+  @Test func sizesAsPeopleWriteThem() {
+    #expect(ByteSize.parse("1048576") == 1_048_576)
+    #expect(ByteSize.parse("0") == 0)
+    #expect(ByteSize.parse("512K") == 512 * 1024)
+    #expect(ByteSize.parse("1M") == 1 << 20)
+    #expect(ByteSize.parse("1m") == 1 << 20)
+    #expect(ByteSize.parse("2GiB") == 2 << 30)
+    #expect(ByteSize.parse("1.5G") == 3 << 29)
+    #expect(ByteSize.parse("1T") == 1 << 40)
+    #expect(ByteSize.parse("100B") == 100)
+    #expect(ByteSize.parse("1KB") == 1000)
+    #expect(ByteSize.parse("20GB") == 20_000_000_000)
+    #expect(ByteSize.parse(" 3M ") == 3 << 20)
+  }
+
+  @Test(arguments: ["", "M", "banana", "12Q", "-5M", "1.5", "1.2.3G", "1 M", "99999999T", "١٢M"])
+  func notSizes(text: String) {
+    #expect(ByteSize.parse(text) == nil)
+  }
+}

@@ -73,13 +73,19 @@ import ZDCTestSupport
     let a = try Account()
     let r = try runProcess(
       URL(fileURLWithPath: "/bin/sh"),
-      [Self.helper.path, a.state.path, a.mnt.path, "-o", a.options])
+      [Self.helper.path, a.state.path, a.mnt.path, "-o", a.options + ",cache_size=64M"])
     let pid = a.daemonPID
     defer { a.cleanUp(pid) }
     try #require(r.status == 0, "mount.zdc: \(r.stdout) \(r.stderr)")
     let line = try #require(a.mountLine)
     #expect(line.split(separator: " ")[2] == "fuse.zdc")
     #expect(line.contains("nosuid") && line.contains("nodev"))
+    // zdcfs's own option went to `zdc mount`, not to FUSE.
+    #expect(!line.contains("cache_size"))
+    let status = try runProcess(
+      a.zdc, ["status", "--json"], environment: ["ZDC_STATE_DIR": a.state.path])
+    let obj = try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any]
+    #expect(obj?["cacheCapBytes"] as? Int == 64 << 20)
     try Data("through the helper".utf8).write(to: a.mnt.appendingPathComponent("note.txt"))
     let un = try runProcess(a.zdc, ["unmount", "--state-dir", a.state.path, a.mnt.path])
     #expect(un.status == 0, "\(un.stderr)")
