@@ -238,7 +238,7 @@ public final class DiskManager: @unchecked Sendable {
     totals.entries -= 1
   }
 
-  /// Replaces an attached entry's row (the maps and totals follow).
+  /// Takes an entry out of `cacheByCloudID` (under `stateLock`).
   private func unindexCloudID(_ e: Entry, _ cloudID: String) {
     cacheByCloudID[cloudID]?.removeAll { $0 === e }
     if cacheByCloudID[cloudID]?.isEmpty == true { cacheByCloudID[cloudID] = nil }
@@ -247,6 +247,7 @@ public final class DiskManager: @unchecked Sendable {
   /// The entries of `cacheEntries` whose cloudID is `cloudID` (under `stateLock`).
   private func cacheEntries(of cloudID: String) -> [Entry] { cacheByCloudID[cloudID] ?? [] }
 
+  /// Replaces an attached entry's row (the maps and totals follow).
   private func replaceRow(_ e: Entry, _ row: IndexRow) {
     let attached = byID[e.id] === e
     if attached { detach(e) }

@@ -452,8 +452,6 @@ public final class PushManager: @unchecked Sendable {
 
   var isStopping: Bool { cond.withLock { stopped } }
 
-  /// Refreshes the progress counts; the count of queued operations (a catalog query) at most
-  /// every 0.2 s unless forced.
   /// Publishes the operations in flight, and the queue's length at most every 0.2 s (a count
   /// per started or finished operation made a long queue's upload quadratic).
   private func updateProgress() {
