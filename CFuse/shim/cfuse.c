@@ -124,9 +124,9 @@ static void note_request(ssize_t n) {
   atomic_store_explicit(&last_request_ns, monotonic_ns(), memory_order_relaxed);
 }
 
-// The session's device I/O (zdc_fuse_session_handle_killpriv_v2): busy polling, and
-// FUSE_HANDLE_KILLPRIV_V2, which libfuse 3.14 cannot negotiate. The INIT request is read and answered on
-// one thread, so the thread remembers the request's unique id between the two.
+// The session's device I/O (zdc_fuse_session_install_device_io): busy polling, and
+// FUSE_HANDLE_KILLPRIV_V2, which libfuse 3.14 cannot negotiate. The INIT request is read and
+// answered on one thread, so the thread remembers the request's unique id between the two.
 static _Thread_local uint64_t init_unique;
 static _Thread_local int init_offered;
 static atomic_int killpriv_state;  // bit 0: offered by the kernel; bit 1: in the reply
@@ -166,7 +166,7 @@ static ssize_t device_writev(int fd, struct iovec *iov, int count, void *userdat
 }
 
 static ssize_t device_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout,
-                                       size_t len, unsigned int flags, void *userdata) {
+                                     size_t len, unsigned int flags, void *userdata) {
   (void)userdata;
   poll_for_request(fdin);
   ssize_t n = splice(fdin, offin, fdout, offout, len, flags);
@@ -175,12 +175,12 @@ static ssize_t device_splice_receive(int fdin, off_t *offin, int fdout, off_t *o
 }
 
 static ssize_t device_splice_send(int fdin, off_t *offin, int fdout, off_t *offout,
-                                    size_t len, unsigned int flags, void *userdata) {
+                                  size_t len, unsigned int flags, void *userdata) {
   (void)userdata;
   return splice(fdin, offin, fdout, offout, len, flags);
 }
 
-int zdc_fuse_session_handle_killpriv_v2(struct fuse_session *se) {
+int zdc_fuse_session_install_device_io(struct fuse_session *se) {
   static const struct fuse_custom_io io = {
       .writev = device_writev,
       .read = device_read,

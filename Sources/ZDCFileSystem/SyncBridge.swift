@@ -26,7 +26,7 @@ public struct MountStatus: Sendable, Hashable, Codable {
 
   public init(
     pendingItems: Int, pendingBytes: UInt64, conflicts: Int, conflictPaths: [String] = [],
-    errors: Int, openFiles: Int, cacheBytes: UInt64 = 0, cacheCapBytes: UInt64 = 0
+    errors: Int, openFiles: Int, cacheBytes: UInt64, cacheCapBytes: UInt64
   ) {
     self.pendingItems = pendingItems
     self.pendingBytes = pendingBytes

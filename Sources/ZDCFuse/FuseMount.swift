@@ -118,9 +118,10 @@ public final class FuseMount: @unchecked Sendable {
   /// ``stateDirectory(ofMountpoint:mountTable:)``).
   /// With `busyPollMicroseconds` > 0 and more than one CPU, while the previous request came in
   /// less than a millisecond ago, one worker thread at a time polls for the next request for up
-  /// to that long (yielding between polls) before it sleeps: a sequential workload (a copy, a build, a script) then finds a
-  /// running thread instead of waking a sleeping one, which costs about as much as the
-  /// request's own work on a virtual machine. Outside bursts nothing polls.
+  /// to that long (yielding between polls) before it sleeps: a sequential workload (a copy, a
+  /// build, a script) then finds a running thread instead of waking a sleeping one, which costs
+  /// about as much as the request's own work on a virtual machine. Outside bursts nothing
+  /// polls.
   public init(
     fileSystem: FileSystem, mountpoint: String, options: [String] = [],
     stateDirectory: String? = nil, busyPollMicroseconds: UInt32 = 0
@@ -183,9 +184,11 @@ public final class FuseMount: @unchecked Sendable {
       fuse_remove_signal_handlers(se)
       throw FuseMountError.mount(mountpoint)
     }
-    let killpriv = zdc_fuse_session_handle_killpriv_v2(se)
-    if killpriv != 0 {
-      context.log.warning("FUSE_HANDLE_KILLPRIV_V2 not set up (errno \(-killpriv))")
+    let deviceIO = zdc_fuse_session_install_device_io(se)
+    if deviceIO != 0 {
+      context.log.warning(
+        "device I/O wrappers not set up (errno \(-deviceIO)): no FUSE_HANDLE_KILLPRIV_V2, no busy polling"
+      )
     }
     // (Polling on the only CPU would only keep the request's sender from running.)
     zdc_fuse_set_busy_poll(

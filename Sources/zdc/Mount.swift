@@ -311,7 +311,7 @@ extension ZDC {
       let catalog = account.catalog
       let store = account.store
       var pull = PullConfiguration()
-      if let pullInterval, pullInterval > 0 { pull.pullInterval = pullInterval }
+      if let pullInterval { pull.pullInterval = pullInterval }
       let pullConfiguration = pull
       return EngineSyncHooks(
         make: { delegate, progress in

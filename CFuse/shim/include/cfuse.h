@@ -61,19 +61,22 @@ unsigned int zdc_conn_wanted(const struct fuse_conn_info *conn);
 int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, const void *buf,
                      size_t size);
 
-/// Makes the mounted session `se` accept the kernel's FUSE_HANDLE_KILLPRIV_V2 offer, which
-/// libfuse 3.14 cannot negotiate: the session's device I/O goes through wrappers that add the
-/// flag to the INIT reply when the kernel's INIT request offered it (the kernel then stops
-/// asking for `security.capability` before every write). The file system takes on clearing
-/// set-user-ID and set-group-ID bits on write and truncate. Call after fuse_session_mount and
-/// before the loop. Returns 0 or -errno.
-int zdc_fuse_session_handle_killpriv_v2(struct fuse_session *se);
+/// Routes the mounted session `se`'s device I/O through this shim's wrappers, which do two
+/// things:
+/// - accept the kernel's FUSE_HANDLE_KILLPRIV_V2 offer, which libfuse 3.14 cannot negotiate
+///   (the flag is added to the INIT reply when the kernel's INIT request offered it; the kernel
+///   then stops asking for `security.capability` before every write, and the file system takes
+///   on clearing set-user-ID and set-group-ID bits on write and truncate);
+/// - busy polling during bursts (zdc_fuse_set_busy_poll).
+/// Call after fuse_session_mount and before the loop. Returns 0 or -errno.
+int zdc_fuse_session_install_device_io(struct fuse_session *se);
 
 /// Busy polling of the device by the session's device I/O (installed by
-/// zdc_fuse_session_handle_killpriv_v2): while the previous request came in less than a
+/// zdc_fuse_session_install_device_io): while the previous request came in less than a
 /// millisecond ago, one worker thread at a time polls for the next request for up to
-/// `microseconds`, yielding between polls, before it blocks (0, the default, turns it off). Sequential workloads then find a running thread on
-/// a running CPU instead of waking a sleeping one.
+/// `microseconds`, yielding between polls, before it blocks (0, the default, turns it off).
+/// Sequential workloads then find a running thread on a running CPU instead of waking a
+/// sleeping one.
 void zdc_fuse_set_busy_poll(unsigned int microseconds);
 
 /// What became of FUSE_HANDLE_KILLPRIV_V2 in this process's session: bit 0 set when the
