@@ -1020,10 +1020,11 @@ public final class FileSystem: @unchecked Sendable {
       try tx.updateNode(n)
       return true
     }
-    if changed {
-      let ino = inode(of: id, .node)
-      post { $0.invalidateAttributes(ino) }
-    }
+    // Delivered before the caller replies, not queued: the kernel answers `stat` for the mode
+    // from its cache (a write invalidates only sizes and times), so a queued notice could
+    // arrive after the writer's next `stat` and show the bits still set. An attribute-only
+    // invalidation takes no lock the kernel holds during the request.
+    if changed { notifier?.invalidateAttributes(inode(of: id, .node)) }
   }
 
   // MARK: Notifications
