@@ -38,7 +38,10 @@ let package = Package(
     .systemLibrary(
       name: "CFuse3", path: "CFuse/system", pkgConfig: "fuse3",
       providers: [.apt(["libfuse3-dev"])]),
-    .target(name: "CFuse", dependencies: ["CFuse3"], path: "CFuse/shim"),
+    // liburing (Debian liburing-dev) for FUSE over io_uring.
+    .target(
+      name: "CFuse", dependencies: ["CFuse3"], path: "CFuse/shim",
+      linkerSettings: [.linkedLibrary("uring")]),
 
     // Layers, dependencies pointing one way (DESIGN §2).
     .target(

@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "cfuse.h"
+#include "uring.h"
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,7 +104,8 @@ void zdc_fuse_set_busy_poll(unsigned int microseconds) {
 // kept a CPU from the copy and from the server's other threads).
 static void poll_for_request(int fd) {
   unsigned int us = atomic_load_explicit(&busy_poll_us, memory_order_relaxed);
-  if (us == 0) return;
+  // Through the rings, the device brings only forgets and interrupts.
+  if (us == 0 || zdc_fuse_uring_state() == ZDC_URING_ACTIVE) return;
   uint64_t now = monotonic_ns();
   uint64_t last = atomic_load_explicit(&last_request_ns, memory_order_relaxed);
   if (last == 0 || now - last > burst_gap_ns) return;
@@ -124,12 +126,16 @@ static void note_request(ssize_t n) {
   atomic_store_explicit(&last_request_ns, monotonic_ns(), memory_order_relaxed);
 }
 
-// The session's device I/O (zdc_fuse_session_install_device_io): busy polling, and
-// FUSE_HANDLE_KILLPRIV_V2, which libfuse 3.14 cannot negotiate. The INIT request is read and
-// answered on one thread, so the thread remembers the request's unique id between the two.
+// The session's device I/O (zdc_fuse_session_install_device_io): busy polling,
+// FUSE_HANDLE_KILLPRIV_V2, which libfuse 3.14 cannot negotiate, and FUSE over io_uring
+// (uring.c), which it does not know either. The INIT request is read and answered on one
+// thread, so the thread remembers the request's unique id and what it offered between the two.
 static _Thread_local uint64_t init_unique;
-static _Thread_local int init_offered;
+static _Thread_local int init_pending;
+static _Thread_local int init_killpriv;
+static _Thread_local int init_uring;
 static atomic_int killpriv_state;  // bit 0: offered by the kernel; bit 1: in the reply
+static struct fuse_session *device_session;
 
 static ssize_t device_read(int fd, void *buf, size_t len, void *userdata) {
   (void)userdata;
@@ -141,8 +147,11 @@ static ssize_t device_read(int fd, void *buf, size_t len, void *userdata) {
     if (in->opcode == FUSE_INIT) {
       const struct fuse_init_in *arg = (const void *)((const char *)buf + sizeof(*in));
       init_unique = in->unique;
-      init_offered = (arg->flags & FUSE_HANDLE_KILLPRIV_V2) != 0;
-      if (init_offered) atomic_fetch_or(&killpriv_state, 1);
+      init_pending = 1;
+      init_killpriv = (arg->flags & FUSE_HANDLE_KILLPRIV_V2) != 0;
+      if (init_killpriv) atomic_fetch_or(&killpriv_state, 1);
+      init_uring = n >= (ssize_t)(sizeof(*in) + sizeof(*arg)) &&
+                   zdc_uring_offer(arg->flags, arg->flags2);
     }
   }
   return n;
@@ -150,15 +159,25 @@ static ssize_t device_read(int fd, void *buf, size_t len, void *userdata) {
 
 static ssize_t device_writev(int fd, struct iovec *iov, int count, void *userdata) {
   (void)userdata;
-  if (init_offered && count >= 2 && iov[0].iov_len >= sizeof(struct fuse_out_header) &&
+  ssize_t written;
+  int caught = zdc_uring_catch_reply(iov, count, &written);
+  if (caught == 1) return written;
+  if (caught < 0) {
+    errno = -caught;
+    return -1;
+  }
+  if (init_pending && count >= 2 && iov[0].iov_len >= sizeof(struct fuse_out_header) &&
       iov[1].iov_len >= 16) {
     struct fuse_out_header *out = iov[0].iov_base;
-    if (out->unique == init_unique && out->error == 0) {
+    if (out->unique == init_unique) {
+      init_pending = 0;
       struct fuse_init_out *arg = iov[1].iov_base;
-      arg->flags |= FUSE_HANDLE_KILLPRIV_V2;
-      init_offered = 0;
+      int uring = init_uring && out->error == 0 && iov[1].iov_len >= sizeof(*arg);
+      if (out->error == 0 && init_killpriv) arg->flags |= FUSE_HANDLE_KILLPRIV_V2;
+      if (uring) zdc_uring_accept(&arg->flags, &arg->flags2);
       ssize_t n = writev(fd, iov, count);
-      if (n >= 0) atomic_fetch_or(&killpriv_state, 2);
+      if (n >= 0 && out->error == 0 && init_killpriv) atomic_fetch_or(&killpriv_state, 2);
+      if (n >= 0 && uring) zdc_uring_start(device_session, fd, arg->max_write, arg->max_pages);
       return n;
     }
   }
@@ -189,6 +208,7 @@ int zdc_fuse_session_install_device_io(struct fuse_session *se) {
   };
   int fd = fuse_session_fd(se);
   if (fd < 0) return -EBADF;
+  device_session = se;
   int rc = fuse_session_custom_io(se, &io, fd);
   return rc > 0 ? -rc : rc;
 }
