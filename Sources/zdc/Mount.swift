@@ -119,6 +119,9 @@ extension ZDC {
       if let pullInterval, !(pullInterval > 0) {
         throw ValidationError("--pull-interval takes a number of seconds above 0")
       }
+      if ioUringThreads > 64 {
+        throw ValidationError("--io-uring-threads takes a count from 0 to 64")
+      }
     }
 
     func run() throws {

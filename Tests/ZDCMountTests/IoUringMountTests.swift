@@ -179,3 +179,21 @@ struct IoUringMountTests {
     try b.sh("cmp '\(source)' slow")
   }
 }
+
+/// `--io-uring-threads` outside 0…64 is refused before anything is created.
+@Suite struct IoUringOptionTests {
+  @Test(arguments: ["65", "-1", "two"])
+  func aCountOutOfRangeIsRefused(count: String) throws {
+    let dir = try TemporaryDirectory("zdc-uring-option")
+    let mnt = dir.path("mnt")
+    try FileManager.default.createDirectory(at: mnt, withIntermediateDirectories: true)
+    let r = try runProcess(
+      BuiltProducts.executable("zdc"), ["mount", "--io-uring-threads", count, mnt.path],
+      environment: ["ZDC_STATE_DIR": dir.path("state").path, "ZDC_PASSPHRASE": "p"])
+    #expect(r.status == 64)
+    #expect(r.stderr.contains("--io-uring-threads"), "\(r.stderr)")
+    #expect(
+      !FileManager.default.fileExists(
+        atPath: dir.path("state").appendingPathComponent("config.json").path))
+  }
+}
