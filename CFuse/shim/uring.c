@@ -81,7 +81,6 @@ struct server {
 
 static atomic_uint threads_per_queue;  // most threads per queue; 0: the transport is refused
 static atomic_int state;               // ZDC_URING_*
-static atomic_int last_error;          // -errno of the first failure
 static atomic_int stopping;
 static struct fuse_session *session;
 static int device_fd = -1;
@@ -96,14 +95,6 @@ static _Thread_local struct server *serving;
 void zdc_fuse_set_uring(unsigned int threads) { atomic_store(&threads_per_queue, threads); }
 
 int zdc_fuse_uring_state(void) { return atomic_load(&state); }
-int zdc_fuse_uring_error(void) { return atomic_load(&last_error); }
-unsigned int zdc_fuse_uring_queues(void) { return queue_count; }
-unsigned int zdc_fuse_uring_threads_per_queue(void) { return atomic_load(&threads_per_queue); }
-
-static void fail(int err) {
-  int zero = 0;
-  atomic_compare_exchange_strong(&last_error, &zero, err);
-}
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -135,11 +126,10 @@ static unsigned possible_cpus(void) {
 }
 
 int zdc_uring_offer(uint32_t init_in_flags, uint32_t init_in_flags2) {
-  if (atomic_load(&threads_per_queue) == 0) return 0;
   if (!(init_in_flags & FUSE_INIT_EXT)) return 0;
   if (!(init_in_flags2 & ZDC_FUSE_OVER_IO_URING_FLAGS2)) return 0;
   atomic_store(&state, ZDC_URING_OFFERED);
-  return 1;
+  return atomic_load(&threads_per_queue) > 0;
 }
 
 void zdc_uring_accept(uint32_t *init_out_flags, uint32_t *init_out_flags2) {
@@ -150,8 +140,7 @@ void zdc_uring_accept(uint32_t *init_out_flags, uint32_t *init_out_flags2) {
 // Gives the transport up before it started: the kernel holds every request until each queue
 // has an entry, so a queue left without one would stall the mount. A registration the kernel
 // refuses makes it turn the transport off and go on with /dev/fuse.
-static void give_up(int err) {
-  fail(err);
+static void give_up(void) {
   atomic_store(&state, ZDC_URING_FAILED);
   struct io_uring probe;
   if (io_uring_queue_init(2, &probe, IORING_SETUP_SQE128) != 0) return;
@@ -293,11 +282,7 @@ static void *server_main(void *arg) {
   if (rc != -ENOTCONN && rc != -ECONNABORTED && rc != -ECANCELED) {
     // A queue's first thread fails before the kernel switched over (it switches once every
     // first thread registered); a later one leaves its queue served by the others.
-    if (first && atomic_load(&state) != ZDC_URING_ACTIVE) {
-      give_up(rc);
-    } else {
-      fail(rc);
-    }
+    if (first && atomic_load(&state) != ZDC_URING_ACTIVE) give_up();
   }
   return NULL;
 }
@@ -333,10 +318,8 @@ static void *monitor_main(void *arg) {
         uint64_t since = atomic_load(&s->since_ns);
         if (atomic_load(&s->unique) == 0 || now - since < stuck_ns) all_stuck = 0;
       }
-      if (all_stuck && next && atomic_load(&state) == ZDC_URING_ACTIVE) {
-        int rc = start_server(next);
-        if (rc != 0) fail(rc);
-      }
+      // (A thread that cannot be started leaves the queue to the threads it has.)
+      if (all_stuck && next && atomic_load(&state) == ZDC_URING_ACTIVE) start_server(next);
     }
   }
   return NULL;
@@ -416,7 +399,7 @@ void zdc_uring_start(struct fuse_session *se, int fd, uint32_t max_write, uint32
   unsigned count = possible_cpus();
   servers = calloc((size_t)count * per, sizeof *servers);
   if (!servers) {
-    give_up(-ENOMEM);
+    give_up();
     return;
   }
   for (unsigned i = 0; i < count * per; i++) {
@@ -431,7 +414,7 @@ void zdc_uring_start(struct fuse_session *se, int fd, uint32_t max_write, uint32
   for (unsigned q = 0; q < count; q++) {
     int rc = start_server(&servers[q * per]);
     if (rc != 0) {
-      give_up(rc);
+      give_up();
       return;
     }
   }

@@ -7,7 +7,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
-/// The kernel's INIT request offered the transport (its flags): returns 1 when it is taken.
+/// The kernel's INIT request's flags: returns 1 when they offer the transport and it is taken.
 int zdc_uring_offer(uint32_t init_in_flags, uint32_t init_in_flags2);
 
 /// Sets the transport's flag in the INIT reply's flags.

@@ -89,20 +89,15 @@ int zdc_fuse_killpriv_v2_state(void);
 /// parameter is on): `threads` serving threads per ring queue (one queue per CPU, each thread
 /// pinned to its queue's CPU), or 0 to refuse the kernel's offer. Call before the loop starts.
 void zdc_fuse_set_uring(unsigned int threads);
-unsigned int zdc_fuse_uring_threads_per_queue(void);
 
 /// What became of the transport in this process's session.
 enum {
-  ZDC_URING_UNOFFERED = 0,  // the kernel did not offer it (or it was refused)
-  ZDC_URING_OFFERED = 1,    // offered and taken at INIT; no request came through a ring yet
+  ZDC_URING_UNOFFERED = 0,  // the kernel did not offer it
+  ZDC_URING_OFFERED = 1,    // offered at INIT (taken unless refused); no request through a ring
   ZDC_URING_ACTIVE = 2,     // requests come through the rings
-  ZDC_URING_FAILED = 3,     // setting up failed (zdc_fuse_uring_error); /dev/fuse serves
+  ZDC_URING_FAILED = 3,     // setting up failed; /dev/fuse serves
 };
 int zdc_fuse_uring_state(void);
-/// The first failure's -errno (0: none).
-int zdc_fuse_uring_error(void);
-/// Ring queues served (one per possible CPU; 0 before the transport was taken).
-unsigned int zdc_fuse_uring_queues(void);
 
 /// After the loop ended and the session was unmounted: waits (a few seconds at most) for the
 /// ring threads, which end when the kernel closes the connection, and frees their rings.
