@@ -81,16 +81,9 @@ import ZDCTestSupport
 
   @Test(arguments: ["banana", "0", "12Q", "-5M", "1.5"])
   func aSizeThatIsNotOneIsRefused(size: String) throws {
-    let dir = try TemporaryDirectory("zdc-cache-size")
-    let mnt = dir.path("mnt")
-    try FileManager.default.createDirectory(at: mnt, withIntermediateDirectories: true)
-    let r = try runProcess(
-      BuiltProducts.executable("zdc"), ["mount", "--cache-size", size, mnt.path],
-      environment: ["ZDC_STATE_DIR": dir.path("state").path, "ZDC_PASSPHRASE": "p"])
+    let (r, created) = try MountFixture.mountWithBadOption(["--cache-size", size])
     #expect(r.status == 64)
     #expect(r.stderr.contains("--cache-size"))
-    #expect(
-      !FileManager.default.fileExists(
-        atPath: dir.path("state").appendingPathComponent("config.json").path))
+    #expect(!created)
   }
 }

@@ -186,16 +186,9 @@ struct IoUringMountTests {
 @Suite struct IoUringOptionTests {
   @Test(arguments: ["65", "-1", "two"])
   func aCountOutOfRangeIsRefused(count: String) throws {
-    let dir = try TemporaryDirectory("zdc-uring-option")
-    let mnt = dir.path("mnt")
-    try FileManager.default.createDirectory(at: mnt, withIntermediateDirectories: true)
-    let r = try runProcess(
-      BuiltProducts.executable("zdc"), ["mount", "--io-uring-threads", count, mnt.path],
-      environment: ["ZDC_STATE_DIR": dir.path("state").path, "ZDC_PASSPHRASE": "p"])
+    let (r, created) = try MountFixture.mountWithBadOption(["--io-uring-threads", count])
     #expect(r.status == 64)
     #expect(r.stderr.contains("--io-uring-threads"), "\(r.stderr)")
-    #expect(
-      !FileManager.default.fileExists(
-        atPath: dir.path("state").appendingPathComponent("config.json").path))
+    #expect(!created)
   }
 }

@@ -111,3 +111,21 @@ final class MountFixture: @unchecked Sendable {
     try sh("getfattr --only-values -n user.zdc.cloudid '\(path)'").stdout
   }
 }
+
+extension MountFixture {
+  /// `zdc mount ARGUMENTS MOUNTPOINT` for an account that does not exist yet (a bad option is
+  /// refused before `mount` creates one): its result, and whether a config was created.
+  static func mountWithBadOption(_ arguments: [String]) throws -> (
+    result: ProcessResult, createdAnAccount: Bool
+  ) {
+    let dir = try TemporaryDirectory("zdc-bad-option")
+    let mnt = dir.path("mnt")
+    try FileManager.default.createDirectory(at: mnt, withIntermediateDirectories: true)
+    let r = try runProcess(
+      BuiltProducts.executable("zdc"), ["mount"] + arguments + [mnt.path],
+      environment: ["ZDC_STATE_DIR": dir.path("state").path, "ZDC_PASSPHRASE": "p"])
+    let created = FileManager.default.fileExists(
+      atPath: dir.path("state").appendingPathComponent("config.json").path)
+    return (r, created)
+  }
+}
