@@ -237,7 +237,7 @@ public final class Catalog: Sendable {
   }
 
   /// The longest a ``Commit/soon`` write waits for its commit by default, in seconds.
-  public static let batchWindow: Double = 0.02
+  public static let batchWindow: Double = 0.1
   private let batchWindowSeconds: Double
 
   /// The redo journal of ``Commit/soon`` writes (`nil` in memory, or when another process holds
