@@ -129,7 +129,18 @@ int zdc_uring_offer(uint32_t init_in_flags, uint32_t init_in_flags2) {
   if (!(init_in_flags & FUSE_INIT_EXT)) return 0;
   if (!(init_in_flags2 & ZDC_FUSE_OVER_IO_URING_FLAGS2)) return 0;
   atomic_store(&state, ZDC_URING_OFFERED);
-  return atomic_load(&threads_per_queue) > 0;
+  if (atomic_load(&threads_per_queue) == 0) return 0;
+  // Once taken, the kernel holds every request until each queue has an entry, and turns the
+  // transport off again only on a registration it refuses, which needs a ring: where this
+  // process may not make rings (sysctl kernel.io_uring_disabled, a seccomp filter), the offer
+  // is left.
+  struct io_uring probe;
+  if (io_uring_queue_init(2, &probe, IORING_SETUP_SQE128) != 0) {
+    atomic_store(&state, ZDC_URING_FAILED);
+    return 0;
+  }
+  io_uring_queue_exit(&probe);
+  return 1;
 }
 
 void zdc_uring_accept(uint32_t *init_out_flags, uint32_t *init_out_flags2) {

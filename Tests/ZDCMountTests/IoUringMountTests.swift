@@ -24,16 +24,26 @@ let uringParameter = "/sys/module/fuse/parameters/enable_uring"
 struct IoUringMountTests {
   static let parameter = uringParameter
 
-  /// Runs `body` (which mounts) with the kernel's offer on, then puts the parameter back.
-  static func withTheTransportOn<T>(_ body: () throws -> T) throws -> T {
+  /// Runs `body` with the kernel's offer on, then puts the parameter back. `body` mounts and
+  /// returns the mount points: the parameter stays on until each has answered a request, since
+  /// the kernel reads it again when the server answers INIT.
+  static func withTheTransportOn<T>(_ body: () throws -> (T, [URL])) throws -> T {
     let old = ProcFile.text(parameter).trimmingCharacters(in: .whitespacesAndNewlines)
     try Data("Y".utf8).write(to: URL(fileURLWithPath: parameter))
     defer { try? Data(old.utf8).write(to: URL(fileURLWithPath: parameter)) }
-    return try body()
+    let (value, mountpoints) = try body()
+    for mnt in mountpoints {
+      var st = stat()
+      #expect(stat(mnt.path, &st) == 0, "\(mnt.path) does not answer")
+    }
+    return value
   }
 
   static func mountWithTheTransportOn(_ arguments: [String] = []) throws -> MountFixture {
-    try withTheTransportOn { try MountFixture(mountArguments: arguments) }
+    try withTheTransportOn {
+      let m = try MountFixture(mountArguments: arguments)
+      return (m, [m.mnt])
+    }
   }
 
   /// The names of the mount daemon's threads.
@@ -127,7 +137,10 @@ struct IoUringMountTests {
   @Test func aLongRequestDoesNotHoldUpItsCPUsOtherRequests() throws {
     let dir = try TemporaryDirectory("zdc-uring")
     let store = dir.path("store")
-    let (a, b) = try Self.withTheTransportOn { try SyncDevice.pair(in: dir, store: store) }
+    let (a, b) = try Self.withTheTransportOn {
+      let (a, b) = try SyncDevice.pair(in: dir, store: store)
+      return ((a, b), [a.mnt, b.mnt])
+    }
     defer { SyncDevice.unmountAll([a, b]) }
     let source = dir.path("slow.bin").path
     try a.sh(
@@ -179,6 +192,26 @@ struct IoUringMountTests {
     try FileManager.default.removeItem(atPath: slowObject)
     try FileManager.default.moveItem(atPath: saved, toPath: slowObject)
     try b.sh("cmp '\(source)' slow")
+  }
+}
+
+extension IoUringMountTests {
+  /// Where this process may not make io_uring rings (here: sysctl kernel.io_uring_disabled=2),
+  /// the offer is left and /dev/fuse serves; nothing waits for rings that cannot come.
+  @Test(.enabled(if: access("/proc/sys/kernel/io_uring_disabled", W_OK) == 0))
+  func withoutRingsTheMountServesThroughTheDevice() throws {
+    let sysctl = URL(fileURLWithPath: "/proc/sys/kernel/io_uring_disabled")
+    let old = ProcFile.text(sysctl.path).trimmingCharacters(in: .whitespacesAndNewlines)
+    try Data("2".utf8).write(to: sysctl)
+    let m: MountFixture
+    do {
+      defer { try? Data(old.utf8).write(to: sysctl) }
+      m = try Self.mountWithTheTransportOn()
+    }
+    defer { m.unmount() }
+    try m.sh("echo kept > a && test \"$(cat a)\" = kept && mkdir d && mv a d/ && ls d")
+    let features = try PermissionMountTests.kernelFeatures(m)
+    #expect(features["ioUringOffered"] == true && features["ioUring"] == false, "\(features)")
   }
 }
 
