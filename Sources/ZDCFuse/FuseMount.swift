@@ -109,7 +109,8 @@ public final class FuseMount: @unchecked Sendable {
   let extraOptions: [String]
   /// How long a worker thread polls for the next request during a burst, in microseconds.
   let busyPollMicroseconds: UInt32
-  /// Threads per CPU serving requests through FUSE over io_uring, when the kernel offers it.
+  /// The most threads per CPU serving requests through FUSE over io_uring, when the kernel
+  /// offers it.
   let ioUringThreads: UInt32
   var args: UnsafeMutablePointer<fuse_args>?
   var ops = fuse_lowlevel_ops()
@@ -126,8 +127,9 @@ public final class FuseMount: @unchecked Sendable {
   /// polls.
   /// With `ioUringThreads` > 0, the mount takes the kernel's offer of FUSE over io_uring (made
   /// when the `fuse` module's `enable_uring` parameter is on): requests then come through one
-  /// ring queue per CPU, each served by that many threads pinned to its CPU, so that a request
-  /// is served on the CPU its sender runs on.
+  /// ring queue per CPU, served by a thread pinned to that CPU, so that a request is served on
+  /// the CPU its sender runs on; a CPU whose threads all wait on one request for a while gets
+  /// another, up to `ioUringThreads`.
   public init(
     fileSystem: FileSystem, mountpoint: String, options: [String] = [],
     stateDirectory: String? = nil, busyPollMicroseconds: UInt32 = 0, ioUringThreads: UInt32 = 0

@@ -105,12 +105,14 @@ extension ZDC {
     @Option(
       name: .customLong("io-uring-threads"),
       help: ArgumentHelp(
-        "Threads per CPU that serve requests through FUSE over io_uring, when the kernel "
-          + "offers it (0: /dev/fuse only).",
+        "The most threads per CPU that serve requests through FUSE over io_uring, when the "
+          + "kernel offers it (0: /dev/fuse only).",
         discussion: "Linux 6.14 and later offer the transport when the fuse module's "
           + "enable_uring parameter is on (echo Y > /sys/module/fuse/parameters/enable_uring, "
           + "as root). A request is then served by a thread on the CPU its sender runs on, "
           + "which makes metadata-heavy work (copies of many small files, builds, git) faster. "
+          + "One thread per CPU serves at first; a CPU whose threads have all been busy with one "
+          + "request for 20 ms gets another. "
           + "`zdc status --json` shows whether the mount uses it (kernel.ioUring).",
         valueName: "count"))
     var ioUringThreads: UInt32 = 2
