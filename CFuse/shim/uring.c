@@ -305,9 +305,9 @@ static int start_server(struct server *s) {
 }
 
 // Adds a thread to a queue whose threads have all been busy with one request for a while (a
-// download, a slow store): one thread per queue serves back-to-back requests without a
-// wake-up (the kernel hands its next request over in the same call that takes its answer),
-// and a second one would take every other request, so more come only when needed.
+// download, a slow store). Only then: with two threads registered on a queue, the kernel
+// spreads the queue's requests over both, each woken for half of them, and a sequence of small
+// requests ran about 8% slower than with one.
 static const uint64_t stuck_ns = 20000000;  // 20 ms
 
 static void *monitor_main(void *arg) {
