@@ -148,6 +148,20 @@ void zdc_uring_accept(uint32_t *init_out_flags, uint32_t *init_out_flags2) {
   *init_out_flags2 |= ZDC_FUSE_OVER_IO_URING_FLAGS2;
 }
 
+// Fills `sqe` (128 bytes) with a FUSE ring command on the device.
+static void prepare_command(struct io_uring_sqe *sqe, int cmd, const struct iovec *iov,
+                            unsigned iov_count, unsigned qid, uint64_t commit_id) {
+  memset(sqe, 0, 2 * sizeof(*sqe));  // SQE128: the command area follows
+  sqe->opcode = IORING_OP_URING_CMD;
+  sqe->fd = device_fd;
+  sqe->cmd_op = (uint32_t)cmd;
+  sqe->addr = (uint64_t)(uintptr_t)iov;
+  sqe->len = iov_count;
+  struct zdc_uring_cmd_req *req = (struct zdc_uring_cmd_req *)sqe->cmd;
+  req->qid = (uint16_t)qid;
+  req->commit_id = commit_id;
+}
+
 // Gives the transport up before it started: the kernel holds every request until each queue
 // has an entry, so a queue left without one would stall the mount. A registration the kernel
 // refuses makes it turn the transport off and go on with /dev/fuse.
@@ -155,12 +169,8 @@ static void give_up(void) {
   atomic_store(&state, ZDC_URING_FAILED);
   struct io_uring probe;
   if (io_uring_queue_init(2, &probe, IORING_SETUP_SQE128) != 0) return;
-  struct io_uring_sqe *sqe = io_uring_get_sqe(&probe);
-  memset(sqe, 0, 2 * sizeof(*sqe));
-  sqe->opcode = IORING_OP_URING_CMD;
-  sqe->fd = device_fd;
-  sqe->cmd_op = ZDC_URING_CMD_REGISTER;
-  sqe->len = 0;  // no buffers: refused
+  // No buffers: refused.
+  prepare_command(io_uring_get_sqe(&probe), ZDC_URING_CMD_REGISTER, NULL, 0, 0, 0);
   io_uring_submit_and_wait(&probe, 1);
   io_uring_queue_exit(&probe);
 }
@@ -170,15 +180,7 @@ static void give_up(void) {
 static int submit(struct server *s, int cmd, uint64_t commit_id) {
   struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
   if (!sqe) return -EBUSY;
-  memset(sqe, 0, 2 * sizeof(*sqe));  // SQE128: the command area follows
-  sqe->opcode = IORING_OP_URING_CMD;
-  sqe->fd = device_fd;
-  sqe->cmd_op = (uint32_t)cmd;
-  sqe->addr = (uint64_t)(uintptr_t)s->iov;
-  sqe->len = 2;
-  struct zdc_uring_cmd_req *req = (struct zdc_uring_cmd_req *)sqe->cmd;
-  req->qid = (uint16_t)s->qid;
-  req->commit_id = commit_id;
+  prepare_command(sqe, cmd, s->iov, 2, s->qid, commit_id);
   for (;;) {
     int rc = io_uring_submit(&s->ring);
     if (rc >= 0) return 0;
