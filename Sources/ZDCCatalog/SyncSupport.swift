@@ -446,6 +446,22 @@ extension CloudTransaction {
     }
   }
 
+  /// Has the store's copy of a node, found at `origin`, moved to where this device has the node:
+  /// its outstanding `move` starts from there, or a new one is queued (when the device already
+  /// has the node elsewhere, e.g. where a pull that broke a loop put it).
+  public func moveFromStoreLocation(_ origin: CloudObjectRef, forNodeID nodeID: NodeID) throws {
+    try requireWritable()
+    if try outstandingOperations(ofNode: nodeID).contains(where: { $0.kind == .move }) {
+      return try setMoveOrigin(origin, forNodeID: nodeID)
+    }
+    let node = try existingNode(id: nodeID)
+    guard node.trunk == nil, let parentID = node.parentID,
+      try objectLocation(of: nodeID)?.rcrdKey != origin.rcrdKey
+    else { return }
+    try enqueueMove(
+      node, from: origin, newParent: try existingNode(id: parentID), sameParent: false)
+  }
+
   /// Points a node's outstanding `move` at a new origin (where the node's objects really are,
   /// after the cloud moved them too). What the move wrote so far (`written`) is kept; a target
   /// that is now the origin is no longer listed there.

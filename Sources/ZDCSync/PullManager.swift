@@ -78,6 +78,9 @@ public final class PullManager: @unchecked Sendable {
   static let needsFullScanKey = "pull.needsFullScan"
   /// The change-log keys read within the lookback window before the cursor (JSON array).
   static let recentKey = "pull.recent"
+  /// The RCRD keys the last full scan listed below no directory it reached, and did not apply
+  /// (JSON array; absent when none).
+  static let unreachedKey = "pull.unreached"
 
   /// The listing bound `logLookback` before a change-log key (nil: from the start).
   private func lookbackBound(before key: String) -> String? {
@@ -409,6 +412,7 @@ public final class PullManager: @unchecked Sendable {
         guard let home = homeOf[item.rcrd.cloudID], home.key != item.rcrdKey,
           let eTag = home.eTag, listedETags[home.key] == eTag
         else { return true }
+        trace("left: still listed unchanged where this device knows it", item)
         return false
       }
       // A node whose RCRD cannot be read now is not taken for deleted.
@@ -450,14 +454,30 @@ public final class PullManager: @unchecked Sendable {
     let unreachedKeys = listedRcrds.filter { key in
       layout.parse(key: key).map { !visitedPrefixes.contains($0.dirPrefix) } ?? false
     }
+    var notApplied: [String] = []
     if !unreachedKeys.isEmpty {
       let (found, _) = try self.items(
         fetch(unreachedKeys.sorted().map { ($0, nil, true) }), result: &result)
       result.fetchedRcrds += unreachedKeys.count
+      // A loop among them is broken here (see `breakStoreLoops`). What such an RCRD holds is
+      // not applied: a node not known here is not made, a known one not moved there nor
+      // changed. The scan is incomplete until the moves that break the loop land (this
+      // device's, queued now or by a pull that met the closing move, or another device's). So
+      // another full scan follows while this device has operations queued or the unreached
+      // part changed since the last scan, and an incremental pull that reads a change at one of
+      // these keys asks for one. Before, a node this device deleted while another edited it
+      // (kept by the delete, which asks for a full scan to bring it back) stayed missing here
+      // when it sat in such a loop, and a new device never saw what the loop held
+      // (tools/fsx-sync seeds 5, 15, 18, 26).
       try context.catalog.write(context.userID) { tx in
+        try breakStoreLoops(among: found, tx: tx, result: &result)
         for item in found {
           guard let e = try tx.node(cloudID: item.rcrd.cloudID), e.trunk == nil else {
             seen.insert(item.rcrd.cloudID)
+            if !item.rcrd.meta.moving && !item.rcrd.meta.arriving {
+              trace("not applied: below no directory reached", item)
+              notApplied.append(item.rcrdKey)
+            }
             continue
           }
           let kinds = try tx.outstandingKinds(ofNodeID: e.id)
@@ -468,10 +488,32 @@ public final class PullManager: @unchecked Sendable {
             }
           } else if !kinds.isEmpty {
             continue
+          } else if !item.rcrd.meta.moving && !item.rcrd.meta.arriving,
+            try tx.objectLocation(of: e.id)?.rcrdKey != item.rcrdKey
+              || e.eTagRcrd != item.rcrdInfo.eTag
+          {
+            trace("not applied: below no directory reached", item, node: e.id)
+            notApplied.append(item.rcrdKey)
           }
           seen.insert(item.rcrd.cloudID)
         }
       }
+    }
+    notApplied.sort()
+    let (before, queued) = try context.catalog.read(context.userID) { tx in
+      (
+        try tx.syncValue(forKey: Self.unreachedKey).flatMap {
+          try? JSONDecoder().decode([String].self, from: Data($0.utf8))
+        } ?? [],
+        try tx.operationCount()
+      )
+    }
+    if !notApplied.isEmpty {
+      let again = queued > 0 || notApplied != before
+      context.logger.info(
+        "full scan: nodes below no directory reached not applied",
+        metadata: ["count": "\(notApplied.count)", "scanAgain": "\(again)"])
+      if again { rescan = true }
     }
     // Nodes that were in the cloud and are no longer anywhere in it — unless an RCRD vanished
     // between the listing and its fetch (the node may have been there: the next scan decides).
@@ -514,6 +556,10 @@ public final class PullManager: @unchecked Sendable {
         newCursor.flatMap { recentJSON(logKeys, cursor: $0) }, forKey: Self.recentKey)
       try tx.setSyncValue("\(Date().timeIntervalSince1970)", forKey: Self.lastFullScanKey)
       try tx.setSyncValue(rescan ? "1" : nil, forKey: Self.needsFullScanKey)
+      try tx.setSyncValue(
+        notApplied.isEmpty
+          ? nil : String(decoding: try JSONEncoder().encode(notApplied), as: UTF8.self),
+        forKey: Self.unreachedKey)
     }
     return result
   }
@@ -584,6 +630,24 @@ public final class PullManager: @unchecked Sendable {
       throw StoreError.transient("change log could not be read completely")
     }
     let entries = decoded.compactMap { $0 }.flatMap { $0 }
+    // A change at a key the last full scan could not reach (a loop being broken elsewhere):
+    // what is below it comes with a full scan.
+    let unreached = Set(
+      try context.catalog.read(context.userID) { try $0.syncValue(forKey: Self.unreachedKey) }
+        .flatMap { try? JSONDecoder().decode([String].self, from: Data($0.utf8)) } ?? [])
+    let touchesUnreached = entries.contains {
+      unreached.contains($0.rcrd) || $0.fromRcrd.map(unreached.contains) == true
+    }
+    for (key, list) in zip(others.map(\.key), decoded) {
+      for e in list ?? [] {
+        context.logger.debug(
+          "pull: change-log entry",
+          metadata: [
+            "log": "\(key.suffix(40))", "kind": "\(e.kind)", "cloudID": "\(e.cloudID)",
+            "key": "\(e.rcrd)",
+          ])
+      }
+    }
     var rcrdKeys: [String] = []
     var seenKeys = Set<String>()
     var deleted: [String] = []
@@ -640,7 +704,8 @@ public final class PullManager: @unchecked Sendable {
       for item in pending {
         let (hasParent, closesLoop) = try context.catalog.read(context.userID) { tx in
           try tx.node(dirPrefix: item.parentDirPrefix) == nil
-            ? (false, false) : (true, self.loopClosed(by: item, tx: tx) != nil)
+            ? (try self.isOriginOfOwnMove(item, tx: tx), false)
+            : (true, self.loopClosed(by: item, tx: tx) != nil)
         }
         if !hasParent || closesLoop {
           rest.append(item)
@@ -671,7 +736,9 @@ public final class PullManager: @unchecked Sendable {
     try context.catalog.write(context.userID) { tx in
       try tx.setSyncValue(newCursor, forKey: Self.cursorKey)
       try tx.setSyncValue(recentAfter, forKey: Self.recentKey)
-      if !pending.isEmpty { try tx.setSyncValue("1", forKey: Self.needsFullScanKey) }
+      if !pending.isEmpty || touchesUnreached {
+        try tx.setSyncValue("1", forKey: Self.needsFullScanKey)
+      }
     }
     return result
   }
@@ -695,10 +762,34 @@ public final class PullManager: @unchecked Sendable {
 
   // MARK: Applying
 
+  /// A debug line about what the pull did with a remote RCRD (opaque keys only).
+  private func trace(_ what: @autoclosure () -> String, _ item: Item, node: NodeID? = nil) {
+    context.logger.debug(
+      "pull: \(what())",
+      metadata: [
+        "cloudID": "\(item.rcrd.cloudID)", "key": "\(item.rcrdKey)",
+        "eTag": "\(item.rcrdInfo.eTag)", "node": "\(node.map { "\($0)" } ?? "-")",
+      ])
+  }
+
+  /// Whether `item` is where this device's outstanding move of its node starts (see `apply`).
+  private func isOriginOfOwnMove(_ item: Item, tx: CloudTransaction) throws -> Bool {
+    guard let e = try tx.node(cloudID: item.rcrd.cloudID), e.trunk == nil else { return false }
+    return try tx.outstandingKinds(ofNodeID: e.id).contains(.move)
+      && Self.storeLocation(of: e.id, tx: tx) == item.rcrdKey
+  }
+
   /// Applies one remote node (new, modified, moved) in `tx`, telling the delegate.
   func apply(_ item: Item, tx: CloudTransaction, result: inout PullResult) throws {
     let dl = context.delegate
-    guard let parent = try tx.node(dirPrefix: item.parentDirPrefix) else {
+    // Without its parent here, only a change at the origin of a move this device has
+    // outstanding applies (the move starts from it): a node moved out of a directory deleted
+    // here since, edited meanwhile by another device. Before, nothing refreshed the eTags
+    // that move claims the origin with, and it waited for the claim lease (5 minutes;
+    // tools/fsx-sync seed 34).
+    let knownParent = try tx.node(dirPrefix: item.parentDirPrefix)
+    if knownParent == nil, try !isOriginOfOwnMove(item, tx: tx) {
+      trace("skipped: parent not known", item)
       result.skipped += 1
       return
     }
@@ -710,7 +801,10 @@ public final class PullManager: @unchecked Sendable {
     }
     // A move's claim (the node is about to leave this place) or a move's target before it
     // commits (the node may never come here): the move's log entry tells where the node went.
-    if meta.moving || meta.arriving { return }
+    if meta.moving || meta.arriving {
+      trace("left: a move's claim or target", item)
+      return
+    }
     if let e = try tx.node(cloudID: r.cloudID) {
       guard e.trunk == nil, let curLoc = try tx.objectLocation(of: e.id) else { return }
       let sameLocation = curLoc.rcrdKey == item.rcrdKey
@@ -730,14 +824,18 @@ public final class PullManager: @unchecked Sendable {
       {
         // This device's own write at a target of its move (an earlier attempt, which the move
         // settles itself): not the node as another device left it.
+        trace("left: this device's move wrote it", item)
         return
       }
       if !sameLocation {
         if kinds.contains(.move) {
           // Moved here and there: this device's move wins, starting from where the node is now.
+          trace("moved here and there: this device's move starts from there", item)
           try tx.setMoveOrigin(item.ref(of: e, layout: context.layout), forNodeID: e.id)
         } else {
+          guard let parent = knownParent else { return }
           if try ancestors(from: parent, upTo: e.id, tx: tx) != nil {
+            trace("skipped: the move would close a loop", item)
             result.skipped += 1
             return
           }
@@ -793,6 +891,7 @@ public final class PullManager: @unchecked Sendable {
         change.insert(.data)
       }
       try tx.applyRemoteNode(n, cloudName: cloudName)
+      trace(moved ? "applied: moved" : "applied: changed", item, node: e.id)
       let newPath = try tx.path(of: e.id)
       if moved {
         dl.didDiscoverMovedNode(n, from: oldPath, to: newPath, transaction: tx)
@@ -821,9 +920,11 @@ public final class PullManager: @unchecked Sendable {
       if (op.payload.objects ?? []).contains(where: {
         $0.cloudID == r.cloudID && $0.rcrdKey == item.rcrdKey
       }) {
+        trace("left: deleted here", item)
         return
       }
     }
+    guard let parent = knownParent else { return }
     try makeRoom(for: meta.name, in: parent, except: nil, tx: tx, result: &result)
     if parent.kind == .file {
       var p = parent
@@ -840,6 +941,7 @@ public final class PullManager: @unchecked Sendable {
       mode: meta.mode, mtime: meta.mtime, xattrs: meta.xattrs, symlinkTarget: meta.symlinkTarget,
       dataSize: meta.dataSize)
     let stored = try tx.insertRemoteNode(node, cloudName: item.cloudName)
+    trace("applied: new", item, node: stored.id)
     dl.didDiscoverNewNode(stored, at: try tx.path(of: stored.id), transaction: tx)
     result.newNodes += 1
   }
@@ -892,6 +994,58 @@ public final class PullManager: @unchecked Sendable {
     context.delegate.didDiscoverConflict(
       .crossedMoves, node: moved, other: nil, at: newPath, transaction: tx)
     result.movedNodes += 1
+  }
+
+  /// Breaks the loops that the RCRDs a full scan could not reach from the top form in the store
+  /// (two devices' moves that crossed, met by no pull that breaks them as it applies the
+  /// closing move — e.g. each device read the other's move in a full scan): as there, the node
+  /// of each loop with the smallest cloudID goes to the top of the home tree, here and, by a
+  /// move from where the store has it, in the store. Every device that finds the loop picks the
+  /// same node; a node not known here is left to a device that knows it.
+  private func breakStoreLoops(among found: [Item], tx: CloudTransaction, result: inout PullResult)
+    throws
+  {
+    let placed = found.filter { !$0.rcrd.meta.moving && !$0.rcrd.meta.arriving }
+    var byDirPrefix: [String: Item] = [:]
+    for item in placed { byDirPrefix[item.rcrd.dirPrefix] = item }
+    var done = Set<String>()
+    var losers: [Item] = []
+    for start in placed where !done.contains(start.rcrd.cloudID) {
+      var path: [Item] = []
+      var onPath = Set<String>()
+      var cur: Item? = start
+      while let c = cur, !done.contains(c.rcrd.cloudID), !onPath.contains(c.rcrd.cloudID) {
+        path.append(c)
+        onPath.insert(c.rcrd.cloudID)
+        cur = byDirPrefix[c.parentDirPrefix]
+      }
+      if let c = cur, onPath.contains(c.rcrd.cloudID),
+        let first = path.firstIndex(where: { $0.rcrd.cloudID == c.rcrd.cloudID }),
+        let loser = path[first...].min(by: { $0.rcrd.cloudID < $1.rcrd.cloudID })
+      {
+        losers.append(loser)
+      }
+      done.formUnion(onPath)
+    }
+    guard !losers.isEmpty, let home = try tx.trunkNode(.home) else { return }
+    for item in losers {
+      guard var n = try tx.node(cloudID: item.rcrd.cloudID), n.trunk == nil else { continue }
+      trace("loop in the store: its node goes to the top", item, node: n.id)
+      if n.parentID != home.id {
+        let oldPath = try tx.path(of: n.id)
+        let name = try tx.freeChildName(n.name, in: home.id, except: n.id)
+        n = try tx.moveNode(n.id, toParent: home.id, name: name)
+        let newPath = try tx.path(of: n.id)
+        context.delegate.didDiscoverMovedNode(n, from: oldPath, to: newPath, transaction: tx)
+        context.delegate.didDiscoverConflict(
+          .crossedMoves, node: n, other: nil, at: newPath, transaction: tx)
+        result.movedNodes += 1
+      }
+      try tx.moveFromStoreLocation(item.ref(of: n, layout: context.layout), forNodeID: n.id)
+      context.logger.info(
+        "crossed moves in the store: a directory goes to the top of the tree",
+        metadata: ["node": "\(n.id)"])
+    }
   }
 
   /// Frees `name` in `parent` for a remote node: a local node there that never reached the

@@ -372,6 +372,14 @@ public final class PushManager: @unchecked Sendable {
     let executor = PushExecutor(manager: self, job: job)
     do {
       try executor.execute()
+      context.logger.debug(
+        "push: operation done",
+        metadata: [
+          "op": "\(job.op.id)", "kind": "\(job.op.kind)",
+          "node": "\(job.op.nodeID.map { "\($0)" } ?? "-")",
+          "cloudID": "\(job.node?.cloudID ?? job.op.cloudID ?? "-")",
+          "key": "\(job.location?.rcrdKey ?? "-")",
+        ])
       context.progress.update { $0.push.doneItems += 1 }
     } catch {
       fail(job, error)
