@@ -78,8 +78,9 @@ public final class PullManager: @unchecked Sendable {
   static let needsFullScanKey = "pull.needsFullScan"
   /// The change-log keys read within the lookback window before the cursor (JSON array).
   static let recentKey = "pull.recent"
-  /// The RCRD keys the last full scan listed below no directory it reached, and did not apply
-  /// (JSON array; absent when none).
+  /// The RCRD keys the last full scan could not apply — listed below no directory it reached,
+  /// or with no place here (parent unknown, or a loop with a move of this device's) — as a
+  /// sorted JSON array; absent when none.
   static let unreachedKey = "pull.unreached"
 
   /// The listing bound `logLookback` before a change-log key (nil: from the start).
@@ -363,6 +364,8 @@ public final class PullManager: @unchecked Sendable {
     var vanished = false
     var level = index.filter { $0.trunk != nil }.sorted { $0.trunk! < $1.trunk! }.map(\.dirPrefix)
     var visitedPrefixes = Set(level)
+    // RCRDs this scan could not apply: the scan is incomplete (see below).
+    var notApplied: [String] = []
     while !level.isEmpty {
       var candidates: [(key: String, rcrd: ObjectInfo, data: ObjectInfo?, preferred: Bool)] = []
       for dp in level {
@@ -430,7 +433,13 @@ public final class PullManager: @unchecked Sendable {
       while i < items.count {
         let batch = items[i..<min(items.count, i + config.fullScanBatch)]
         try context.catalog.write(context.userID) { tx in
-          for item in batch { try self.apply(item, tx: tx, result: &result) }
+          for item in batch {
+            let skipped = result.skipped
+            try self.apply(item, tx: tx, result: &result)
+            // Not placed here (its parent unknown here, or it would close a loop with a move
+            // of this device's that the store does not show yet): a later scan places it.
+            if result.skipped > skipped { notApplied.append(item.rcrdKey) }
+          }
         }
         i += config.fullScanBatch
       }
@@ -454,7 +463,6 @@ public final class PullManager: @unchecked Sendable {
     let unreachedKeys = listedRcrds.filter { key in
       layout.parse(key: key).map { !visitedPrefixes.contains($0.dirPrefix) } ?? false
     }
-    var notApplied: [String] = []
     if !unreachedKeys.isEmpty {
       let (found, _) = try self.items(
         fetch(unreachedKeys.sorted().map { ($0, nil, true) }), result: &result)
@@ -511,7 +519,7 @@ public final class PullManager: @unchecked Sendable {
     if !notApplied.isEmpty {
       let again = queued > 0 || notApplied != before
       context.logger.info(
-        "full scan: nodes below no directory reached not applied",
+        "full scan: remote nodes not applied; placed by a later scan",
         metadata: ["count": "\(notApplied.count)", "scanAgain": "\(again)"])
       if again { rescan = true }
     }

@@ -24,6 +24,27 @@ import ZDCTestSupport
     }
   }
 
+  /// Two started devices with directories `x` (holding `fx.txt`) and `y` (holding `fy.txt`),
+  /// of which each moved one into the other, their pulls stopped: both moves reached the store
+  /// (the first device's first) before either device heard of the other's.
+  func crossedMoves(on store: any CloudStore, alphaFirst: Bool) throws -> (Device, Device) {
+    let (a, b) = try startedPair(on: store)
+    try a.create("x", kind: .directory)
+    try a.create("y", kind: .directory)
+    try a.create("x/fx.txt", "in x")
+    try a.create("y/fy.txt", "in y")
+    try a.sync()
+    try b.sync()
+    a.engine.pull.stop()
+    b.engine.pull.stop()
+    try a.move("x", to: "y/x")
+    try b.move("y", to: "x/y")
+    let (first, second) = alphaFirst ? (a, b) : (b, a)
+    #expect(first.engine.push.waitUntilIdle(timeout: 30))
+    #expect(second.engine.push.waitUntilIdle(timeout: 30))
+    return (a, b)
+  }
+
   /// `fullScan`: each device meets the loop in the store by a full scan first, which reaches
   /// neither directory from the top: nothing is taken for deleted, and the scan breaks the
   /// loop as a pull that meets the closing move does (the same directory goes to the top on
@@ -33,22 +54,7 @@ import ZDCTestSupport
   func directoriesMovedIntoEachOtherConverge(_ kind: StoreKind, order: (Bool, Bool)) throws {
     let (alphaFirst, fullScan) = order
     let backing = try kind.make("zdc-sync-crossed")
-    let (a, b) = try startedPair(on: backing.store)
-    try a.create("x", kind: .directory)
-    try a.create("y", kind: .directory)
-    try a.create("x/fx.txt", "in x")
-    try a.create("y/fy.txt", "in y")
-    try a.sync()
-    try b.sync()
-    // Each moves one directory into the other; both moves reach the store before either
-    // device hears of the other's.
-    a.engine.pull.stop()
-    b.engine.pull.stop()
-    try a.move("x", to: "y/x")
-    try b.move("y", to: "x/y")
-    let (first, second) = alphaFirst ? (a, b) : (b, a)
-    #expect(first.engine.push.waitUntilIdle(timeout: 30))
-    #expect(second.engine.push.waitUntilIdle(timeout: 30))
+    let (a, b) = try crossedMoves(on: backing.store, alphaFirst: alphaFirst)
     if fullScan {
       for d in [a, b] {
         let result = try d.engine.pull.pull(fullScan: true)
@@ -82,19 +88,7 @@ import ZDCTestSupport
   @Test(arguments: StoreKind.all)
   func aDeviceThatScannedTheLoopLearnsOfItWhenItIsBroken(_ kind: StoreKind) throws {
     let backing = try kind.make("zdc-sync-crossed4")
-    let (a, b) = try startedPair(on: backing.store)
-    try a.create("x", kind: .directory)
-    try a.create("y", kind: .directory)
-    try a.create("x/fx.txt", "in x")
-    try a.create("y/fy.txt", "in y")
-    try a.sync()
-    try b.sync()
-    a.engine.pull.stop()
-    b.engine.pull.stop()
-    try a.move("x", to: "y/x")
-    try b.move("y", to: "x/y")
-    #expect(a.engine.push.waitUntilIdle(timeout: 30))
-    #expect(b.engine.push.waitUntilIdle(timeout: 30))
+    let (a, b) = try crossedMoves(on: backing.store, alphaFirst: true)
     // The store holds the loop now: a new device's first pull (a full scan) reaches neither.
     let c = try Device("gamma", user: a.user, store: backing.store)
     try c.start()
