@@ -81,7 +81,7 @@ public final class PullManager: @unchecked Sendable {
   /// The RCRD keys the last full scan could not apply — listed below no directory it reached,
   /// or with no place here (parent unknown, or a loop with a move of this device's) — as a
   /// sorted JSON array; absent when none.
-  static let unreachedKey = "pull.unreached"
+  static let notAppliedKey = "pull.notApplied"
 
   /// The listing bound `logLookback` before a change-log key (nil: from the start).
   private func lookbackBound(before key: String) -> String? {
@@ -510,7 +510,7 @@ public final class PullManager: @unchecked Sendable {
     notApplied.sort()
     let (before, queued) = try context.catalog.read(context.userID) { tx in
       (
-        try tx.syncValue(forKey: Self.unreachedKey).flatMap {
+        try tx.syncValue(forKey: Self.notAppliedKey).flatMap {
           try? JSONDecoder().decode([String].self, from: Data($0.utf8))
         } ?? [],
         try tx.operationCount()
@@ -567,7 +567,7 @@ public final class PullManager: @unchecked Sendable {
       try tx.setSyncValue(
         notApplied.isEmpty
           ? nil : String(decoding: try JSONEncoder().encode(notApplied), as: UTF8.self),
-        forKey: Self.unreachedKey)
+        forKey: Self.notAppliedKey)
     }
     return result
   }
@@ -638,13 +638,13 @@ public final class PullManager: @unchecked Sendable {
       throw StoreError.transient("change log could not be read completely")
     }
     let entries = decoded.compactMap { $0 }.flatMap { $0 }
-    // A change at a key the last full scan could not reach (a loop being broken elsewhere):
-    // what is below it comes with a full scan.
-    let unreached = Set(
-      try context.catalog.read(context.userID) { try $0.syncValue(forKey: Self.unreachedKey) }
+    // A change at a key the last full scan could not apply (e.g. a loop being broken
+    // elsewhere): what is below it comes with a full scan.
+    let notApplied = Set(
+      try context.catalog.read(context.userID) { try $0.syncValue(forKey: Self.notAppliedKey) }
         .flatMap { try? JSONDecoder().decode([String].self, from: Data($0.utf8)) } ?? [])
-    let touchesUnreached = entries.contains {
-      unreached.contains($0.rcrd) || $0.fromRcrd.map(unreached.contains) == true
+    let touchesNotApplied = entries.contains {
+      notApplied.contains($0.rcrd) || $0.fromRcrd.map(notApplied.contains) == true
     }
     for (key, list) in zip(others.map(\.key), decoded) {
       for e in list ?? [] {
@@ -744,7 +744,7 @@ public final class PullManager: @unchecked Sendable {
     try context.catalog.write(context.userID) { tx in
       try tx.setSyncValue(newCursor, forKey: Self.cursorKey)
       try tx.setSyncValue(recentAfter, forKey: Self.recentKey)
-      if !pending.isEmpty || touchesUnreached {
+      if !pending.isEmpty || touchesNotApplied {
         try tx.setSyncValue("1", forKey: Self.needsFullScanKey)
       }
     }
