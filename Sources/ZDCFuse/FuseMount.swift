@@ -214,10 +214,11 @@ public final class FuseMount: @unchecked Sendable {
   /// it offered FUSE over io_uring and requests come through the rings.
   public var kernelFeatures: [String: Bool] {
     let state = zdc_fuse_killpriv_v2_state()
+    let uring = zdc_fuse_uring_state()
     return [
       "handleKillprivV2Offered": state & 1 != 0, "handleKillprivV2": state & 2 != 0,
-      "ioUringOffered": zdc_fuse_uring_state() != Int32(ZDC_URING_UNOFFERED),
-      "ioUring": zdc_fuse_uring_state() == Int32(ZDC_URING_ACTIVE),
+      "ioUringOffered": uring != Int32(ZDC_URING_UNOFFERED),
+      "ioUring": uring == Int32(ZDC_URING_ACTIVE),
       "kernelChecksPermissions": context.kernelChecksPermissions,
       "opendirSkipped": context.kernelSkipsOpendir.load(ordering: .acquiring),
     ]

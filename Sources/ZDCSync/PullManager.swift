@@ -83,6 +83,21 @@ public final class PullManager: @unchecked Sendable {
   /// sorted JSON array; absent when none.
   static let notAppliedKey = "pull.notApplied"
 
+  /// Whether the next pull is a full scan because a pull asked for one (one that could not
+  /// place everything, or an operation waiting for a pull that did not settle it).
+  public var fullScanDue: Bool {
+    get throws {
+      try context.catalog.read(context.userID) {
+        try $0.syncValue(forKey: Self.needsFullScanKey) != nil
+      }
+    }
+  }
+
+  /// The keys a sync value holds as a JSON array (none when absent or unreadable).
+  private static func keys(_ value: String?) -> [String] {
+    value.flatMap { try? JSONDecoder().decode([String].self, from: Data($0.utf8)) } ?? []
+  }
+
   /// The listing bound `logLookback` before a change-log key (nil: from the start).
   private func lookbackBound(before key: String) -> String? {
     guard let p = ChangeLogCodec.parse(key: key, layout: context.layout), let u = ULID(p.ulid)
@@ -510,9 +525,7 @@ public final class PullManager: @unchecked Sendable {
     notApplied.sort()
     let (before, queued) = try context.catalog.read(context.userID) { tx in
       (
-        try tx.syncValue(forKey: Self.notAppliedKey).flatMap {
-          try? JSONDecoder().decode([String].self, from: Data($0.utf8))
-        } ?? [],
+        Self.keys(try tx.syncValue(forKey: Self.notAppliedKey)),
         try tx.operationCount()
       )
     }
@@ -596,10 +609,12 @@ public final class PullManager: @unchecked Sendable {
     var result = PullResult()
     let layout = context.layout
     // From `logLookback` before the cursor, skipping what was read already.
-    let recent =
-      try context.catalog.read(context.userID) {
-        try $0.syncValue(forKey: Self.recentKey)
-      }.flatMap { try? JSONDecoder().decode([String].self, from: Data($0.utf8)) } ?? []
+    let (recent, notApplied) = try context.catalog.read(context.userID) { tx in
+      (
+        Self.keys(try tx.syncValue(forKey: Self.recentKey)),
+        Set(Self.keys(try tx.syncValue(forKey: Self.notAppliedKey)))
+      )
+    }
     let read = Set(recent).union(cursor.isEmpty ? [] : [cursor])
     let bound = cursor.isEmpty ? nil : (lookbackBound(before: cursor) ?? "")
     let logObjects = try context.store.listAll(
@@ -640,13 +655,10 @@ public final class PullManager: @unchecked Sendable {
     let entries = decoded.compactMap { $0 }.flatMap { $0 }
     // A change at a key the last full scan could not apply (e.g. a loop being broken
     // elsewhere): what is below it comes with a full scan.
-    let notApplied = Set(
-      try context.catalog.read(context.userID) { try $0.syncValue(forKey: Self.notAppliedKey) }
-        .flatMap { try? JSONDecoder().decode([String].self, from: Data($0.utf8)) } ?? [])
     let touchesNotApplied = entries.contains {
       notApplied.contains($0.rcrd) || $0.fromRcrd.map(notApplied.contains) == true
     }
-    for (key, list) in zip(others.map(\.key), decoded) {
+    for (key, list) in zip(others.map(\.key), decoded) where context.logger.logLevel <= .debug {
       for e in list ?? [] {
         context.logger.debug(
           "pull: change-log entry",

@@ -55,13 +55,8 @@ public final class SyncEngine: Sendable {
       // In sync: nothing left to push, and no pull asked for a full scan to follow (one that
       // could not place everything, e.g. a loop that crossed moves left in the store until a
       // queued move breaks it).
-      let (queued, scanDue) = try push.context.catalog.read(push.context.userID) {
-        (
-          try $0.operationCount(),
-          try $0.syncValue(forKey: PullManager.needsFullScanKey) != nil
-        )
-      }
-      if queued == 0 && !scanDue { return true }
+      let queued = try push.context.catalog.read(push.context.userID) { try $0.operationCount() }
+      if queued == 0, try !pull.fullScanDue { return true }
     }
     return push.waitUntilIdle(timeout: max(0, deadline.timeIntervalSinceNow))
   }
