@@ -1003,17 +1003,26 @@ public final class PullManager: @unchecked Sendable {
       return
     }
     let loser = chain.filter { !$0.cloudID.isEmpty }.min { $0.cloudID < $1.cloudID } ?? chain[0]
-    let oldPath = try tx.path(of: loser.id)
-    let name = try tx.freeChildName(loser.name, in: home.id, except: loser.id)
-    let moved = try tx.moveNode(loser.id, toParent: home.id, name: name)
-    let newPath = try tx.path(of: loser.id)
     context.logger.info(
       "crossed moves: a directory goes to the top of the tree",
       metadata: ["node": "\(loser.id)", "closing": "\(chain[0].id)"])
+    _ = try moveToTop(loser, home: home, tx: tx, result: &result)
+  }
+
+  /// Moves the node that breaks a loop to the top of the home tree (its own name, or `name 2`
+  /// if taken), telling the delegate (a crossed-moves conflict); returns it as moved.
+  private func moveToTop(_ node: Node, home: Node, tx: CloudTransaction, result: inout PullResult)
+    throws -> Node
+  {
+    let oldPath = try tx.path(of: node.id)
+    let name = try tx.freeChildName(node.name, in: home.id, except: node.id)
+    let moved = try tx.moveNode(node.id, toParent: home.id, name: name)
+    let newPath = try tx.path(of: node.id)
     context.delegate.didDiscoverMovedNode(moved, from: oldPath, to: newPath, transaction: tx)
     context.delegate.didDiscoverConflict(
       .crossedMoves, node: moved, other: nil, at: newPath, transaction: tx)
     result.movedNodes += 1
+    return moved
   }
 
   /// Breaks the loops that the RCRDs a full scan could not reach from the top form in the store
@@ -1051,16 +1060,7 @@ public final class PullManager: @unchecked Sendable {
     for item in losers {
       guard var n = try tx.node(cloudID: item.rcrd.cloudID), n.trunk == nil else { continue }
       trace("loop in the store: its node goes to the top", item, node: n.id)
-      if n.parentID != home.id {
-        let oldPath = try tx.path(of: n.id)
-        let name = try tx.freeChildName(n.name, in: home.id, except: n.id)
-        n = try tx.moveNode(n.id, toParent: home.id, name: name)
-        let newPath = try tx.path(of: n.id)
-        context.delegate.didDiscoverMovedNode(n, from: oldPath, to: newPath, transaction: tx)
-        context.delegate.didDiscoverConflict(
-          .crossedMoves, node: n, other: nil, at: newPath, transaction: tx)
-        result.movedNodes += 1
-      }
+      if n.parentID != home.id { n = try moveToTop(n, home: home, tx: tx, result: &result) }
       try tx.moveFromStoreLocation(item.ref(of: n, layout: context.layout), forNodeID: n.id)
       context.logger.info(
         "crossed moves in the store: a directory goes to the top of the tree",
