@@ -1055,6 +1055,12 @@ public final class FileSystem: @unchecked Sendable {
     guard lock.withLock({ urgentNotifications }) > 0 else { return }
     notifyQueue.sync {}
   }
+
+  /// Waits until every kernel notification posted so far is delivered, so that what the kernel
+  /// shows next reflects every change applied before the call (`zdc sync` answers after it).
+  public func deliverPostedNotifications() {
+    notifyQueue.sync {}
+  }
 }
 
 /// Identifies the content an open file works on.

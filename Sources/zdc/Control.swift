@@ -135,6 +135,9 @@ final class ControlServer: @unchecked Sendable {
       }
       do {
         if try sync.syncNow(timeout: timeout) {
+          // The pull posted its kernel notifications without waiting for them: a listing the
+          // caller reads next must not race them.
+          fs.deliverPostedNotifications()
           out["inSync"] = true
         } else {
           out["error"] = "not in sync after \(Int(timeout)) s"
