@@ -926,6 +926,9 @@ public final class PullManager: @unchecked Sendable {
         dl.didDiscoverModifiedNode(n, change: moved ? rest : change, at: newPath, transaction: tx)
         result.modifiedNodes += 1
       }
+      if change.contains(.name) || change.contains(.parent) {
+        try settleCaseVariantClash(at: n, tx: tx)
+      }
       return
     }
     // A new node — unless this device is deleting it here: its delete decides. It removes the
@@ -964,6 +967,41 @@ public final class PullManager: @unchecked Sendable {
     trace("applied: new", item, node: stored.id)
     dl.didDiscoverNewNode(stored, at: try tx.path(of: stored.id), transaction: tx)
     result.newNodes += 1
+    try settleCaseVariantClash(at: stored, tx: tx)
+  }
+
+  /// A name and the case variant of that same name (see `CaseVariant`) may not stay siblings:
+  /// the mount could show both only by escaping the variant, and would show it under another
+  /// name once the plain one went. They meet when one device kept its spelling as a variant of
+  /// another's, which a third change renamed to exactly that spelling. The variant takes a
+  /// numbered name, as in a path conflict, and its move is pushed; every device that meets the
+  /// pair first renames the same node to the same name, so their moves agree.
+  private func settleCaseVariantClash(at placed: Node, tx: CloudTransaction) throws {
+    guard let parentID = placed.parentID else { return }
+    func exactChild(_ name: String) throws -> Node? {
+      guard let c = try tx.child(of: parentID, named: name), Array(c.name.utf8) == Array(name.utf8)
+      else { return nil }
+      return c
+    }
+    let base: String
+    let variant: Node
+    if let b = CaseVariant.base(of: placed.name) {
+      guard try exactChild(b) != nil else { return }
+      (base, variant) = (b, placed)
+    } else {
+      guard let v = try exactChild(CaseVariant.name(for: placed.name)) else { return }
+      (base, variant) = (placed.name, v)
+    }
+    guard variant.trunk == nil else { return }
+    let renamed = try tx.moveNode(
+      variant.id, toParent: parentID, name: try tx.freeChildName(base, in: parentID))
+    let dl = context.delegate
+    dl.didRenameNode(renamed, oldName: variant.name, transaction: tx)
+    dl.didDiscoverConflict(
+      .path, node: renamed, other: nil, at: try tx.path(of: renamed.id), transaction: tx)
+    context.logger.info(
+      "a name beside its own case variant: the variant renamed",
+      metadata: ["node": "\(renamed.id)"])
   }
 
   /// The nodes a remote move would close into a loop here — the moved node, then its new

@@ -442,6 +442,46 @@ final class SyncDevice: @unchecked Sendable {
     #expect(try b.run(["status"]).stdout.contains("Conflicts: 0."))
   }
 
+  /// One device renames its file to exactly the spelling another device kept as a case variant
+  /// of it: the variant becomes `makefile 2` on both (a path conflict), so that no name changes
+  /// later without a rename (found by tools/fsx-sync, where a variant shown escaped beside its
+  /// own name was shown plain once that name went).
+  @Test func aRenameOntoASpellingAnotherDeviceKeptAsAVariantIsAPathConflict() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    let b = try SyncDevice(
+      "devB", in: dir, store: store, join: true,
+      mountArguments: ["--pull-interval", "1", "--upload-delay", "600"])
+    defer { b.unmount(wait: false) }
+    try a.sh("echo A > Makefile")
+    try a.sync()
+    try b.sh("echo B > makefile")
+    // B pulls A's spelling before it uploads its own, which it keeps as a case variant.
+    var seen: [String] = []
+    for _ in 0..<100 {
+      seen = try b.ls()
+      if seen == ["Makefile", "makefile"] { break }
+      usleep(100_000)
+    }
+    #expect(seen == ["Makefile", "makefile"])
+    try a.sh("mv Makefile makefile")
+    try a.sync()
+    try b.sync()
+    try a.sync()
+    for d in [a, b] {
+      #expect(try d.ls() == ["makefile", "makefile 2"], "\(d.name)")
+      #expect(try d.sh("cat makefile 'makefile 2'").stdout == "A\nB\n", "\(d.name)")
+    }
+    // The plain name going leaves the other's name as it is.
+    try a.sh("rm makefile")
+    try a.sync()
+    try b.sync()
+    #expect(try b.ls() == ["makefile 2"])
+  }
+
   @Test func periodicPullsShowRemoteChangesWithoutSync() throws {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }

@@ -160,6 +160,51 @@ import ZDCTestSupport
     #expect(p.b.delegate.events.contains("renamed Other -> \(CaseVariant.name(for: "Other"))"))
   }
 
+  /// Two devices can end with a name and the case variant of that same name side by side:
+  /// one kept its spelling as a variant of the other's, which the other device meanwhile
+  /// renamed to exactly that spelling. The variant is then renamed to a numbered name, as in a
+  /// path conflict, on whichever device meets the two first, so that no name changes later
+  /// when one of them goes (found by tools/fsx-sync).
+  @Test(arguments: StoreKind.all, [false, true])
+  func aNameBesideItsOwnCaseVariantIsSettledAsAPathConflict(
+    _ kind: StoreKind, variantUploadedFirst: Bool
+  ) throws {
+    let p = try pair("case-clash", kind)
+    p.b.engine.push.stop()
+    try p.a.create("Makefile", "A")
+    try p.a.sync()
+    try p.b.create("makefile", "B")
+    // B learns of A's spelling before its upload: it keeps its own as the case variant.
+    _ = try p.b.engine.pull.pull()
+    let variant = CaseVariant.name(for: "makefile")
+    #expect(try p.b.tree(withContent: false) == ["/Makefile": "file", "/" + variant: "file"])
+    if variantUploadedFirst {
+      try p.b.engine.push.start()
+      try p.b.sync()
+      try p.a.move("Makefile", to: "makefile")
+      try p.a.sync()
+    } else {
+      try p.a.move("Makefile", to: "makefile")
+      try p.a.sync()
+      try p.b.engine.push.start()
+      try p.b.sync()
+    }
+    for _ in 0..<2 {
+      try p.a.sync()
+      try p.b.sync()
+    }
+    let c = try Device("gamma", user: p.a.user, store: p.backing.store)
+    try c.start()
+    try c.sync()
+    for d in [p.a, p.b, c] {
+      #expect(try d.tree() == ["/makefile": "file:A", "/makefile 2": "file:B"], "\(d.name)")
+    }
+    #expect(
+      [p.a, p.b].contains { d in
+        d.delegate.conflicts.contains { $0.0 == .path && $0.1 == "makefile 2" }
+      })
+  }
+
   @Test(arguments: StoreKind.all)
   func deletedRemotelyWhileDirtyIsKept(_ kind: StoreKind) throws {
     let p = try pair("deldirty", kind)
