@@ -270,6 +270,25 @@ extension CloudTransaction {
     try deleteRows(entries)
   }
 
+  /// Gives a node without children a new cloudID, so that its next upload stores a node of its
+  /// own. For a node kept after the store took it elsewhere (another device moved it where this
+  /// device cannot place it): uploaded again under its old cloudID, it would be a second RCRD of
+  /// that node, which devices would each take for where the node is. Not journaled (the unit of
+  /// work commits before it returns).
+  @discardableResult
+  public func assignNewCloudID(to id: NodeID) throws -> Node {
+    try requireWritable()
+    var n = try existingNode(id: id)
+    guard try childCount(of: id) == 0 else {
+      throw CatalogError.invalidOperation("assignNewCloudID: node \(id) has children")
+    }
+    n.cloudID = SecureRandom.cloudID()
+    let stmt = try db.cachedStatement(sql: "UPDATE nodes SET cloudID = ? WHERE id = ?")
+    try rawExecute(stmt, [n.cloudID, id])
+    rowChanged(id)
+    return n
+  }
+
   /// Makes a subtree that was deleted in the cloud new again: clears its cloud state, drops its
   /// operations and enqueues a first upload of every node (RCRD, and DATA for the dirty nodes
   /// that had or were uploading data), parents first. `existingData` names nodes with no local

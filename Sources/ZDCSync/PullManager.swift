@@ -381,6 +381,8 @@ public final class PullManager: @unchecked Sendable {
     var visitedPrefixes = Set(level)
     // RCRDs this scan could not apply: the scan is incomplete (see below).
     var notApplied: [String] = []
+    // Known nodes with local changes whose RCRD the scan found below no directory it reached.
+    var elsewhere = Set<String>()
     while !level.isEmpty {
       var candidates: [(key: String, rcrd: ObjectInfo, data: ObjectInfo?, preferred: Bool)] = []
       for dp in level {
@@ -510,6 +512,11 @@ public final class PullManager: @unchecked Sendable {
               try tx.setMoveOrigin(item.ref(of: e, layout: layout), forNodeID: e.id)
             }
           } else if !kinds.isEmpty {
+            // Taken for deleted below, and kept: the RCRD found here is another device's version
+            // of it, which a later scan places once a walk reaches it.
+            elsewhere.insert(item.rcrd.cloudID)
+            trace("not applied: below no directory reached; kept here", item, node: e.id)
+            notApplied.append(item.rcrdKey)
             continue
           } else if !item.rcrd.meta.moving && !item.rcrd.meta.arriving,
             try tx.objectLocation(of: e.id)?.rcrdKey != item.rcrdKey
@@ -568,7 +575,8 @@ public final class PullManager: @unchecked Sendable {
           rescan = true
         }
       }
-      try applyDeletions(Array(gone), listed: listedRcrds, result: &result)
+      try applyDeletions(
+        Array(gone), listed: listedRcrds, foundElsewhere: elsewhere, result: &result)
     }
     if rescan { cond.withLock { forceFull = true } }
     try context.catalog.write(context.userID) { tx in
@@ -1240,7 +1248,8 @@ public final class PullManager: @unchecked Sendable {
   /// the deletion happened elsewhere) count as dirty: they are kept, with what holds them.
   /// `listed` is the full scan's set of RCRD keys; without it the store is listed.
   private func applyDeletions(
-    _ cloudIDs: [String], listed: Set<String>? = nil, result: inout PullResult
+    _ cloudIDs: [String], listed: Set<String>? = nil, foundElsewhere: Set<String> = [],
+    result: inout PullResult
   ) throws {
     var handled = Set<NodeID>()
     let explicit = Set(cloudIDs)
@@ -1336,6 +1345,20 @@ public final class PullManager: @unchecked Sendable {
             context.delegate.didDiscoverDeletedNode(d, at: p, timestamp: nil, transaction: tx)
           }
         } else {
+          // Its RCRD is in the store elsewhere (`foundElsewhere`), where this device cannot
+          // place it: a file or symlink whose content change is staged here goes up as a node
+          // of its own (the other device's version stays where it is). Other nodes keep their
+          // cloudID: a directory's children are stored by its dirPrefix, and content that is
+          // only cached is found by the cloudID.
+          let staged = try tx.outstandingKinds(ofNodeID: n.id).contains(.putData)
+          if foundElsewhere.contains(cloudID), n.kind != .directory, ids.count == 1,
+            n.kind == .symlink || n.dataSize == 0 || staged
+          {
+            try tx.assignNewCloudID(to: n.id)
+            context.logger.info(
+              "kept node found elsewhere in the store: uploaded as a node of its own",
+              metadata: ["node": "\(n.id)"])
+          }
           try keepDirty(n.id, dirty: dirty, existingData: existingData, tx: tx)
           context.delegate.didDiscoverDeletedDirtyNode(
             n, dirtyDescendants: dirty, timestamp: nil, transaction: tx)
