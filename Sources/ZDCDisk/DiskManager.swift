@@ -689,6 +689,21 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
+  /// A pinned handle on the complete cached content of `cloudID` whatever its eTag (the one
+  /// used last when there are several), or `nil`. For a node whose catalog entry no longer
+  /// names a version (kept and uploaded again after another device deleted it): its content
+  /// here is the version this device had.
+  public func newestCompleteCachedFile(cloudID: String) -> CachedFileHandle? {
+    let eTag = stateLock.withLock { () -> String? in
+      cacheEntries(of: cloudID).filter { $0.bitmap == nil }
+        .max { $0.row.lastAccess < $1.row.lastAccess }?.row.eTag
+    }
+    guard let eTag, let h = cachedFile(cloudID: cloudID, eTag: eTag) else { return nil }
+    if h.isComplete { return h }
+    h.close()
+    return nil
+  }
+
   /// True when (cloudID, eTag) has a complete cache entry (does not pin).
   public func hasCompleteFile(cloudID: String, eTag: String) -> Bool {
     stateLock.withLock { cacheEntries[CacheKey(cloudID: cloudID, eTag: eTag)]?.bitmap == nil }

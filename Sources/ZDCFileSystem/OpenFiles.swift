@@ -233,9 +233,14 @@ extension FileSystem {
     if let eTag = snapshot.eTagData, let h = cachedSource(snapshot, eTag) { return h }
     let node = try read { tx in try existingNode(id, tx) }
     guard let eTag = node.eTagData else {
-      // No staged content and never uploaded: only an empty file may be served as empty;
-      // anything else is an inconsistency to report, never content to hide.
-      if node.dataSize > 0 { throw FileSystemError.io("content of a non-empty file is missing") }
+      // No staged content and no version named: a node kept and uploaded again after another
+      // device deleted it has the version it had here in the cache. Otherwise only an empty
+      // file may be served as empty; anything else is an inconsistency to report, never
+      // content to hide.
+      if node.dataSize > 0 {
+        if let h = disk.newestCompleteCachedFile(cloudID: node.cloudID) { return .cached(h) }
+        throw FileSystemError.io("content of a non-empty file is missing")
+      }
       return .empty
     }
     if let h = cachedSource(node, eTag) { return h }
@@ -291,7 +296,11 @@ extension FileSystem {
             throw FileSystemError.unavailable
           }
         } else if node.dataSize > 0 {
-          throw FileSystemError.io("content of a non-empty file is missing")
+          // See `openReadSource`.
+          guard let h = disk.newestCompleteCachedFile(cloudID: node.cloudID) else {
+            throw FileSystemError.io("content of a non-empty file is missing")
+          }
+          base = .cached(h)
         }
       }
     }

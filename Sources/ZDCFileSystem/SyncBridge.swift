@@ -145,10 +145,12 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
       return .cryptoFile(staged.url, key: staged.key)
     }
     // Nothing staged, but the content is cached (a node kept and uploaded again after another
-    // device deleted it, say): staged from the cache, so that the upload carries it (a cache
-    // entry could be evicted under the upload).
-    if let eTag = node.eTagData, node.dataSize > 0,
-      let cached = disk.cachedFile(cloudID: node.cloudID, eTag: eTag)
+    // device deleted it, say: its version is no longer named, and the cache holds the one it
+    // had here): staged from the cache, so that the upload carries it (a cache entry could be
+    // evicted under the upload). Before, such a node's content went up empty.
+    if node.dataSize > 0,
+      let cached = node.eTagData.map({ disk.cachedFile(cloudID: node.cloudID, eTag: $0) })
+        ?? disk.newestCompleteCachedFile(cloudID: node.cloudID)
     {
       defer { cached.close() }
       guard cached.isComplete else { return nil }

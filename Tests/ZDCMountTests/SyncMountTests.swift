@@ -342,6 +342,36 @@ final class SyncDevice: @unchecked Sendable {
     }
   }
 
+  /// A file this device moved out of a folder that another device deleted meanwhile comes back
+  /// where it was moved, with its content. Such a kept node had its content here only in the
+  /// cache, under the version its catalog entry no longer named, and went up empty (found by
+  /// tools/fsx-sync, seed 111).
+  @Test func aFileMovedOutOfAFolderAnotherDeviceDeletesKeepsItsContent() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice("devA", in: dir, store: store, join: false)
+    defer { a.unmount(wait: false) }
+    let b = try SyncDevice(
+      "devB", in: dir, store: store, join: true,
+      mountArguments: ["--pull-interval", "3600", "--upload-delay", "600"])
+    defer { b.unmount(wait: false) }
+    try b.sh("mkdir d e && seq 1 20000 > d/f")
+    try b.sync()
+    try a.sync()
+    try b.sh("mv d/f e/f")
+    try a.sh("rm -r d")
+    try a.sync()
+    for _ in 0..<2 {
+      try b.sync()
+      try a.sync()
+    }
+    for d in [a, b] {
+      #expect(try d.ls() == ["e"], "\(d.name)")
+      try d.sh("seq 1 20000 | cmp - e/f")
+    }
+  }
+
   /// The kernel keeps a directory's listing with the directory's inode (it opens directories
   /// without asking). A pull that deletes an entry whose name the kernel no longer holds as a
   /// dentry must still drop that listing.
