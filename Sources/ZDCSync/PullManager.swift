@@ -929,6 +929,10 @@ public final class PullManager: @unchecked Sendable {
             .movedWhileEdited, node: n, other: nil, at: newPath, transaction: tx)
         }
       }
+      // Renamed in place (a spelling that differs only in case): the mount forgets the old one.
+      if !moved, change.contains(.name) {
+        dl.didRenameNode(n, oldName: e.name, transaction: tx)
+      }
       let rest = change.subtracting([.parent, .name])
       if !rest.isEmpty || (!moved && !change.isEmpty) {
         dl.didDiscoverModifiedNode(n, change: moved ? rest : change, at: newPath, transaction: tx)

@@ -1040,7 +1040,15 @@ struct PushExecutor {
       let curPath = try tx.path(of: cur.id)
       context.delegate.didDiscoverConflict(
         .data, node: cur, other: copy, at: curPath, transaction: tx)
-      // The node now stands for the remote version (its local attributes went to the copy).
+      // The node now stands for the remote version (its local attributes went to the copy),
+      // name included: a spelling that differs only in case is a rename at the same key,
+      // which a pull leaves alone while this device's RCRD upload is outstanding.
+      let oldName = cur.name
+      if Array(rcrd.meta.name.utf8) != Array(cur.name.utf8),
+        NameKey(rcrd.meta.name) == NameKey(cur.name)
+      {
+        cur.name = rcrd.meta.name
+      }
       cur.mode = rcrd.meta.mode
       cur.mtime = rcrd.meta.mtime
       cur.xattrs = rcrd.meta.xattrs
@@ -1066,8 +1074,11 @@ struct PushExecutor {
       // landed just before, with the local size).
       try tx.requeueRcrdUpload(
         nodeID: cur.id, rewrite: rcrd.meta.dataSize != cur.dataSize)
+      if cur.name != oldName {
+        context.delegate.didRenameNode(cur, oldName: oldName, transaction: tx)
+      }
       context.delegate.didDiscoverModifiedNode(
-        cur, change: .data, at: curPath, transaction: tx)
+        cur, change: .data, at: try tx.path(of: cur.id), transaction: tx)
     }
     context.logger.info(
       "data conflict: local version kept as a copy", metadata: ["node": "\(node.id)"])
