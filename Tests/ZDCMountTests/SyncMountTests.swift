@@ -96,16 +96,29 @@ final class SyncDevice: @unchecked Sendable {
     return result
   }
 
-  /// Two devices of a new account on `store`: "devA" creates it, "devB" joins.
-  static func pair(in dir: TemporaryDirectory, store: MountStore) throws -> (SyncDevice, SyncDevice)
-  {
+  /// Two devices of a new account on `store`: "devA" creates it, "devB" joins, mounted with
+  /// `bArguments`.
+  static func pair(
+    in dir: TemporaryDirectory, store: MountStore,
+    bArguments: [String] = ["--pull-interval", "3600"]
+  ) throws -> (SyncDevice, SyncDevice) {
     let a = try SyncDevice("devA", in: dir, store: store, join: false)
-    return (a, try SyncDevice("devB", in: dir, store: store, join: true))
+    do {
+      return (
+        a,
+        try SyncDevice("devB", in: dir, store: store, join: true, mountArguments: bArguments)
+      )
+    } catch {
+      a.unmount(wait: false)
+      throw error
+    }
   }
 
-  /// ``pair(in:store:)`` on a local-folder store.
-  static func pair(in dir: TemporaryDirectory, store: URL) throws -> (SyncDevice, SyncDevice) {
-    try pair(in: dir, store: MountStore.local(store))
+  /// ``pair(in:store:bArguments:)`` on a local-folder store.
+  static func pair(
+    in dir: TemporaryDirectory, store: URL, bArguments: [String] = ["--pull-interval", "3600"]
+  ) throws -> (SyncDevice, SyncDevice) {
+    try pair(in: dir, store: MountStore.local(store), bArguments: bArguments)
   }
 
   /// Unmounts each device without waiting for uploads (the end of a test).
@@ -163,6 +176,18 @@ final class SyncDevice: @unchecked Sendable {
   /// The names in a directory of the mount, as `ls -A` shows them (sorted).
   func ls(_ path: String = ".") throws -> [String] {
     try sh("ls -A '\(path)'").stdout.split(separator: "\n").map(String.init).sorted()
+  }
+
+  /// The listing of `path` once it is `expected` (a periodic pull brings it), or as it is
+  /// after 10 s.
+  func ls(eventually expected: [String], _ path: String = ".") throws -> [String] {
+    var seen: [String] = []
+    for _ in 0..<100 {
+      seen = try ls(path)
+      if seen == expected { break }
+      usleep(100_000)
+    }
+    return seen
   }
 
   func file(_ path: String) -> URL { mnt.appendingPathComponent(path) }
@@ -350,12 +375,10 @@ final class SyncDevice: @unchecked Sendable {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
     let store = dir.path("store")
-    let a = try SyncDevice("devA", in: dir, store: store, join: false)
-    defer { a.unmount(wait: false) }
-    let b = try SyncDevice(
-      "devB", in: dir, store: store, join: true,
-      mountArguments: ["--pull-interval", "3600", "--upload-delay", "600"])
-    defer { b.unmount(wait: false) }
+    let (a, b) = try SyncDevice.pair(
+      in: dir, store: store,
+      bArguments: ["--pull-interval", "3600", "--upload-delay", "600"])
+    defer { SyncDevice.unmountAll([a, b]) }
     try b.sh("mkdir d e && seq 1 20000 > d/f")
     try b.sync()
     try a.sync()
@@ -443,25 +466,17 @@ final class SyncDevice: @unchecked Sendable {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
     let store = dir.path("store")
-    let a = try SyncDevice("devA", in: dir, store: store, join: false)
-    defer { a.unmount(wait: false) }
-    let b = try SyncDevice(
-      "devB", in: dir, store: store, join: true,
-      mountArguments: pullFirst
+    let (a, b) = try SyncDevice.pair(
+      in: dir, store: store,
+      bArguments: pullFirst
         ? ["--pull-interval", "1", "--upload-delay", "600"] : ["--pull-interval", "3600"])
-    defer { b.unmount(wait: false) }
+    defer { SyncDevice.unmountAll([a, b]) }
     try a.sh("echo A > Makefile")
     try b.sh("echo B > makefile")
     try a.sync()
     if pullFirst {
       // B pulls A's spelling before it uploads its own.
-      var seen: [String] = []
-      for _ in 0..<100 {
-        seen = try b.ls()
-        if seen == ["Makefile", "makefile"] { break }
-        usleep(100_000)
-      }
-      #expect(seen == ["Makefile", "makefile"])
+      #expect(try b.ls(eventually: ["Makefile", "makefile"]) == ["Makefile", "makefile"])
     }
     try b.sync()
     try a.sync()
@@ -480,23 +495,15 @@ final class SyncDevice: @unchecked Sendable {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
     let store = dir.path("store")
-    let a = try SyncDevice("devA", in: dir, store: store, join: false)
-    defer { a.unmount(wait: false) }
-    let b = try SyncDevice(
-      "devB", in: dir, store: store, join: true,
-      mountArguments: ["--pull-interval", "1", "--upload-delay", "600"])
-    defer { b.unmount(wait: false) }
+    let (a, b) = try SyncDevice.pair(
+      in: dir, store: store,
+      bArguments: ["--pull-interval", "1", "--upload-delay", "600"])
+    defer { SyncDevice.unmountAll([a, b]) }
     try a.sh("echo A > Makefile")
     try a.sync()
     try b.sh("echo B > makefile")
     // B pulls A's spelling before it uploads its own, which it keeps as a case variant.
-    var seen: [String] = []
-    for _ in 0..<100 {
-      seen = try b.ls()
-      if seen == ["Makefile", "makefile"] { break }
-      usleep(100_000)
-    }
-    #expect(seen == ["Makefile", "makefile"])
+    #expect(try b.ls(eventually: ["Makefile", "makefile"]) == ["Makefile", "makefile"])
     try a.sh("mv Makefile makefile")
     try a.sync()
     try b.sync()
@@ -516,22 +523,15 @@ final class SyncDevice: @unchecked Sendable {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
     let store = dir.path("store")
-    let a = try SyncDevice("devA", in: dir, store: store, join: false)
-    defer { a.unmount(wait: false) }
-    let b = try SyncDevice(
-      "devB", in: dir, store: store, join: true, mountArguments: ["--pull-interval", "1"])
-    defer { b.unmount(wait: false) }
+    let (a, b) = try SyncDevice.pair(
+      in: dir, store: store,
+      bArguments: ["--pull-interval", "1"])
+    defer { SyncDevice.unmountAll([a, b]) }
     #expect(try b.ls() == [])
     let content = Self.marker("periodic")
     try content.write(to: a.file("news.txt"))
     try a.sync()
-    var seen: [String] = []
-    for _ in 0..<100 {
-      seen = try b.ls()
-      if seen == ["news.txt"] { break }
-      usleep(100_000)
-    }
-    #expect(seen == ["news.txt"])
+    #expect(try b.ls(eventually: ["news.txt"]) == ["news.txt"])
     #expect(try Data(contentsOf: b.file("news.txt")) == content)
     // A change of content is seen too (the kernel's cached pages are invalidated).
     let changed = Self.marker("periodic-changed")
