@@ -1354,9 +1354,9 @@ public final class PullManager: @unchecked Sendable {
           // of its own (the other device's version stays where it is). Other nodes keep their
           // cloudID: a directory's children are stored by its dirPrefix, and content that is
           // only cached is found by the cloudID.
-          let staged = try tx.outstandingKinds(ofNodeID: n.id).contains(.putData)
           if foundElsewhere.contains(cloudID), n.kind != .directory, ids.count == 1,
-            n.kind == .symlink || n.dataSize == 0 || staged
+            try n.kind == .symlink || n.dataSize == 0
+              || tx.outstandingKinds(ofNodeID: n.id).contains(.putData)
           {
             try tx.assignNewCloudID(to: n.id)
             context.logger.info(

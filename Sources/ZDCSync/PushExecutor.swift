@@ -1074,7 +1074,7 @@ struct PushExecutor {
       // landed just before, with the local size).
       try tx.requeueRcrdUpload(
         nodeID: cur.id, rewrite: rcrd.meta.dataSize != cur.dataSize)
-      if cur.name != oldName {
+      if Array(cur.name.utf8) != Array(oldName.utf8) {
         context.delegate.didRenameNode(cur, oldName: oldName, transaction: tx)
       }
       context.delegate.didDiscoverModifiedNode(
