@@ -181,6 +181,7 @@ final class ControlServer: @unchecked Sendable {
       // CFDateFormatter, which is not safe to create from concurrent requests on Linux).
       out["lastPull"] = p.lastPull.map { $0.formatted(.iso8601) } ?? NSNull()
       out["lastError"] = p.lastError ?? NSNull()
+      out["fullScanDue"] = sync.fullScanDue
     } else {
       out["sync"] = "not running"
     }

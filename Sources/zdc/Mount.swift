@@ -511,6 +511,9 @@ extension ZDC {
             "Uploading: \(obj["uploading"] ?? 0) items. Downloading: \(obj["downloading"] ?? 0) items."
           )
           print("Last pull: \((obj["lastPull"] as? String) ?? "never").")
+          if obj["fullScanDue"] as? Bool == true {
+            print("A full scan of the store is due: the next pull reads the whole tree.")
+          }
           if let e = obj["lastError"] as? String { print("Last error: \(e)") }
         }
         if let requests = obj["storeRequests"] as? [String: Int] {

@@ -21,6 +21,8 @@ protocol MountSyncHooks: AnyObject, Sendable {
   func stop()
   /// The engine's progress now.
   var progress: SyncProgress { get }
+  /// Whether the next pull reads the whole tree (a pull could not place everything it found).
+  var fullScanDue: Bool { get }
 }
 
 /// ``MountSyncHooks`` over a ``SyncEngine`` pushing to and pulling from the account's store.
@@ -78,4 +80,9 @@ final class EngineSyncHooks: MountSyncHooks, @unchecked Sendable {
   }
 
   var progress: SyncProgress { tracker.snapshot }
+
+  var fullScanDue: Bool {
+    guard let e = lock.withLock({ engine }) else { return false }
+    return (try? e.pull.fullScanDue) ?? false
+  }
 }

@@ -546,6 +546,12 @@ final class SyncDevice: @unchecked Sendable {
     #expect(now == changed)
     let status = try b.run(["status"])
     #expect(status.stdout.contains("Last pull: 20"), "\(status.stdout)")
+    #expect(!status.stdout.contains("full scan"), "\(status.stdout)")
+    // Every pull placed what it found: no full scan is due.
+    let json =
+      try JSONSerialization.jsonObject(
+        with: Data(try b.run(["status", "--json"]).stdout.utf8)) as? [String: Any]
+    #expect(json?["fullScanDue"] as? Bool == false, "\(String(describing: json))")
   }
 
   @Test func unmountWaitsForUploads() throws {

@@ -67,6 +67,7 @@ import ZDCTestSupport
         try b.sync()
       }
       #expect(try a.operationCount() == 0 && b.operationCount() == 0)
+      #expect(try !a.engine.pull.fullScanDue && !b.engine.pull.fullScanDue)
       try expectConverged([a, b], files: ["fx.txt": "in x", "fy.txt": "in y"])
       return
     }
