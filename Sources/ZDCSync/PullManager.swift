@@ -474,9 +474,13 @@ public final class PullManager: @unchecked Sendable {
     }
     // RCRDs below no directory the walk reached (normally none): nodes in a loop that crossed
     // moves of two devices made, or below a directory being deleted. They are in the store:
-    // not deleted — except a node with a change other than a move outstanding here, which
-    // cannot be written where this device knows it: taken for deleted, it is kept and uploaded
-    // again (its change would otherwise wait for a pull that never places it).
+    // not deleted. A node with a change other than a move outstanding here cannot be written
+    // where this device knows it: a file or symlink whose change is staged (or that is empty)
+    // is taken for deleted, kept, and uploaded again as a node of its own (see
+    // `applyDeletions`); any other (a directory, or a file whose content is only cached) keeps
+    // its change queued until a later scan reaches it and places it. Uploaded again under its
+    // old cloudID it would be a second RCRD of one node, which two devices took each for where
+    // the node is, for good (tools/fsx-sync seeds 111 and 138).
     let unreachedKeys = listedRcrds.filter { key in
       layout.parse(key: key).map { !visitedPrefixes.contains($0.dirPrefix) } ?? false
     }
@@ -512,12 +516,17 @@ public final class PullManager: @unchecked Sendable {
               try tx.setMoveOrigin(item.ref(of: e, layout: layout), forNodeID: e.id)
             }
           } else if !kinds.isEmpty {
-            // Taken for deleted below, and kept: the RCRD found here is another device's version
-            // of it, which a later scan places once a walk reaches it.
-            elsewhere.insert(item.rcrd.cloudID)
-            trace("not applied: below no directory reached; kept here", item, node: e.id)
+            // Not applied here: a later scan places it once a walk reaches it.
             notApplied.append(item.rcrdKey)
-            continue
+            if e.kind != .directory, try tx.childCount(of: e.id) == 0,
+              e.kind == .symlink || e.dataSize == 0 || kinds.contains(.putData)
+            {
+              // Taken for deleted below, kept and uploaded again as a node of its own.
+              elsewhere.insert(item.rcrd.cloudID)
+              trace("not applied: below no directory reached; kept here", item, node: e.id)
+              continue
+            }
+            trace("not applied: below no directory reached; its change waits", item, node: e.id)
           } else if !item.rcrd.meta.moving && !item.rcrd.meta.arriving,
             try tx.objectLocation(of: e.id)?.rcrdKey != item.rcrdKey
               || e.eTagRcrd != item.rcrdInfo.eTag
@@ -1349,15 +1358,10 @@ public final class PullManager: @unchecked Sendable {
             context.delegate.didDiscoverDeletedNode(d, at: p, timestamp: nil, transaction: tx)
           }
         } else {
-          // Its RCRD is in the store elsewhere (`foundElsewhere`), where this device cannot
-          // place it: a file or symlink whose content change is staged here goes up as a node
-          // of its own (the other device's version stays where it is). Other nodes keep their
-          // cloudID: a directory's children are stored by its dirPrefix, and content that is
-          // only cached is found by the cloudID.
-          if foundElsewhere.contains(cloudID), n.kind != .directory, ids.count == 1,
-            try n.kind == .symlink || n.dataSize == 0
-              || tx.outstandingKinds(ofNodeID: n.id).contains(.putData)
-          {
+          // Its RCRD is in the store elsewhere (`foundElsewhere`: a file or symlink whose
+          // change is staged here), where this device cannot place it: it goes up as a node of
+          // its own, and the other device's version stays where it is.
+          if foundElsewhere.contains(cloudID), ids.count == 1 {
             try tx.assignNewCloudID(to: n.id)
             context.logger.info(
               "kept node found elsewhere in the store: uploaded as a node of its own",
