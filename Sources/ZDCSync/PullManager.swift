@@ -478,9 +478,11 @@ public final class PullManager: @unchecked Sendable {
     // where this device knows it: a file or symlink whose change is staged (or that is empty)
     // is taken for deleted, kept, and uploaded again as a node of its own (see
     // `applyDeletions`); any other (a directory, or a file whose content is only cached) keeps
-    // its change queued until a later scan reaches it and places it. Uploaded again under its
-    // old cloudID it would be a second RCRD of one node, which two devices took each for where
-    // the node is, for good (tools/fsx-sync seeds 111 and 138).
+    // its change queued until a later scan reaches it and places it when it sits in or below a
+    // loop (broken by this scan), and is taken for deleted and uploaded again under its old
+    // cloudID otherwise (nothing is sure to place it). Uploaded again under its old cloudID it
+    // is a second RCRD of one node, which two devices took each for where the node is, for
+    // good (tools/fsx-sync seed 111; seed 138 is the case left open).
     let unreachedKeys = listedRcrds.filter { key in
       layout.parse(key: key).map { !visitedPrefixes.contains($0.dirPrefix) } ?? false
     }
@@ -498,6 +500,21 @@ public final class PullManager: @unchecked Sendable {
       // (kept by the delete, which asks for a full scan to bring it back) stayed missing here
       // when it sat in such a loop, and a new device never saw what the loop held
       // (tools/fsx-sync seeds 5, 15, 18, 26).
+      // Whether an RCRD sits in (or below) a loop of the found ones, which a move breaks, or
+      // below a directory the store no longer holds, which nothing will place.
+      var byDirPrefix: [String: Item] = [:]
+      for item in found where !item.rcrd.meta.moving && !item.rcrd.meta.arriving {
+        byDirPrefix[item.rcrd.dirPrefix] = item
+      }
+      func belowLoop(_ item: Item) -> Bool {
+        var onPath = Set<String>()
+        var cur: Item? = item
+        while let c = cur {
+          if !onPath.insert(c.rcrd.cloudID).inserted { return true }
+          cur = byDirPrefix[c.parentDirPrefix]
+        }
+        return false
+      }
       try context.catalog.write(context.userID) { tx in
         try breakStoreLoops(among: found, tx: tx, result: &result)
         for item in found {
@@ -524,6 +541,12 @@ public final class PullManager: @unchecked Sendable {
               // Taken for deleted below, kept and uploaded again as a node of its own.
               elsewhere.insert(item.rcrd.cloudID)
               trace("not applied: below no directory reached; kept here", item, node: e.id)
+              continue
+            }
+            if !belowLoop(item) {
+              // Below a directory no longer in the store: no scan will place it. Taken for
+              // deleted and kept, as before (that RCRD is one no walk reaches).
+              trace("not applied: below no directory in the store; kept here", item, node: e.id)
               continue
             }
             trace("not applied: below no directory reached; its change waits", item, node: e.id)
