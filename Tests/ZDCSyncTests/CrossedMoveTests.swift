@@ -183,6 +183,34 @@ import ZDCTestSupport
     #expect(values.contains("file:taken"), "\(tree)")
   }
 
+  /// Two started devices whose store holds `x` and `y` in a loop of crossed moves, with the
+  /// top-level node `name` (made by `make` on alpha and synced) moved by alpha into `x` first;
+  /// beta, which has not heard of alpha's moves, then runs `change` on its copy of `name` and one
+  /// full scan, which reaches neither `x` nor the node.
+  func movedIntoALoopWhileChanged(
+    _ kind: StoreKind, name: String, make: (Device) throws -> Void,
+    change: (Device) throws -> Void
+  ) throws -> (TestStore, Device, Device) {
+    let backing = try kind.make("zdc-sync-crossed-changed")
+    let (a, b) = try startedPair(on: backing.store)
+    try a.create("x", kind: .directory)
+    try a.create("y", kind: .directory)
+    try make(a)
+    try a.sync()
+    try b.sync()
+    a.engine.pull.stop()
+    b.engine.pull.stop()
+    try a.move(name, to: "x/" + name)
+    try a.move("x", to: "y/x")
+    #expect(a.engine.push.waitUntilIdle(timeout: 30))
+    try b.move("y", to: "x/y")
+    try change(b)
+    // Its upload waits for a pull to show where the node went.
+    _ = b.engine.push.waitUntilIdle(timeout: 3)
+    _ = try b.engine.pull.pull(fullScan: true)
+    return (backing, a, b)
+  }
+
   /// A file another device moved into a part of the store that this device's full scan does
   /// not reach (here a loop of crossed directory moves), while this device edited it: the scan
   /// takes it for deleted and keeps the edit. The edit goes up as a node of its own, beside the
@@ -190,23 +218,9 @@ import ZDCTestSupport
   /// for where the node is (found by tools/fsx-sync, seed 111).
   @Test(arguments: StoreKind.all)
   func aFileMovedWhereAScanDoesNotReachWhileEditedElsewhereKeepsBoth(_ kind: StoreKind) throws {
-    let backing = try kind.make("zdc-sync-crossed-edit")
-    let (a, b) = try startedPair(on: backing.store)
-    try a.create("x", kind: .directory)
-    try a.create("y", kind: .directory)
-    try a.create("f.txt", "original")
-    try a.sync()
-    try b.sync()
-    a.engine.pull.stop()
-    b.engine.pull.stop()
-    try a.move("f.txt", to: "x/f.txt")
-    try a.move("x", to: "y/x")
-    #expect(a.engine.push.waitUntilIdle(timeout: 30))
-    try b.move("y", to: "x/y")
-    try b.write("f.txt", "edited on beta")
-    // Its DATA upload waits for a pull to show where the node went.
-    _ = b.engine.push.waitUntilIdle(timeout: 3)
-    _ = try b.engine.pull.pull(fullScan: true)
+    let (backing, a, b) = try movedIntoALoopWhileChanged(
+      kind, name: "f.txt", make: { try $0.create("f.txt", "original") },
+      change: { try $0.write("f.txt", "edited on beta") })
     for _ in 0..<3 {
       try a.sync()
       try b.sync()
@@ -214,6 +228,7 @@ import ZDCTestSupport
     try expectConverged([a, b], files: ["f.txt": "edited on beta"])
     let tree = try a.tree()
     #expect(tree.values.contains("file:original"), "\(tree)")
+    withExtendedLifetime(backing) {}
   }
 
   /// The same with a directory whose attributes this device changed: it cannot go up as a node
@@ -225,27 +240,19 @@ import ZDCTestSupport
   func aDirectoryMovedWhereAScanDoesNotReachWhileChangedElsewhereConverges(_ kind: StoreKind)
     throws
   {
-    let backing = try kind.make("zdc-sync-crossed-dir")
-    let (a, b) = try startedPair(on: backing.store)
-    try a.create("x", kind: .directory)
-    try a.create("y", kind: .directory)
-    try a.create("d", kind: .directory)
-    try a.create("d/f.txt", "in d")
-    try a.sync()
-    try b.sync()
-    a.engine.pull.stop()
-    b.engine.pull.stop()
-    try a.move("d", to: "x/d")
-    try a.move("x", to: "y/x")
-    #expect(a.engine.push.waitUntilIdle(timeout: 30))
-    try b.move("y", to: "x/y")
-    try b.catalog.write(b.user.userID) { tx in
-      guard var n = try tx.node(path: TreesystemPath(["d"])) else { return }
-      n.mode = 0o700
-      try tx.updateNode(n)
-    }
-    _ = b.engine.push.waitUntilIdle(timeout: 3)
-    _ = try b.engine.pull.pull(fullScan: true)
+    let (backing, a, b) = try movedIntoALoopWhileChanged(
+      kind, name: "d",
+      make: {
+        try $0.create("d", kind: .directory)
+        try $0.create("d/f.txt", "in d")
+      },
+      change: { b in
+        try b.catalog.write(b.user.userID) { tx in
+          guard var n = try tx.node(path: TreesystemPath(["d"])) else { return }
+          n.mode = 0o700
+          try tx.updateNode(n)
+        }
+      })
     // Pulls as a mount runs them: the waiting change needs one after the loop is broken.
     try a.engine.pull.start()
     try b.engine.pull.start()
@@ -255,5 +262,6 @@ import ZDCTestSupport
     }
     try expectConverged([a, b], files: ["f.txt": "in d"])
     #expect(try b.tree(withContent: false).values.filter { $0 == "dir" }.count == 3)
+    withExtendedLifetime(backing) {}
   }
 }
