@@ -111,6 +111,7 @@ import ZDCTestSupport
     try p.b.sync()
     p.a.engine.push.stop()
     p.b.engine.push.stop()
+    p.b.engine.pull.stop()
     try p.a.move("doc.txt", to: "DOC.txt")
     try p.a.write("DOC.txt", "alpha's edit")
     try p.b.write("doc.txt", "beta's edit")
@@ -119,6 +120,7 @@ import ZDCTestSupport
       n.mode = 0o600
       try tx.updateNode(n)
     }
+    try p.b.engine.pull.start()
     try p.a.engine.push.start()
     try p.a.sync()
     try p.b.engine.push.start()
@@ -208,11 +210,14 @@ import ZDCTestSupport
   ) throws {
     let p = try pair("case-clash", kind)
     p.b.engine.push.stop()
+    // B pulls only when told to (a pull of its own could bring A's spelling first).
+    p.b.engine.pull.stop()
     try p.a.create("Makefile", "A")
     try p.a.sync()
     try p.b.create("makefile", "B")
     // B learns of A's spelling before its upload: it keeps its own as the case variant.
     _ = try p.b.engine.pull.pull()
+    try p.b.engine.pull.start()
     let variant = CaseVariant.name(for: "makefile")
     #expect(try p.b.tree(withContent: false) == ["/Makefile": "file", "/" + variant: "file"])
     if variantUploadedFirst {
