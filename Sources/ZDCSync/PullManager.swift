@@ -500,23 +500,9 @@ public final class PullManager: @unchecked Sendable {
       // (kept by the delete, which asks for a full scan to bring it back) stayed missing here
       // when it sat in such a loop, and a new device never saw what the loop held
       // (tools/fsx-sync seeds 5, 15, 18, 26).
-      // Whether an RCRD sits in (or below) a loop of the found ones, which a move breaks, or
-      // below a directory the store no longer holds, which nothing will place.
-      var byDirPrefix: [String: Item] = [:]
-      for item in found where !item.rcrd.meta.moving && !item.rcrd.meta.arriving {
-        byDirPrefix[item.rcrd.dirPrefix] = item
-      }
-      func belowLoop(_ item: Item) -> Bool {
-        var onPath = Set<String>()
-        var cur: Item? = item
-        while let c = cur {
-          if !onPath.insert(c.rcrd.cloudID).inserted { return true }
-          cur = byDirPrefix[c.parentDirPrefix]
-        }
-        return false
-      }
+      let loops = StoreLoops(found)
       try context.catalog.write(context.userID) { tx in
-        try breakStoreLoops(among: found, tx: tx, result: &result)
+        try breakStoreLoops(loops, tx: tx, result: &result)
         for item in found {
           guard let e = try tx.node(cloudID: item.rcrd.cloudID), e.trunk == nil else {
             seen.insert(item.rcrd.cloudID)
@@ -543,7 +529,7 @@ public final class PullManager: @unchecked Sendable {
               trace("not applied: below no directory reached; kept here", item, node: e.id)
               continue
             }
-            if !belowLoop(item) {
+            if !loops.holds(item) {
               // Below a directory no longer in the store: no scan will place it. Taken for
               // deleted and kept, as before (that RCRD is one no walk reaches).
               trace("not applied: below no directory in the store; kept here", item, node: e.id)
@@ -1113,33 +1099,11 @@ public final class PullManager: @unchecked Sendable {
   /// of each loop with the smallest cloudID goes to the top of the home tree, here and, by a
   /// move from where the store has it, in the store. Every device that finds the loop picks the
   /// same node; a node not known here is left to a device that knows it.
-  private func breakStoreLoops(among found: [Item], tx: CloudTransaction, result: inout PullResult)
+  private func breakStoreLoops(_ loops: StoreLoops, tx: CloudTransaction, result: inout PullResult)
     throws
   {
-    let placed = found.filter { !$0.rcrd.meta.moving && !$0.rcrd.meta.arriving }
-    var byDirPrefix: [String: Item] = [:]
-    for item in placed { byDirPrefix[item.rcrd.dirPrefix] = item }
-    var done = Set<String>()
-    var losers: [Item] = []
-    for start in placed where !done.contains(start.rcrd.cloudID) {
-      var path: [Item] = []
-      var onPath = Set<String>()
-      var cur: Item? = start
-      while let c = cur, !done.contains(c.rcrd.cloudID), !onPath.contains(c.rcrd.cloudID) {
-        path.append(c)
-        onPath.insert(c.rcrd.cloudID)
-        cur = byDirPrefix[c.parentDirPrefix]
-      }
-      if let c = cur, onPath.contains(c.rcrd.cloudID),
-        let first = path.firstIndex(where: { $0.rcrd.cloudID == c.rcrd.cloudID }),
-        let loser = path[first...].min(by: { $0.rcrd.cloudID < $1.rcrd.cloudID })
-      {
-        losers.append(loser)
-      }
-      done.formUnion(onPath)
-    }
-    guard !losers.isEmpty, let home = try tx.trunkNode(.home) else { return }
-    for item in losers {
+    guard !loops.losers.isEmpty, let home = try tx.trunkNode(.home) else { return }
+    for item in loops.losers {
       guard var n = try tx.node(cloudID: item.rcrd.cloudID), n.trunk == nil else { continue }
       trace("loop in the store: its node goes to the top", item, node: n.id)
       if n.parentID != home.id { n = try moveToTop(n, home: home, tx: tx, result: &result) }
@@ -1147,6 +1111,57 @@ public final class PullManager: @unchecked Sendable {
       context.logger.info(
         "crossed moves in the store: a directory goes to the top of the tree",
         metadata: ["node": "\(n.id)"])
+    }
+  }
+
+  /// The loops that RCRDs a full scan could not reach from the top form in the store (RCRDs
+  /// of moves under way left out): the node each loop is broken at (its smallest cloudID), and
+  /// which RCRDs sit in or below a loop (the others sit below a directory the store no longer
+  /// holds).
+  struct StoreLoops {
+    /// The placed RCRDs by the dirPrefix of their node.
+    let byDirPrefix: [String: Item]
+    /// For each loop, its RCRD with the smallest cloudID.
+    let losers: [Item]
+    /// The cloudIDs of the placed RCRDs in or below a loop.
+    let inOrBelow: Set<String>
+
+    init(_ found: [Item]) {
+      let placed = found.filter { !$0.rcrd.meta.moving && !$0.rcrd.meta.arriving }
+      var byDirPrefix: [String: Item] = [:]
+      for item in placed { byDirPrefix[item.rcrd.dirPrefix] = item }
+      var done = Set<String>()
+      var losers: [Item] = []
+      var inOrBelow = Set<String>()
+      for start in placed where !done.contains(start.rcrd.cloudID) {
+        var path: [Item] = []
+        var onPath = Set<String>()
+        var cur: Item? = start
+        while let c = cur, !done.contains(c.rcrd.cloudID), !onPath.contains(c.rcrd.cloudID) {
+          path.append(c)
+          onPath.insert(c.rcrd.cloudID)
+          cur = byDirPrefix[c.parentDirPrefix]
+        }
+        if let c = cur, onPath.contains(c.rcrd.cloudID),
+          let first = path.firstIndex(where: { $0.rcrd.cloudID == c.rcrd.cloudID }),
+          let loser = path[first...].min(by: { $0.rcrd.cloudID < $1.rcrd.cloudID })
+        {
+          losers.append(loser)
+          inOrBelow.formUnion(onPath)
+        } else if let c = cur, inOrBelow.contains(c.rcrd.cloudID) {
+          inOrBelow.formUnion(onPath)
+        }
+        done.formUnion(onPath)
+      }
+      self.byDirPrefix = byDirPrefix
+      self.losers = losers
+      self.inOrBelow = inOrBelow
+    }
+
+    /// Whether `item` (placed or not) sits in or below a loop.
+    func holds(_ item: Item) -> Bool {
+      inOrBelow.contains(item.rcrd.cloudID)
+        || byDirPrefix[item.parentDirPrefix].map { inOrBelow.contains($0.rcrd.cloudID) } == true
     }
   }
 
