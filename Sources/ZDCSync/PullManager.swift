@@ -342,12 +342,14 @@ public final class PullManager: @unchecked Sendable {
     }
     var listedRcrds = Set<String>()
     var listedETags: [String: String] = [:]
+    var listed: [String: (rcrd: ObjectInfo, data: ObjectInfo?)] = [:]
     for (prefix, slots) in byPrefix {
       for (cloudName, slot) in slots {
         guard let rcrd = slot.rcrd else { continue }
         let key = layout.rcrdKey(dirPrefix: prefix, cloudName: cloudName)
         listedRcrds.insert(key)
         listedETags[key] = rcrd.eTag
+        listed[key] = (rcrd, slot.data)
       }
     }
     let (index, moves) = try context.catalog.read(context.userID) { tx in
@@ -383,6 +385,9 @@ public final class PullManager: @unchecked Sendable {
     var notApplied: [String] = []
     // Known nodes with local changes whose RCRD the scan found below no directory it reached.
     var elsewhere = Set<String>()
+    // Second RCRDs of known nodes, found while the one where this device knows them is listed
+    // unchanged (see `settleDuplicates`).
+    var duplicates: [Item] = []
     while !level.isEmpty {
       var candidates: [(key: String, rcrd: ObjectInfo, data: ObjectInfo?, preferred: Bool)] = []
       for dp in level {
@@ -433,6 +438,7 @@ public final class PullManager: @unchecked Sendable {
           let eTag = home.eTag, listedETags[home.key] == eTag
         else { return true }
         trace("left: still listed unchanged where this device knows it", item)
+        if !item.rcrd.meta.moving && !item.rcrd.meta.arriving { duplicates.append(item) }
         return false
       }
       // A node whose RCRD cannot be read now is not taken for deleted.
@@ -472,6 +478,7 @@ public final class PullManager: @unchecked Sendable {
       }
       level = next
     }
+    try settleDuplicates(duplicates, homeOf: homeOf, listed: listed, result: &result)
     // RCRDs below no directory the walk reached (normally none): nodes in a loop that crossed
     // moves of two devices made, or below a directory being deleted. They are in the store:
     // not deleted. A node with a change other than a move outstanding here cannot be written
@@ -482,7 +489,7 @@ public final class PullManager: @unchecked Sendable {
     // loop (broken by this scan), and is taken for deleted and uploaded again under its old
     // cloudID otherwise (nothing is sure to place it). Uploaded again under its old cloudID it
     // is a second RCRD of one node, which two devices took each for where the node is, for
-    // good (tools/fsx-sync seed 111; seed 138 is the case left open).
+    // good (tools/fsx-sync seed 111; where it still happens, `settleDuplicates` ends it).
     let unreachedKeys = listedRcrds.filter { key in
       layout.parse(key: key).map { !visitedPrefixes.contains($0.dirPrefix) } ?? false
     }
@@ -1111,6 +1118,59 @@ public final class PullManager: @unchecked Sendable {
       context.logger.info(
         "crossed moves in the store: a directory goes to the top of the tree",
         metadata: ["node": "\(n.id)"])
+    }
+  }
+
+  /// Settles nodes that the store holds at two places (an RCRD where this device knows the node,
+  /// listed unchanged, and `duplicates`' other one, neither marked by a move): a move writes its
+  /// target marked `arriving` and deletes its origin before it unmarks the target, so two
+  /// unmarked RCRDs of one node are no move under way but a node uploaded again where a device
+  /// kept it (e.g. one that a full scan found below a directory briefly missing from the store,
+  /// and took for deleted while it had local changes). The "still listed unchanged" rule keeps
+  /// every device where it knows the node, so two devices that knew it at different places
+  /// stayed apart for good (tools/fsx-sync seed 138). Every device picks the same place, the
+  /// RCRD written last (the greater key on a tie): a device that knows the node at the other
+  /// place applies it there, and a move from the other place to it is queued, which deletes
+  /// the other RCRD and tells the other devices by its change-log entry. A node with
+  /// operations outstanding here is left to a later scan, as is a place holding DATA (it is
+  /// not carried over the chosen place's).
+  private func settleDuplicates(
+    _ duplicates: [Item], homeOf: [String: (key: String, eTag: String?)],
+    listed: [String: (rcrd: ObjectInfo, data: ObjectInfo?)], result: inout PullResult
+  ) throws {
+    guard !duplicates.isEmpty else { return }
+    let layout = context.layout
+    try context.catalog.write(context.userID) { tx in
+      for item in duplicates {
+        guard let home = homeOf[item.rcrd.cloudID], let known = listed[home.key],
+          let parsed = layout.parse(key: home.key),
+          let n = try tx.node(cloudID: item.rcrd.cloudID), n.trunk == nil,
+          try tx.outstandingKinds(ofNodeID: n.id).isEmpty
+        else { continue }
+        let foundWins =
+          (item.rcrdInfo.lastModified, item.rcrdKey) > (known.rcrd.lastModified, home.key)
+        let other =
+          foundWins
+          ? CloudObjectRef(
+            nodeID: n.id, cloudID: n.cloudID, dirPrefix: parsed.dirPrefix,
+            cloudName: parsed.cloudName, rcrdKey: home.key,
+            dataKey: layout.dataKey(dirPrefix: parsed.dirPrefix, cloudName: parsed.cloudName),
+            eTagRcrd: known.rcrd.eTag, eTagData: known.data?.eTag)
+          : item.ref(of: n, layout: layout)
+        guard other.eTagData == nil else {
+          trace("left: a second RCRD of the node, with DATA", item, node: n.id)
+          continue
+        }
+        if foundWins {
+          try apply(item, tx: tx, result: &result)
+          guard try tx.objectLocation(of: n.id)?.rcrdKey == item.rcrdKey else { continue }
+        }
+        trace("two RCRDs of the node: the other goes", item, node: n.id)
+        try tx.moveFromStoreLocation(other, forNodeID: n.id)
+        context.logger.info(
+          "a node at two places in the store: the RCRD written last stays",
+          metadata: ["node": "\(n.id)"])
+      }
     }
   }
 

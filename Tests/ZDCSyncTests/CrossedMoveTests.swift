@@ -264,4 +264,50 @@ import ZDCTestSupport
     #expect(try b.tree(withContent: false).values.filter { $0 == "dir" }.count == 3)
     withExtendedLifetime(backing) {}
   }
+
+  /// A directory whose RCRD the store holds at two places, neither marked by a move (here: its
+  /// old RCRD put back after its move, as a device that kept it uploads it again under its old
+  /// cloudID): each device knew it at another place, and the rule that keeps a node where a
+  /// device knows it while that RCRD is listed unchanged kept them apart for good (found by
+  /// tools/fsx-sync, seed 138). Full scans now pick the RCRD written last on every device, and
+  /// a move deletes the other one.
+  func rcrdCount(_ store: any CloudStore) throws -> Int {
+    try store.listAll(prefix: "").filter { $0.key.hasSuffix(".rcrd") }.count
+  }
+
+  @Test(arguments: StoreKind.all)
+  func aDirectoryStoredAtTwoPlacesEndsAtOne(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-twice")
+    let (a, b) = try startedPair(on: backing.store)
+    try a.create("p", kind: .directory)
+    try a.create("d", kind: .directory)
+    try a.create("d/f.txt", "in d")
+    try a.sync()
+    try b.sync()
+    b.engine.pull.stop()
+    let d = try #require(try a.node("d"))
+    let old = try #require(try a.catalog.read(a.user.userID) { try $0.objectLocation(of: d.id) })
+    let bytes = try backing.store.get(key: old.rcrdKey, range: nil)
+    try a.move("d", to: "p/d")
+    try a.sync()
+    #expect(throws: StoreError.self) { try backing.store.head(key: old.rcrdKey) }
+    let rcrdsAfterMove = try rcrdCount(backing.store)
+    // Written after the move's RCRD: the place every device picks.
+    Thread.sleep(forTimeInterval: 1.1)
+    _ = try backing.store.put(key: old.rcrdKey, body: .data(bytes), condition: .ifNoneMatch)
+    // Before: alpha kept `p/d` and beta `d`, each scan leaving the other RCRD.
+    for dev in [a, b] { try dev.engine.pull.pull(fullScan: true) }
+    try a.engine.pull.start()
+    try b.engine.pull.start()
+    for _ in 0..<2 {
+      try a.sync()
+      try b.sync()
+    }
+    try expectConverged([a, b], files: ["f.txt": "in d"])
+    #expect(try a.node("d") != nil)
+    #expect(try b.node("d") != nil)
+    // The other RCRD went: the store holds as many as before it was put back.
+    #expect(try rcrdCount(backing.store) == rcrdsAfterMove)
+    withExtendedLifetime(backing) {}
+  }
 }
