@@ -1456,16 +1456,37 @@ public final class PullManager: @unchecked Sendable {
             context.delegate.didDiscoverDeletedNode(d, at: p, timestamp: nil, transaction: tx)
           }
         } else {
-          // Its RCRD is in the store elsewhere (`foundElsewhere`: a file or symlink whose
-          // change is staged here), where this device cannot place it: it goes up as a node of
-          // its own, and the other device's version stays where it is.
-          if foundElsewhere.contains(cloudID), ids.count == 1 {
-            try tx.assignNewCloudID(to: n.id)
+          // A node kept here, the deleted one or one below it, whose RCRD is in the store
+          // elsewhere (`foundElsewhere`: a file or symlink whose change is staged here), where
+          // this device cannot place it: it goes up as a node of its own, and the other
+          // device's version stays where it is. Before, one below a kept directory went up
+          // under its old cloudID: a second RCRD of one file, with DATA at both places, which
+          // the two devices each kept at another place (tools/fsx-sync seed 138).
+          for id in ids where !alive.contains(id) {
+            guard let d = try tx.node(id: id), foundElsewhere.contains(d.cloudID),
+              try tx.childCount(of: id) == 0
+            else { continue }
+            try tx.assignNewCloudID(to: id)
             context.logger.info(
               "kept node found elsewhere in the store: uploaded as a node of its own",
-              metadata: ["node": "\(n.id)"])
+              metadata: ["node": "\(id)"])
           }
-          try keepDirty(n.id, dirty: dirty, existingData: existingData, tx: tx)
+          // A node below it that this device moved there from a place the store still holds
+          // it at (the move outstanding) is not uploaded again: its move brings it into the
+          // kept directory (after that one's upload). Uploaded again, under its old cloudID, it
+          // was a second RCRD of the node beside the one at its move's origin, which the two
+          // devices each kept (tools/fsx-sync seed 138).
+          var movingIn: [NodeID] = []
+          if let listed {
+            for id in ids.dropFirst() {
+              let origins = try tx.pendingOperations(forNodeID: id).compactMap {
+                $0.kind == .move ? $0.payload.origin?.rcrdKey : nil
+              }
+              if origins.contains(where: listed.contains) { movingIn.append(id) }
+            }
+          }
+          try keepDirty(
+            n.id, dirty: dirty, existingData: existingData, movingIn: movingIn, tx: tx)
           context.delegate.didDiscoverDeletedDirtyNode(
             n, dirtyDescendants: dirty, timestamp: nil, transaction: tx)
           context.delegate.didDiscoverConflict(
