@@ -294,9 +294,14 @@ extension CloudTransaction {
   /// that had or were uploading data), parents first. `existingData` names nodes with no local
   /// content change whose DATA is still at their keys (e.g. a copy their move made before the
   /// delete): they keep it, with its sizes, instead of uploading the content again.
-  public func reuploadSubtree(_ id: NodeID, existingData: [NodeID: CloudDataInfo] = [:]) throws {
+  ///
+  /// `leaving` names nodes of the subtree that keep their cloud state and operations (e.g. one
+  /// moving in from where the store still holds it: its move brings it, and what is below it).
+  public func reuploadSubtree(
+    _ id: NodeID, existingData: [NodeID: CloudDataInfo] = [:], leaving: Set<NodeID> = []
+  ) throws {
     try requireWritable()
-    let entries = try subtree(of: id)
+    let entries = try subtree(of: id).filter { !leaving.contains($0.id) }
     var hadData: Set<NodeID> = []
     var existing = existingData
     var strays: [(cloudID: String, refs: [CloudObjectRef])] = []

@@ -1270,14 +1270,18 @@ public final class PullManager: @unchecked Sendable {
   /// DATA found still at its keys, `existingData`).
   private func keepDirty(
     _ root: NodeID, dirty: [NodeID], existingData: [NodeID: CloudDataInfo] = [:],
-    tx: CloudTransaction
+    movingIn: [NodeID] = [], tx: CloudTransaction
   ) throws {
     var keep = Set<NodeID>()
-    for d in dirty {
+    for d in dirty + movingIn {
       var cur: NodeID? = d
       while let c = cur, keep.insert(c).inserted, c != root { cur = try tx.node(id: c)?.parentID }
     }
-    for id in try tx.subtreeIDs(of: root).reversed() where !keep.contains(id) {
+    // A node moving in keeps its cloud state, its move, and what is below it.
+    var leaving = Set<NodeID>()
+    for m in movingIn { leaving.formUnion(try tx.subtreeIDs(of: m)) }
+    for id in try tx.subtreeIDs(of: root).reversed()
+    where !keep.contains(id) && !leaving.contains(id) {
       guard let n = try tx.node(id: id), let parentID = n.parentID, keep.contains(parentID) else {
         continue
       }
@@ -1298,13 +1302,13 @@ public final class PullManager: @unchecked Sendable {
     // node) and has no upload of has its content uploaded too — whatever the delegate has, if
     // only nothing: its RCRD alone would describe a size no DATA has.
     var withoutData: [NodeID] = []
-    for id in keep where existingData[id] == nil {
+    for id in keep where existingData[id] == nil && !leaving.contains(id) {
       guard let n = try tx.node(id: id), n.kind == .file, n.eTagData == nil, n.dataSize > 0,
         try !tx.outstandingKinds(ofNodeID: id).contains(.putData)
       else { continue }
       withoutData.append(id)
     }
-    try tx.reuploadSubtree(root, existingData: existingData)
+    try tx.reuploadSubtree(root, existingData: existingData, leaving: leaving)
     for id in withoutData where try tx.node(id: id) != nil {
       try tx.queueDataUpload(nodeID: id)
     }

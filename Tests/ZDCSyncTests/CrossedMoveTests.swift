@@ -269,6 +269,42 @@ import ZDCTestSupport
     withExtendedLifetime(backing) {}
   }
 
+  /// A file this device moved into a directory that another device deleted meanwhile, its move
+  /// not pushed yet when a full scan takes the directory for deleted: the directory is kept for
+  /// it, and the file's move brings it there from where the store holds it. Before, the file
+  /// was uploaded again under its old cloudID in the kept directory, while its RCRD and DATA
+  /// stayed at the move's origin: one file at two places, which the two devices each kept
+  /// (found by tools/fsx-sync, seed 138).
+  @Test(arguments: StoreKind.all)
+  func aFileMovedIntoADirectoryDeletedElsewhereEndsAtOnePlace(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-moved-into-deleted")
+    let (a, b) = try startedPair(on: backing.store)
+    try a.create("p", kind: .directory)
+    try a.create("d", kind: .directory)
+    try a.create("p/f.txt", "moved")
+    try a.sync()
+    try b.sync()
+    a.engine.pull.stop()
+    b.engine.pull.stop()
+    try a.delete("d")
+    #expect(a.engine.push.waitUntilIdle(timeout: 30))
+    b.engine.push.stop()
+    try b.move("p/f.txt", to: "d/f.txt")
+    _ = try b.engine.pull.pull(fullScan: true)
+    try b.engine.push.start()
+    try a.engine.pull.start()
+    try b.engine.pull.start()
+    for _ in 0..<2 {
+      try b.sync()
+      try a.sync()
+    }
+    try expectConverged([a, b], files: ["f.txt": "moved"])
+    #expect(try a.tree()["/d/f.txt"] == "file:moved")
+    // p, d and f.txt: the file's RCRD at its move's origin went.
+    #expect(try rcrdCount(backing.store) == 3)
+    withExtendedLifetime(backing) {}
+  }
+
   /// The same with a directory whose attributes this device changed: it cannot go up as a node
   /// of its own (its children are stored by its dirPrefix), so its change waits until a scan
   /// reaches where the other device moved it. Uploaded again under its old cloudID, it was a
