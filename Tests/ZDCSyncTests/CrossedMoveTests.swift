@@ -189,7 +189,7 @@ import ZDCTestSupport
   /// full scan, which reaches neither `x` nor the node.
   func movedIntoALoopWhileChanged(
     _ kind: StoreKind, name: String, make: (Device) throws -> Void,
-    change: (Device) throws -> Void
+    takeIn: ((Device) throws -> Void)? = nil, change: (Device) throws -> Void
   ) throws -> (TestStore, Device, Device) {
     let backing = try kind.make("zdc-sync-crossed-changed")
     let (a, b) = try startedPair(on: backing.store)
@@ -200,7 +200,7 @@ import ZDCTestSupport
     try b.sync()
     a.engine.pull.stop()
     b.engine.pull.stop()
-    try a.move(name, to: "x/" + name)
+    if let takeIn { try takeIn(a) } else { try a.move(name, to: "x/" + name) }
     try a.move("x", to: "y/x")
     #expect(a.engine.push.waitUntilIdle(timeout: 30))
     try b.move("y", to: "x/y")
@@ -239,24 +239,17 @@ import ZDCTestSupport
   /// (found by tools/fsx-sync, seed 138).
   @Test(arguments: StoreKind.all)
   func aFileBelowAKeptDirectoryFoundWhereAScanDoesNotReachKeepsBoth(_ kind: StoreKind) throws {
-    let backing = try kind.make("zdc-sync-kept-below")
-    let (a, b) = try startedPair(on: backing.store)
-    try a.create("x", kind: .directory)
-    try a.create("y", kind: .directory)
-    try a.create("d", kind: .directory)
-    try a.create("d/f.txt", "original")
-    try a.sync()
-    try b.sync()
-    a.engine.pull.stop()
-    b.engine.pull.stop()
-    try a.move("d/f.txt", to: "x/f.txt")
-    try a.delete("d")
-    try a.move("x", to: "y/x")
-    #expect(a.engine.push.waitUntilIdle(timeout: 30))
-    try b.move("y", to: "x/y")
-    try b.write("d/f.txt", "edited on beta")
-    _ = b.engine.push.waitUntilIdle(timeout: 3)
-    _ = try b.engine.pull.pull(fullScan: true)
+    let (backing, a, b) = try movedIntoALoopWhileChanged(
+      kind, name: "f.txt",
+      make: {
+        try $0.create("d", kind: .directory)
+        try $0.create("d/f.txt", "original")
+      },
+      takeIn: {
+        try $0.move("d/f.txt", to: "x/f.txt")
+        try $0.delete("d")
+      },
+      change: { try $0.write("d/f.txt", "edited on beta") })
     try a.engine.pull.start()
     try b.engine.pull.start()
     for _ in 0..<3 {
