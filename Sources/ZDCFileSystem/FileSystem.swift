@@ -706,7 +706,15 @@ public final class FileSystem: @unchecked Sendable {
     }
     if Section(fileName: name) != nil { throw FileSystemError.notPermitted }
     let targetSection = Section(fileName: shownNew)
-    let newName = targetSection == nil ? try self.newName(shownNew) : shownNew
+    // A hashed form, or a case variant's escape, names an existing entry only: it is refused as
+    // a new name (`nil` here), but valid for a rename over (or exchange with) that entry, as
+    // any name shown in a directory is.
+    let newName: String?
+    do {
+      newName = targetSection == nil ? try self.newName(shownNew) : shownNew
+    } catch FileSystemError.invalidArgument {
+      newName = nil
+    }
     enum Plan {
       case done
       case replaceContent(source: Node, target: NodeID, section: Section)
@@ -762,6 +770,11 @@ public final class FileSystem: @unchecked Sendable {
         return .done
       }
       if flags.contains(.exchange) { throw FileSystemError.notFound }
+      guard let newName else {
+        // Onto itself, by the name it is shown as: nothing to do, as on a local file system.
+        if dst?.id == src.id { return .done }
+        throw FileSystemError.invalidArgument
+      }
       try placing(newName, in: np.id, shown: shownNew, tx) { name in
         try tx.moveNode(src.id, toParent: np.id, name: name)
         recentChildren.put(ChildName(parent: np.id, name: name), src.id)

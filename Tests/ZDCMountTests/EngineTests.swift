@@ -214,6 +214,80 @@ import ZDCFileSystem
     #expect(try fs.lookup(parent: d.inode, name: "A").inode == Inode(variant.id))
   }
 
+  /// A name shown in hashed form, or as a case variant's escape, is no new name; but a rename
+  /// over the entry it names replaces that entry, as over any name a directory shows, and the
+  /// source takes the entry's stored name (tools/fsx-sync seeds 163 and 165 renamed over such
+  /// entries and met `EINVAL`, where a local directory renames).
+  @Test func aRenameOverAnEntryShownEscapedReplacesIt() throws {
+    let w = try LazyDownloadTests.World()
+    let fs = try w.fileSystem(online: false)
+    let d = try fs.mkdir(parent: 1, name: "d", mode: 0o755)
+    let dID = NodeID(d.inode)
+    func make(_ name: String, _ kind: NodeKind) throws -> Node {
+      try fs.catalog.write(fs.userID) { tx in
+        try tx.createNode(
+          Node(
+            uuid: "", localUserID: fs.userID, parentID: dID, name: name, kind: kind,
+            shareList: .owner(fs.userID), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "",
+            cloudID: "", mode: 0o644, mtime: FileTime(Date())))
+      }
+    }
+    func entries() throws -> Set<String> {
+      Set(try names(fs, d.inode, from: 0, max: 10).0.filter { $0 != "." && $0 != ".." })
+    }
+    func newFile(_ name: String, bytes: Int) throws -> Inode {
+      let (a, h) = try fs.create(parent: d.inode, name: name, mode: 0o644, flags: O_WRONLY)
+      _ = try Data(repeating: 0x61, count: bytes).withUnsafeBytes {
+        try fs.write(h.handle, offset: 0, bytes: $0)
+      }
+      try fs.release(h.handle)
+      return a.inode
+    }
+    let long = String(repeating: "x", count: 300)
+    let shown = NameEscape.shown(long)
+    let target = try make(long, .file)
+    #expect(try entries() == [shown])
+    // A file over a file: the target keeps its identity (the editors' rule) and its long name.
+    _ = try newFile("new", bytes: 3)
+    try fs.rename(parent: d.inode, name: "new", newParent: d.inode, newName: shown, flags: [])
+    #expect(try entries() == [shown])
+    let replaced = try fs.lookup(parent: d.inode, name: shown)
+    #expect(replaced.inode == Inode(target.id) && replaced.size == 3)
+    // Onto itself by that name: nothing changes.
+    try fs.rename(parent: d.inode, name: shown, newParent: d.inode, newName: shown, flags: [])
+    #expect(try fs.lookup(parent: d.inode, name: shown).inode == Inode(target.id))
+    // A directory over an empty directory shown hashed takes its long name.
+    let longDir = String(repeating: "y", count: 300)
+    _ = try make(longDir, .directory)
+    let sub = try fs.mkdir(parent: d.inode, name: "sub", mode: 0o755)
+    try fs.rename(
+      parent: d.inode, name: "sub", newParent: d.inode, newName: NameEscape.shown(longDir),
+      flags: [])
+    #expect(try entries() == [shown, NameEscape.shown(longDir)])
+    #expect(try fs.lookup(parent: d.inode, name: NameEscape.shown(longDir)).inode == sub.inode)
+    // Exchanged with an entry shown hashed, each takes the other's name.
+    let other = try newFile("other", bytes: 5)
+    try fs.rename(
+      parent: d.inode, name: "other", newParent: d.inode, newName: shown, flags: .exchange)
+    #expect(try fs.lookup(parent: d.inode, name: shown).inode == other)
+    #expect(try fs.lookup(parent: d.inode, name: "other").inode == Inode(target.id))
+    // Naming no entry, a hashed form is still refused as a new name.
+    let absent = NameEscape.shown(String(repeating: "z", count: 300))
+    #expect(throws: FileSystemError.invalidArgument) {
+      try fs.rename(parent: d.inode, name: "other", newParent: d.inode, newName: absent, flags: [])
+    }
+    // A case variant shown escaped (beside its plain name) is replaced the same way.
+    let variant = try make(CaseVariant.name(for: "A"), .file)
+    _ = try make("A", .file)
+    let escaped = "%%" + CaseVariant.name(for: "A").replacingOccurrences(of: "\u{0}", with: "%00")
+    #expect(try entries().isSuperset(of: ["A", escaped]))
+    _ = try newFile("v", bytes: 7)
+    try fs.rename(parent: d.inode, name: "v", newParent: d.inode, newName: escaped, flags: [])
+    let variantNow = try fs.lookup(parent: d.inode, name: escaped)
+    #expect(variantNow.inode == Inode(variant.id) && variantNow.size == 7)
+    #expect(throws: FileSystemError.notFound) { try fs.lookup(parent: d.inode, name: "v") }
+  }
+
   @Test func typedErrorsForPOSIXCases() throws {
     let w = try LazyDownloadTests.World()
     let fs = try w.fileSystem(online: false)
