@@ -252,11 +252,22 @@ public final class PullManager: @unchecked Sendable {
 
     /// Where this item holds `node` in the store (a move's origin).
     func ref(of node: Node, layout: CloudLayout) -> CloudObjectRef {
-      CloudObjectRef(
-        nodeID: node.id, cloudID: node.cloudID, dirPrefix: parentDirPrefix, cloudName: cloudName,
-        rcrdKey: rcrdKey, dataKey: layout.dataKey(dirPrefix: parentDirPrefix, cloudName: cloudName),
-        eTagRcrd: rcrdInfo.eTag, eTagData: dataInfo?.eTag)
+      storePlace(
+        of: node, rcrdKey: rcrdKey, dirPrefix: parentDirPrefix, cloudName: cloudName,
+        rcrd: rcrdInfo, data: dataInfo, layout: layout)
     }
+  }
+
+  /// Where the store holds `node`: the RCRD `rcrd` at `rcrdKey` (in `dirPrefix`, named
+  /// `cloudName`) and its DATA `data`, if any.
+  static func storePlace(
+    of node: Node, rcrdKey: String, dirPrefix: String, cloudName: String, rcrd: ObjectInfo,
+    data: ObjectInfo?, layout: CloudLayout
+  ) -> CloudObjectRef {
+    CloudObjectRef(
+      nodeID: node.id, cloudID: node.cloudID, dirPrefix: dirPrefix, cloudName: cloudName,
+      rcrdKey: rcrdKey, dataKey: layout.dataKey(dirPrefix: dirPrefix, cloudName: cloudName),
+      eTagRcrd: rcrd.eTag, eTagData: data?.eTag)
   }
 
   /// What fetching one RCRD gave.
@@ -321,6 +332,10 @@ public final class PullManager: @unchecked Sendable {
 
   // MARK: Full scan
 
+  /// A full scan's listing of the tree: each RCRD key with the RCRD's and its DATA's
+  /// object info.
+  private typealias Listed = [String: (rcrd: ObjectInfo, data: ObjectInfo?)]
+
   private func fullScan() throws -> PullResult {
     var result = PullResult()
     result.fullScan = true
@@ -340,15 +355,11 @@ public final class PullManager: @unchecked Sendable {
       if p.isRcrd { slot.rcrd = o } else { slot.data = o }
       byPrefix[p.dirPrefix, default: [:]][p.cloudName] = slot
     }
-    var listedRcrds = Set<String>()
-    var listedETags: [String: String] = [:]
-    var listed: [String: (rcrd: ObjectInfo, data: ObjectInfo?)] = [:]
+    var listed: Listed = [:]
     for (prefix, slots) in byPrefix {
       for (cloudName, slot) in slots {
         guard let rcrd = slot.rcrd else { continue }
         let key = layout.rcrdKey(dirPrefix: prefix, cloudName: cloudName)
-        listedRcrds.insert(key)
-        listedETags[key] = rcrd.eTag
         listed[key] = (rcrd, slot.data)
       }
     }
@@ -435,7 +446,7 @@ public final class PullManager: @unchecked Sendable {
       // its change-log entry announces once done.
       let items = fetched.filter { item in
         guard let home = homeOf[item.rcrd.cloudID], home.key != item.rcrdKey,
-          let eTag = home.eTag, listedETags[home.key] == eTag
+          let eTag = home.eTag, listed[home.key]?.rcrd.eTag == eTag
         else { return true }
         trace("left: still listed unchanged where this device knows it", item)
         if !item.rcrd.meta.moving && !item.rcrd.meta.arriving { duplicates.append(item) }
@@ -490,7 +501,7 @@ public final class PullManager: @unchecked Sendable {
     // cloudID otherwise (nothing is sure to place it). Uploaded again under its old cloudID it
     // is a second RCRD of one node, which two devices took each for where the node is, for
     // good (tools/fsx-sync seed 111; where it still happens, `settleDuplicates` ends it).
-    let unreachedKeys = listedRcrds.filter { key in
+    let unreachedKeys = listed.keys.filter { key in
       layout.parse(key: key).map { !visitedPrefixes.contains($0.dirPrefix) } ?? false
     }
     if !unreachedKeys.isEmpty {
@@ -581,7 +592,7 @@ public final class PullManager: @unchecked Sendable {
       // Taking it for deleted would upload what it holds again as new: two RCRDs of one node.
       let unreached = gone.filter { id in
         guard let home = homeOf[id], let eTag = home.eTag else { return false }
-        return listedETags[home.key] == eTag
+        return listed[home.key]?.rcrd.eTag == eTag
       }
       gone.subtract(unreached)
       if !unreached.isEmpty {
@@ -594,14 +605,14 @@ public final class PullManager: @unchecked Sendable {
         // yet to a part listed already, is in neither. Before taking unseen nodes for deleted,
         // the tree is listed again and what appeared or changed since is fetched: a node found
         // there has moved (the next scan applies it, and reaches what is below it).
-        let moved = try movedDuringListing(listedETags, result: &result)
+        let moved = try movedDuringListing(listed, result: &result)
         if !gone.isDisjoint(with: moved) || (!unreached.isEmpty && !moved.isEmpty) {
           gone.subtract(moved)
           rescan = true
         }
       }
       try applyDeletions(
-        Array(gone), listed: listedRcrds, foundElsewhere: elsewhere, result: &result)
+        Array(gone), listed: Set(listed.keys), foundElsewhere: elsewhere, result: &result)
     }
     if rescan { cond.withLock { forceFull = true } }
     try context.catalog.write(context.userID) { tx in
@@ -619,8 +630,8 @@ public final class PullManager: @unchecked Sendable {
   }
 
   /// The cloudIDs of the RCRDs a second listing of the tree finds that the first one
-  /// (`listed`: key → eTag) did not have, or had with another eTag.
-  private func movedDuringListing(_ listed: [String: String], result: inout PullResult) throws
+  /// (`listed`) did not have, or had with another eTag.
+  private func movedDuringListing(_ listed: Listed, result: inout PullResult) throws
     -> Set<String>
   {
     let layout = context.layout
@@ -628,7 +639,9 @@ public final class PullManager: @unchecked Sendable {
     var fresh: [(rcrdKey: String, dataInfo: ObjectInfo?, headData: Bool)] = []
     for o in try context.store.listAll(prefix: layout.treePrefix) {
       if o.key.hasPrefix(layout.changesPrefix) || o.key == marker { continue }
-      guard let p = layout.parse(key: o.key), p.isRcrd, listed[o.key] != o.eTag else { continue }
+      guard let p = layout.parse(key: o.key), p.isRcrd, listed[o.key]?.rcrd.eTag != o.eTag else {
+        continue
+      }
       fresh.append((o.key, nil, false))
     }
     let (found, _) = try items(fetch(fresh), result: &result)
@@ -1136,7 +1149,7 @@ public final class PullManager: @unchecked Sendable {
   /// not carried over the chosen place's).
   private func settleDuplicates(
     _ duplicates: [Item], homeOf: [String: (key: String, eTag: String?)],
-    listed: [String: (rcrd: ObjectInfo, data: ObjectInfo?)], result: inout PullResult
+    listed: Listed, result: inout PullResult
   ) throws {
     guard !duplicates.isEmpty else { return }
     let layout = context.layout
@@ -1151,11 +1164,9 @@ public final class PullManager: @unchecked Sendable {
           (item.rcrdInfo.lastModified, item.rcrdKey) > (known.rcrd.lastModified, home.key)
         let other =
           foundWins
-          ? CloudObjectRef(
-            nodeID: n.id, cloudID: n.cloudID, dirPrefix: parsed.dirPrefix,
-            cloudName: parsed.cloudName, rcrdKey: home.key,
-            dataKey: layout.dataKey(dirPrefix: parsed.dirPrefix, cloudName: parsed.cloudName),
-            eTagRcrd: known.rcrd.eTag, eTagData: known.data?.eTag)
+          ? Self.storePlace(
+            of: n, rcrdKey: home.key, dirPrefix: parsed.dirPrefix, cloudName: parsed.cloudName,
+            rcrd: known.rcrd, data: known.data, layout: layout)
           : item.ref(of: n, layout: layout)
         guard other.eTagData == nil else {
           trace("left: a second RCRD of the node, with DATA", item, node: n.id)
