@@ -548,10 +548,27 @@ public final class PullManager: @unchecked Sendable {
               continue
             }
             if !loops.holds(item) {
-              // Below a directory no longer in the store: no scan will place it. Taken for
-              // deleted and kept, as before (that RCRD is one no walk reaches).
-              trace("not applied: below no directory in the store; kept here", item, node: e.id)
-              continue
+              if try e.kind != .file || tx.childCount(of: e.id) > 0 {
+                // Below a directory no longer in the store: no scan will place it. Taken for
+                // deleted and kept, as before (that RCRD is one no walk reaches).
+                trace(
+                  "not applied: below no directory in the store; kept here", item, node: e.id)
+                continue
+              }
+              // A file whose change here is no content of its own (a mode, a time, an xattr).
+              // Uploaded again under its cloudID, it was a second RCRD of one file, with DATA
+              // at both places, which two devices each kept at another place (tools/fsx-sync
+              // seed 176: another device moved it into a directory this device removed, while
+              // this device changed its mode). With its content here in full (staged now, as
+              // it would be for its upload, so that it stays with the node), it goes up as a
+              // node of its own; without, its change waits until a scan places it.
+              if context.delegate.data(for: e, at: try tx.path(of: e.id), transaction: tx) != nil {
+                elsewhere.insert(item.rcrd.cloudID)
+                trace(
+                  "not applied: below no directory in the store; kept here as a node of its own",
+                  item, node: e.id)
+                continue
+              }
             }
             trace("not applied: below no directory reached; its change waits", item, node: e.id)
           } else if !item.rcrd.meta.moving && !item.rcrd.meta.arriving,

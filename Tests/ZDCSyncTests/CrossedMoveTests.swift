@@ -298,6 +298,55 @@ import ZDCTestSupport
     withExtendedLifetime(backing) {}
   }
 
+  /// A file another device moved into a directory that this device removed, while this device
+  /// changed only its mode: a full scan here finds its RCRD below no directory in the store.
+  /// Uploaded again under its cloudID at its old place, it was a second RCRD of one file, with
+  /// DATA at both places, which the two devices each kept at another place for good (found by
+  /// tools/fsx-sync, seed 176). With its content here, it goes up as a node of its own (both
+  /// versions kept); without, its change waits until a scan places the file where the other
+  /// device moved it (the other device keeps the directory for it).
+  @Test(arguments: StoreKind.all, [true, false])
+  func aFileMovedIntoADirectoryRemovedHereWhileItsModeChangedEndsConverged(
+    _ kind: StoreKind, contentHere: Bool
+  ) throws {
+    let backing = try kind.make("zdc-sync-moved-into-removed")
+    let (a, b) = try startedPair(on: backing.store)
+    try a.create("d", kind: .directory)
+    try a.create("f.txt", "moved")
+    try a.sync()
+    try b.sync()
+    a.engine.pull.stop()
+    b.engine.pull.stop()
+    try a.move("f.txt", to: "d/f.txt")
+    #expect(a.engine.push.waitUntilIdle(timeout: 30))
+    // This device removes d (empty as far as it knows), then changes the file's mode.
+    try b.delete("d")
+    #expect(b.engine.push.waitUntilIdle(timeout: 30))
+    b.engine.push.stop()
+    try b.catalog.write(b.user.userID) { tx in
+      guard var n = try tx.node(path: TreesystemPath(["f.txt"])) else { return }
+      n.mode = 0o600
+      try tx.updateNode(n)
+      if contentHere { b.delegate.setContent(Data("moved".utf8), for: n) }
+    }
+    _ = try b.engine.pull.pull(fullScan: true)
+    try b.engine.push.start()
+    try a.engine.pull.start()
+    try b.engine.pull.start()
+    for _ in 0..<3 {
+      try a.sync()
+      try b.sync()
+    }
+    try expectConverged([a, b], files: ["f.txt": "moved"])
+    #expect(try a.tree()["/d/f.txt"] == "file:moved")
+    if contentHere {
+      #expect(try a.tree()["/f.txt"] == "file:moved")
+    }
+    #expect(try rcrdCount(backing.store) == (contentHere ? 3 : 2))
+    #expect(try a.operationCount() == 0 && b.operationCount() == 0)
+    withExtendedLifetime(backing) {}
+  }
+
   /// The same with a directory whose attributes this device changed: it cannot go up as a node
   /// of its own (its children are stored by its dirPrefix), so its change waits until a scan
   /// reaches where the other device moved it. Uploaded again under its old cloudID, it was a
