@@ -65,13 +65,17 @@ public final class DiskManager: @unchecked Sendable {
   private var persistScheduled = false
   private var evictionScheduled = false
   private var lost: [NodeID] = []
-  /// Committed staging versions whose rows the index does not hold yet (their file names say
-  /// they are committed: see `committedName`); inserted in batches.
+  /// Committed staging versions whose rows the index does not hold yet (the commit log records
+  /// them meanwhile); inserted in batches.
   private var pendingInserts: [Entry] = []
   private var insertFlushScheduled = false
-  /// The longest a committed staging version waits for its index row (its file name records
+  /// The longest a committed staging version waits for its index row (the commit log records
   /// the commit meanwhile).
   public let insertFlushDelay: Double
+  /// The commits of staging versions whose rows the index does not hold yet, one record
+  /// appended per commit: what start-up adopts after a crash. Emptied once the index holds
+  /// them.
+  private let commitLog: StagingCommitLog
   /// Empty staging files made ahead of need on the maintenance queue: creating a file costs
   /// more than the rest of a small file's write path (the directory's inode allocation), so
   /// `stagingFile` takes one made earlier. A crash leaves them as uncommitted files, which
@@ -118,6 +122,7 @@ public final class DiskManager: @unchecked Sendable {
       throw DiskError.from(error, "cannot open the disk index")
     }
     totals.capBytes = capBytes ?? .max
+    commitLog = try StagingCommitLog(path: directory.appendingPathComponent("staging.log").path)
     spares = SpareStagingFiles(
       directory: stagingPath, key: key, chunkShift: chunkShift, queue: background)
     try reconcile()
@@ -327,9 +332,9 @@ public final class DiskManager: @unchecked Sendable {
     Hex.encode(SecureRandom.bytes(16))
   }
 
-  /// The name a staging file takes when its version is committed: `{random}.{nodeID}.{version}`.
-  /// The rename is the commit (it survives a crash of the process): start-up restores the row
-  /// of such a file if the index does not have it yet.
+  /// The name a staging file took when its version was committed, before the commit log:
+  /// `{random}.{nodeID}.{version}`. Start-up still restores the row of such a file if the index
+  /// does not have it.
   static func committedName(_ name: String, nodeID: NodeID, version: Int64) -> String {
     "\(name).\(nodeID).\(version)"
   }
@@ -405,10 +410,17 @@ public final class DiskManager: @unchecked Sendable {
       lastTick = max(lastTick, r.lastAccess)
       keep.append(e)
     }
-    // Staging versions committed just before a crash, before the index recorded them.
-    var adopted = 0
+    // Staging versions committed just before a crash, before the index recorded them: named by
+    // the commit log (or, from before it, by their file names).
+    var committed: [String: (NodeID, Int64)] = [:]
     for name in files[.staging] ?? [] {
-      guard let (nodeID, version) = Self.parseCommittedName(name) else { continue }
+      if let c = Self.parseCommittedName(name) { committed[name] = c }
+    }
+    for r in commitLog.records() where files[.staging]?.contains(r.name) == true {
+      committed[r.name] = (r.nodeID, r.version)
+    }
+    var adopted = 0
+    for (name, (nodeID, version)) in committed {
       let path = url(pool: .staging, fileName: name)
       guard let (chunkShift, size) = try? CryptoFile.layout(ofFileAt: path) else { continue }
       var row = IndexRow(
@@ -424,6 +436,8 @@ public final class DiskManager: @unchecked Sendable {
     for (pool, names) in files {
       for name in names { unlink(url(pool: pool, fileName: name)) }
     }
+    // The index holds every version the log named (or its file is gone).
+    try commitLog.clear()
     if adopted > 0 {
       logger.info("disk index: \(adopted) staged versions committed before a crash recorded")
     }
@@ -1006,7 +1020,7 @@ public final class DiskManager: @unchecked Sendable {
     let e = staging.entry
     try staging.file.flushBuffer()
     try mutationLock.withLock {
-      var row = try stateLock.withLock { () -> IndexRow in
+      let row = try stateLock.withLock { () -> IndexRow in
         guard !e.removed else { throw DiskError.gone }
         guard !e.row.committed else { throw DiskError.sealed }
         var r = e.row
@@ -1020,21 +1034,14 @@ public final class DiskManager: @unchecked Sendable {
       }
       var deferred = false
       if row.id < 0 {
-        // Committed by renaming the file (its row goes into the index with the next batch):
-        // an index transaction per closed file cost more than the rest of the commit.
-        let name = Self.committedName(row.fileName, nodeID: staging.nodeID, version: row.version)
-        try e.openLock.withLock {
-          guard Glibc.rename(stagingPath + "/" + row.fileName, stagingPath + "/" + name) == 0
-          else {
-            let code = errno
-            if code == ENOSPC || code == EDQUOT { throw DiskError.noSpace }
-            throw DiskError.io("rename of a committed staging file: errno \(code)")
-          }
-          row.fileName = name
-          stateLock.withLock {
-            replaceRow(e, row)
-            pendingInserts.append(e)
-          }
+        // Committed by a record in the commit log (its row goes into the index with the next
+        // batch): an index transaction per closed file cost more than the rest of the commit,
+        // and so did renaming the file to a committed name (a directory update, the ext4
+        // journal's), as it did before.
+        try commitLog.append(name: row.fileName, nodeID: staging.nodeID, version: row.version)
+        stateLock.withLock {
+          replaceRow(e, row)
+          pendingInserts.append(e)
         }
         deferred = true
       } else {
@@ -1076,7 +1083,12 @@ public final class DiskManager: @unchecked Sendable {
       defer { pendingInserts.removeAll() }
       return pendingInserts.filter { !$0.removed && $0.id < 0 }
     }
-    guard !waiting.isEmpty else { return }
+    guard !waiting.isEmpty else {
+      // Every commit logged is recorded (or removed since): commits append under the lock
+      // held here.
+      try commitLog.clear()
+      return
+    }
     let rows = stateLock.withLock { waiting.map(\.row) }
     let ids: [Int64]
     do { ids = try index.insert(rows) } catch {
@@ -1091,6 +1103,7 @@ public final class DiskManager: @unchecked Sendable {
         replaceRow(e, r)
       }
     }
+    try commitLog.clear()
   }
 
   /// Throws a staging version away (committed or not) and closes the handle.
@@ -1292,5 +1305,69 @@ final class SpareStagingFiles: @unchecked Sendable {
       try? file.close()
       Glibc.unlink(directory + "/" + name)
     }
+  }
+}
+
+/// The staging commit log (see `DiskManager.commitLog`): records `{file name} {nodeID}
+/// {version}\n` (file names are random hex; nothing of a node's name or content), each appended
+/// with one `write(2)`, so that it survives a crash of the process as soon as the commit
+/// returns. A record cut short by a crash was never acknowledged; reading skips it.
+final class StagingCommitLog: @unchecked Sendable {
+  // @unchecked: `fd` is set once; `empty` changes only under the disk manager's mutation lock.
+  private let fd: Int32
+  private var empty: Bool
+
+  init(path: String) throws {
+    fd = Glibc.open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+    guard fd >= 0 else { throw DiskError.io("cannot open the staging commit log: errno \(errno)") }
+    var st = stat()
+    empty = fstat(fd, &st) == 0 && st.st_size == 0
+  }
+
+  deinit { Glibc.close(fd) }
+
+  func append(name: String, nodeID: NodeID, version: Int64) throws {
+    let line = Array("\(name) \(nodeID) \(version)\n".utf8)
+    let n = line.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+    guard n == line.count else {
+      let code = n < 0 ? errno : EIO
+      if code == ENOSPC || code == EDQUOT { throw DiskError.noSpace }
+      throw DiskError.io("cannot append to the staging commit log: errno \(code)")
+    }
+    empty = false
+  }
+
+  /// The complete records, in order.
+  func records() -> [(name: String, nodeID: NodeID, version: Int64)] {
+    var bytes: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 1 << 16)
+    var offset: off_t = 0
+    while true {
+      let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, offset) }
+      guard n > 0 else { break }
+      bytes += buffer[0..<n]
+      offset += off_t(n)
+    }
+    // A last line without its newline was cut short (never acknowledged).
+    let end = bytes.lastIndex(of: UInt8(ascii: "\n")).map { $0 + 1 } ?? 0
+    var out: [(name: String, nodeID: NodeID, version: Int64)] = []
+    for line in bytes[0..<end].split(separator: UInt8(ascii: "\n")) {
+      let parts = line.split(separator: UInt8(ascii: " "))
+      guard parts.count == 3, parts[0].count == 32,
+        let nodeID = NodeID(String(decoding: parts[1], as: UTF8.self)),
+        let version = Int64(String(decoding: parts[2], as: UTF8.self))
+      else { continue }
+      out.append((String(decoding: parts[0], as: UTF8.self), nodeID, version))
+    }
+    return out
+  }
+
+  /// Empties the log (once the index holds what it recorded).
+  func clear() throws {
+    guard !empty else { return }
+    guard ftruncate(fd, 0) == 0 else {
+      throw DiskError.io("cannot empty the staging commit log: errno \(errno)")
+    }
+    empty = true
   }
 }

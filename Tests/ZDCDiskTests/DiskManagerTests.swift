@@ -201,20 +201,24 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     }
     #expect(try rows() == 0)
     // The files went too (deleted on the maintenance queue, at the latest when the manager
-    // goes): nothing for the next start to adopt.
+    // goes, with its spare files), and the commit log is empty: nothing for the next start to
+    // adopt.
     #expect(
-      try FileManager.default.contentsOfDirectory(atPath: tmp.path("state/staging").path)
-        .filter { DiskManager.parseCommittedName($0) != nil }.isEmpty)
+      try FileManager.default.contentsOfDirectory(atPath: tmp.path("state/staging").path).isEmpty)
+    #expect(try Data(contentsOf: tmp.path("state/staging.log")).isEmpty)
     let disk = try makeDisk(tmp, key: key)
     #expect(disk.usage.entries == 0)
     #expect(disk.lostStagedNodes.isEmpty)
   }
 
-  /// A committed staging version is recorded by its file's name before the index has its row:
-  /// a crash in between loses nothing, and an uncommitted version is still dropped.
+  /// A committed staging version is recorded in the commit log before the index has its row (one
+  /// `write(2)`, no rename): a crash in between loses nothing, and an uncommitted version is
+  /// still dropped. A version committed by an older build (its file renamed to a committed
+  /// name) is adopted too.
   @Test func committedVersionsSurviveACrashBeforeTheirRows() throws {
     let tmp = try TemporaryDirectory("disk")
     let crashed = try TemporaryDirectory("disk-crashed")
+    let legacy = try TemporaryDirectory("disk-legacy")
     do {
       let disk = try DiskManager(
         directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
@@ -227,6 +231,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
       try u.write(marked("ten", count: 10), at: 0)
       // What a crash now leaves on disk.
       try FileManager.default.copyItem(at: tmp.path("state"), to: crashed.path("state"))
+      try FileManager.default.copyItem(at: tmp.path("state"), to: legacy.path("state"))
       u.close()
     }
     #expect(try DiskIndex(path: crashed.path("state/disk.sqlite").path).allRows().isEmpty)
@@ -243,6 +248,24 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(try DiskIndex(path: crashed.path("state/disk.sqlite").path).allRows().count == 1)
     let files = try FileManager.default.contentsOfDirectory(atPath: disk.stagingDirectory.path)
     #expect(files.count == 1)
+    #expect(try Data(contentsOf: crashed.path("state/staging.log")).isEmpty)
+
+    // The same crash as an older build left it: no log, the file renamed to a committed name.
+    let log = try String(
+      decoding: Data(contentsOf: legacy.path("state/staging.log")), as: UTF8.self)
+    let record = try #require(log.split(separator: "\n").first?.split(separator: " "))
+    let staging = legacy.path("state/staging")
+    let logged = staging.appendingPathComponent(String(record[0]))
+    #expect(FileManager.default.fileExists(atPath: logged.path))
+    try FileManager.default.moveItem(
+      at: logged,
+      to: staging.appendingPathComponent(
+        DiskManager.committedName(String(record[0]), nodeID: 9, version: Int64(record[2])!)))
+    try Data().write(to: legacy.path("state/staging.log"))
+    let old = try makeDisk(legacy, key: key)
+    let again = try #require(try old.openStaged(forNode: 9))
+    #expect(again.size == 70_000)
+    again.close()
   }
 
   @Test func reconcilesStrayFilesAndMissingFiles() throws {
