@@ -171,6 +171,20 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
     return nil
   }
 
+  public func hasContent(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
+    -> Bool
+  {
+    let disk = fileSystem.disk
+    if disk.stagedData(forNode: node.id) != nil { return true }
+    guard node.dataSize > 0 else { return false }
+    guard
+      let cached = node.eTagData.map({ disk.cachedFile(cloudID: node.cloudID, eTag: $0) })
+        ?? disk.newestCompleteCachedFile(cloudID: node.cloudID)
+    else { return false }
+    defer { cached.close() }
+    return cached.isComplete
+  }
+
   public func didPushNodeData(_ node: Node, at path: TreesystemPath, transaction: CloudTransaction)
   {
     // Only a version known to be the uploaded one is marked: an upload resumed after a restart

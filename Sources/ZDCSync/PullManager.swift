@@ -559,10 +559,9 @@ public final class PullManager: @unchecked Sendable {
               // Uploaded again under its cloudID, it was a second RCRD of one file, with DATA
               // at both places, which two devices each kept at another place (tools/fsx-sync
               // seed 176: another device moved it into a directory this device removed, while
-              // this device changed its mode). With its content here in full (staged now, as
-              // it would be for its upload, so that it stays with the node), it goes up as a
+              // this device changed its mode). With its content here in full, it goes up as a
               // node of its own; without, its change waits until a scan places it.
-              if context.delegate.data(for: e, at: try tx.path(of: e.id), transaction: tx) != nil {
+              if context.delegate.hasContent(for: e, at: try tx.path(of: e.id), transaction: tx) {
                 elsewhere.insert(item.rcrd.cloudID)
                 trace(
                   "not applied: below no directory in the store; kept here as a node of its own",
@@ -1498,6 +1497,11 @@ public final class PullManager: @unchecked Sendable {
             guard let d = try tx.node(id: id), foundElsewhere.contains(d.cloudID),
               try tx.childCount(of: id) == 0
             else { continue }
+            // Its content is asked for now, under its old identity (the mount stages what it
+            // has cached by the cloudID, so that the new one keeps it), and uploaded with it.
+            if d.kind == .file, d.dataSize > 0 {
+              _ = context.delegate.data(for: d, at: try tx.path(of: id), transaction: tx)
+            }
             try tx.assignNewCloudID(to: id)
             context.logger.info(
               "kept node found elsewhere in the store: uploaded as a node of its own",

@@ -10,6 +10,10 @@ public import ZDCCore
 public protocol SyncDelegate: AnyObject, Sendable {
   /// The content to upload for a node (nil: the node has no data, upload an empty data section).
   func data(for node: Node, at path: TreesystemPath, transaction: CloudTransaction) -> NodeData?
+  /// Whether the application holds a node's content in full, as `data(for:)` would give it,
+  /// without preparing it for an upload (no side effects): asked before the engine gives a
+  /// node a new identity (a new cloudID), which then asks `data(for:)` for its upload.
+  func hasContent(for node: Node, at path: TreesystemPath, transaction: CloudTransaction) -> Bool
   /// The optional metadata section to upload with the data.
   func metadata(for node: Node, at path: TreesystemPath, transaction: CloudTransaction) -> NodeData?
   /// The optional thumbnail section to upload with the data.
@@ -47,6 +51,9 @@ public protocol SyncDelegate: AnyObject, Sendable {
 }
 
 extension SyncDelegate {
+  public func hasContent(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
+    -> Bool
+  { data(for: node, at: path, transaction: transaction) != nil }
   public func metadata(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
     -> NodeData?
   { nil }
