@@ -10,6 +10,18 @@ import ZDCTestSupport
 @Suite(.serialized, .motoServer) struct CrossedMoveTests {
   /// Every device (and a new one, which reads only the store) shows the same tree, with every
   /// file.
+  /// A full scan on `device` (its pulls stopped and its push too, as the tests leave them), then
+  /// its push and every device's pulls started, and the devices synced in the order given,
+  /// `rounds` times.
+  func scanThenSync(scanning device: Device, then order: [Device], rounds: Int) throws {
+    _ = try device.engine.pull.pull(fullScan: true)
+    try device.engine.push.start()
+    for d in order { try d.engine.pull.start() }
+    for _ in 0..<rounds {
+      for d in order { try d.sync() }
+    }
+  }
+
   func expectConverged(_ devices: [Device], files: [String: String]) throws {
     let fresh = try Device("fresh", user: devices[0].user, store: devices[0].store)
     try fresh.engine.pull.pull(fullScan: true)
@@ -283,14 +295,7 @@ import ZDCTestSupport
     #expect(a.engine.push.waitUntilIdle(timeout: 30))
     b.engine.push.stop()
     try b.move("p/f.txt", to: "d/f.txt")
-    _ = try b.engine.pull.pull(fullScan: true)
-    try b.engine.push.start()
-    try a.engine.pull.start()
-    try b.engine.pull.start()
-    for _ in 0..<2 {
-      try b.sync()
-      try a.sync()
-    }
+    try scanThenSync(scanning: b, then: [b, a], rounds: 2)
     try expectConverged([a, b], files: ["f.txt": "moved"])
     #expect(try a.tree()["/d/f.txt"] == "file:moved")
     // p, d and f.txt: the file's RCRD at its move's origin went.
@@ -329,14 +334,7 @@ import ZDCTestSupport
       try tx.updateNode(n)
       if contentHere { b.delegate.setContent(Data("moved".utf8), for: n) }
     }
-    _ = try b.engine.pull.pull(fullScan: true)
-    try b.engine.push.start()
-    try a.engine.pull.start()
-    try b.engine.pull.start()
-    for _ in 0..<3 {
-      try a.sync()
-      try b.sync()
-    }
+    try scanThenSync(scanning: b, then: [a, b], rounds: 3)
     try expectConverged([a, b], files: ["f.txt": "moved"])
     #expect(try a.tree()["/d/f.txt"] == "file:moved")
     if contentHere {
