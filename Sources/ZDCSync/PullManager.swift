@@ -332,6 +332,16 @@ public final class PullManager: @unchecked Sendable {
 
   // MARK: Full scan
 
+  /// Whether `rcrdKey` is where a move of the node that this device has outstanding wrote the
+  /// node (a target of an earlier attempt, which the move settles itself).
+  static func isOwnMoveWrite(_ rcrdKey: String, nodeID: NodeID, tx: CloudTransaction) throws
+    -> Bool
+  {
+    try tx.pendingOperations(forNodeID: nodeID).contains {
+      $0.kind == .move && ($0.payload.written ?? []).contains { $0.rcrdKey == rcrdKey }
+    }
+  }
+
   /// A full scan's listing of the tree: each RCRD key with the RCRD's and its DATA's
   /// object info.
   private typealias Listed = [String: (rcrd: ObjectInfo, data: ObjectInfo?)]
@@ -532,8 +542,15 @@ public final class PullManager: @unchecked Sendable {
           }
           let kinds = try tx.outstandingKinds(ofNodeID: e.id)
           if kinds.contains(.move) {
-            // Its move starts from where it is found (as when it moved elsewhere too).
-            if try Self.storeLocation(of: e.id, tx: tx) != item.rcrdKey {
+            // Its move starts from where it is found (as when it moved elsewhere too) — unless
+            // what is found is this device's own write at a target of that move. Taken for the
+            // node's place, it made the move settle there, in place, leaving the origin with
+            // another device's edit of the node beside it: two RCRDs with DATA (tools/fsx-sync
+            // seed 191: the move's first attempt met the edit at the origin, and the scan that
+            // followed did not reach the target's directory).
+            if try !Self.isOwnMoveWrite(item.rcrdKey, nodeID: e.id, tx: tx),
+              try Self.storeLocation(of: e.id, tx: tx) != item.rcrdKey
+            {
               try tx.setMoveOrigin(item.ref(of: e, layout: layout), forNodeID: e.id)
             }
           } else if !kinds.isEmpty {
@@ -899,11 +916,7 @@ public final class PullManager: @unchecked Sendable {
       var change: NodeChange = []
       var moved = false
       var cloudName = try tx.cloudName(of: e.id)
-      if kinds.contains(.move),
-        try tx.pendingOperations(forNodeID: e.id).contains(where: {
-          $0.kind == .move && ($0.payload.written ?? []).contains { $0.rcrdKey == item.rcrdKey }
-        })
-      {
+      if kinds.contains(.move), try Self.isOwnMoveWrite(item.rcrdKey, nodeID: e.id, tx: tx) {
         // This device's own write at a target of its move (an earlier attempt, which the move
         // settles itself): not the node as another device left it.
         trace("left: this device's move wrote it", item)

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import ZDCCatalog
 import ZDCCore
+import ZDCCrypto
 import ZDCSync
 import ZDCTestSupport
 
@@ -345,6 +346,52 @@ import ZDCTestSupport
     withExtendedLifetime(backing) {}
   }
 
+  /// This device's move of a file met another device's edit at its origin (the commit waits for
+  /// a pull), and the full scan that followed found the move's own target where no walk reached
+  /// (its directory below one the other device removed). The scan took that target for the
+  /// node's place: the move settled there, in place, and the origin stayed with the edit beside
+  /// it, two RCRDs of one file with DATA, which the devices kept at different places (found by
+  /// tools/fsx-sync, seed 191). A scan now leaves a move's own target to the move.
+  @Test(arguments: StoreKind.all)
+  func aScanLeavesAMovesOwnTargetToTheMove(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-own-target")
+    let (a, b) = try startedPair(on: backing.store)
+    try a.create("x", kind: .directory)
+    try a.create("f.txt", "v0")
+    try a.sync()
+    try b.sync()
+    a.engine.pull.stop()
+    b.engine.pull.stop()
+    try b.create("x/y", kind: .directory)
+    #expect(b.engine.push.waitUntilIdle(timeout: 30))
+    try a.write("f.txt", "edited by alpha")
+    #expect(a.engine.push.waitUntilIdle(timeout: 30))
+    try b.move("f.txt", to: "x/y/f.txt")
+    // The move writes its target, then meets the edit at the origin.
+    let id = try #require(
+      try b.catalog.read(b.user.userID) { tx in
+        try tx.node(path: TreesystemPath(["x", "y", "f.txt"]))?.id
+      })
+    let deadline = Date().addingTimeInterval(30)
+    func targetWritten() throws -> Bool {
+      try b.catalog.read(b.user.userID) { tx in
+        try tx.pendingOperations(forNodeID: id).contains {
+          $0.kind == .move && !($0.payload.written ?? []).isEmpty
+        }
+      }
+    }
+    while try !targetWritten(), Date() < deadline { Thread.sleep(forTimeInterval: 0.02) }
+    #expect(try targetWritten())
+    b.engine.push.stop()
+    // The other device removes x (it knows no y): y and the target are below no directory.
+    try a.delete("x")
+    #expect(a.engine.push.waitUntilIdle(timeout: 30))
+    try scanThenSync(scanning: b, then: [b, a], rounds: 3)
+    try expectConverged([a, b], files: ["f.txt": "edited by alpha"])
+    #expect(try expectedRcrdsHoldOneNodeEach(backing.store, user: a))
+    withExtendedLifetime(backing) {}
+  }
+
   /// The same with a directory whose attributes this device changed: it cannot go up as a node
   /// of its own (its children are stored by its dirPrefix), so its change waits until a scan
   /// reaches where the other device moved it. Uploaded again under its old cloudID, it was a
@@ -385,6 +432,14 @@ import ZDCTestSupport
   /// device knows it while that RCRD is listed unchanged kept them apart for good (found by
   /// tools/fsx-sync, seed 138). Full scans now pick the RCRD written last on every device, and
   /// a move deletes the other one.
+  /// Whether no two RCRDs in the store are of one node.
+  func expectedRcrdsHoldOneNodeEach(_ store: any CloudStore, user d: Device) throws -> Bool {
+    let ids = try store.listAll(prefix: "").filter { $0.key.hasSuffix(".rcrd") }.map {
+      try Rcrd.decode(store.get(key: $0.key), userID: d.user.userID, keyPair: d.user.keys).cloudID
+    }
+    return Set(ids).count == ids.count
+  }
+
   func rcrdCount(_ store: any CloudStore) throws -> Int {
     try store.listAll(prefix: "").filter { $0.key.hasSuffix(".rcrd") }.count
   }
