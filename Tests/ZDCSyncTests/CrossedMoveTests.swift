@@ -11,6 +11,21 @@ import ZDCTestSupport
 @Suite(.serialized, .motoServer) struct CrossedMoveTests {
   /// Every device (and a new one, which reads only the store) shows the same tree, with every
   /// file.
+  /// A store of `kind` with two started devices: the first makes `make`, both sync, then both
+  /// stop pulling (each hears of the other's next changes only when a test says so).
+  func syncedPairWithPullsStopped(
+    _ kind: StoreKind, _ label: String, make: (Device) throws -> Void
+  ) throws -> (TestStore, Device, Device) {
+    let backing = try kind.make(label)
+    let (a, b) = try startedPair(on: backing.store)
+    try make(a)
+    try a.sync()
+    try b.sync()
+    a.engine.pull.stop()
+    b.engine.pull.stop()
+    return (backing, a, b)
+  }
+
   /// A full scan on `device` (its pulls stopped and its push too, as the tests leave them), then
   /// its push and every device's pulls started, and the devices synced in the order given,
   /// `rounds` times.
@@ -204,15 +219,11 @@ import ZDCTestSupport
     _ kind: StoreKind, name: String, make: (Device) throws -> Void,
     takeIn: ((Device) throws -> Void)? = nil, change: (Device) throws -> Void
   ) throws -> (TestStore, Device, Device) {
-    let backing = try kind.make("zdc-sync-crossed-changed")
-    let (a, b) = try startedPair(on: backing.store)
-    try a.create("x", kind: .directory)
-    try a.create("y", kind: .directory)
-    try make(a)
-    try a.sync()
-    try b.sync()
-    a.engine.pull.stop()
-    b.engine.pull.stop()
+    let (backing, a, b) = try syncedPairWithPullsStopped(kind, "zdc-sync-crossed-changed") {
+      try $0.create("x", kind: .directory)
+      try $0.create("y", kind: .directory)
+      try make($0)
+    }
     if let takeIn { try takeIn(a) } else { try a.move(name, to: "x/" + name) }
     try a.move("x", to: "y/x")
     #expect(a.engine.push.waitUntilIdle(timeout: 30))
@@ -283,15 +294,11 @@ import ZDCTestSupport
   /// (found by tools/fsx-sync, seed 138).
   @Test(arguments: StoreKind.all)
   func aFileMovedIntoADirectoryDeletedElsewhereEndsAtOnePlace(_ kind: StoreKind) throws {
-    let backing = try kind.make("zdc-sync-moved-into-deleted")
-    let (a, b) = try startedPair(on: backing.store)
-    try a.create("p", kind: .directory)
-    try a.create("d", kind: .directory)
-    try a.create("p/f.txt", "moved")
-    try a.sync()
-    try b.sync()
-    a.engine.pull.stop()
-    b.engine.pull.stop()
+    let (backing, a, b) = try syncedPairWithPullsStopped(kind, "zdc-sync-moved-into-deleted") {
+      try $0.create("p", kind: .directory)
+      try $0.create("d", kind: .directory)
+      try $0.create("p/f.txt", "moved")
+    }
     try a.delete("d")
     #expect(a.engine.push.waitUntilIdle(timeout: 30))
     b.engine.push.stop()
@@ -315,14 +322,10 @@ import ZDCTestSupport
   func aFileMovedIntoADirectoryRemovedHereWhileItsModeChangedEndsConverged(
     _ kind: StoreKind, contentHere: Bool
   ) throws {
-    let backing = try kind.make("zdc-sync-moved-into-removed")
-    let (a, b) = try startedPair(on: backing.store)
-    try a.create("d", kind: .directory)
-    try a.create("f.txt", "moved")
-    try a.sync()
-    try b.sync()
-    a.engine.pull.stop()
-    b.engine.pull.stop()
+    let (backing, a, b) = try syncedPairWithPullsStopped(kind, "zdc-sync-moved-into-removed") {
+      try $0.create("d", kind: .directory)
+      try $0.create("f.txt", "moved")
+    }
     try a.move("f.txt", to: "d/f.txt")
     #expect(a.engine.push.waitUntilIdle(timeout: 30))
     // This device removes d (empty as far as it knows), then changes the file's mode.
@@ -354,14 +357,10 @@ import ZDCTestSupport
   /// tools/fsx-sync, seed 191). A scan now leaves a move's own target to the move.
   @Test(arguments: StoreKind.all)
   func aScanLeavesAMovesOwnTargetToTheMove(_ kind: StoreKind) throws {
-    let backing = try kind.make("zdc-sync-own-target")
-    let (a, b) = try startedPair(on: backing.store)
-    try a.create("x", kind: .directory)
-    try a.create("f.txt", "v0")
-    try a.sync()
-    try b.sync()
-    a.engine.pull.stop()
-    b.engine.pull.stop()
+    let (backing, a, b) = try syncedPairWithPullsStopped(kind, "zdc-sync-own-target") {
+      try $0.create("x", kind: .directory)
+      try $0.create("f.txt", "v0")
+    }
     try b.create("x/y", kind: .directory)
     #expect(b.engine.push.waitUntilIdle(timeout: 30))
     try a.write("f.txt", "edited by alpha")
