@@ -148,10 +148,7 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
     // device deleted it, say: its version is no longer named, and the cache holds the one it
     // had here): staged from the cache, so that the upload carries it (a cache entry could be
     // evicted under the upload). Before, such a node's content went up empty.
-    if node.dataSize > 0,
-      let cached = node.eTagData.map({ disk.cachedFile(cloudID: node.cloudID, eTag: $0) })
-        ?? disk.newestCompleteCachedFile(cloudID: node.cloudID)
-    {
+    if node.dataSize > 0, let cached = cachedForUpload(node) {
       defer { cached.close() }
       guard cached.isComplete else { return nil }
       do {
@@ -174,15 +171,18 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
   public func hasContent(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
     -> Bool
   {
-    let disk = fileSystem.disk
-    if disk.stagedData(forNode: node.id) != nil { return true }
-    guard node.dataSize > 0 else { return false }
-    guard
-      let cached = node.eTagData.map({ disk.cachedFile(cloudID: node.cloudID, eTag: $0) })
-        ?? disk.newestCompleteCachedFile(cloudID: node.cloudID)
-    else { return false }
+    if fileSystem.disk.stagedData(forNode: node.id) != nil { return true }
+    guard node.dataSize > 0, let cached = cachedForUpload(node) else { return false }
     defer { cached.close() }
     return cached.isComplete
+  }
+
+  /// The cached content an upload of `node` carries when nothing is staged: the version it
+  /// names, or, when it names none, the newest complete version of its cloudID.
+  private func cachedForUpload(_ node: Node) -> CachedFileHandle? {
+    let disk = fileSystem.disk
+    if let eTag = node.eTagData { return disk.cachedFile(cloudID: node.cloudID, eTag: eTag) }
+    return disk.newestCompleteCachedFile(cloudID: node.cloudID)
   }
 
   public func didPushNodeData(_ node: Node, at path: TreesystemPath, transaction: CloudTransaction)
