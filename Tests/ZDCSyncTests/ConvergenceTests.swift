@@ -718,12 +718,9 @@ struct Scene {
 
   /// The store holds one RCRD per node of the tree, and no two with one cloudID.
   func expectOneRcrdPerNode(sourceLocation: SourceLocation = #_sourceLocation) throws {
-    let rcrds = try store.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }
-    let ids = try rcrds.map {
-      try Rcrd.decode(store.get(key: $0.key), userID: user.userID, keyPair: user.keys).cloudID
-    }
+    let ids = try storedRcrdCloudIDs(store, user: user)
     #expect(Set(ids).count == ids.count, "two RCRDs of one node", sourceLocation: sourceLocation)
-    #expect(rcrds.count == (try alpha.tree().count), sourceLocation: sourceLocation)
+    #expect(ids.count == (try alpha.tree().count), sourceLocation: sourceLocation)
   }
 }
 

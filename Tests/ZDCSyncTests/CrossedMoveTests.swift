@@ -2,7 +2,6 @@ import Foundation
 import Testing
 import ZDCCatalog
 import ZDCCore
-import ZDCCrypto
 import ZDCSync
 import ZDCTestSupport
 
@@ -425,17 +424,9 @@ import ZDCTestSupport
     withExtendedLifetime(backing) {}
   }
 
-  /// A directory whose RCRD the store holds at two places, neither marked by a move (here: its
-  /// old RCRD put back after its move, as a device that kept it uploads it again under its old
-  /// cloudID): each device knew it at another place, and the rule that keeps a node where a
-  /// device knows it while that RCRD is listed unchanged kept them apart for good (found by
-  /// tools/fsx-sync, seed 138). Full scans now pick the RCRD written last on every device, and
-  /// a move deletes the other one.
-  /// Whether no two RCRDs in the store are of one node.
+  /// Whether no two RCRDs of `d`'s user in the store are of one node.
   func expectedRcrdsHoldOneNodeEach(_ store: any CloudStore, user d: Device) throws -> Bool {
-    let ids = try store.listAll(prefix: "").filter { $0.key.hasSuffix(".rcrd") }.map {
-      try Rcrd.decode(store.get(key: $0.key), userID: d.user.userID, keyPair: d.user.keys).cloudID
-    }
+    let ids = try storedRcrdCloudIDs(store, user: d.user)
     return Set(ids).count == ids.count
   }
 
@@ -443,6 +434,12 @@ import ZDCTestSupport
     try store.listAll(prefix: "").filter { $0.key.hasSuffix(".rcrd") }.count
   }
 
+  /// A directory whose RCRD the store holds at two places, neither marked by a move (here: its
+  /// old RCRD put back after its move, as a device that kept it uploads it again under its old
+  /// cloudID): each device knew it at another place, and the rule that keeps a node where a
+  /// device knows it while that RCRD is listed unchanged kept them apart for good (found by
+  /// tools/fsx-sync, seed 138). Full scans now pick the RCRD written last on every device, and
+  /// a move deletes the other one.
   @Test(arguments: StoreKind.all)
   func aDirectoryStoredAtTwoPlacesEndsAtOne(_ kind: StoreKind) throws {
     let backing = try kind.make("zdc-sync-twice")

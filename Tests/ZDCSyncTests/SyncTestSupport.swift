@@ -343,3 +343,10 @@ struct SyncTimeout: Error, CustomStringConvertible {
   let device: String
   var description: String { "sync of \(device) timed out" }
 }
+
+/// The cloudIDs of the RCRDs of `user` in `store`, one per RCRD.
+func storedRcrdCloudIDs(_ store: any CloudStore, user: TestUser) throws -> [String] {
+  try store.listAll(prefix: "\(user.userID)/").filter { $0.key.hasSuffix(".rcrd") }.map {
+    try Rcrd.decode(store.get(key: $0.key), userID: user.userID, keyPair: user.keys).cloudID
+  }
+}
