@@ -358,7 +358,15 @@ enum FuseOperations {
     }
     ops.release = { req, _, fi in
       let h = fi.map { FileHandleID($0.pointee.fh) } ?? 0
-      FuseOperations.replyOK(req) { try $0.release(h) }
+      let ctx = FuseOperations.context(req)
+      guard zdc_fuse_uring_state() != Int32(ZDC_URING_ACTIVE) else {
+        FuseOperations.replyOK(req) { try $0.release(h) }
+        return
+      }
+      // Answered from the release queue (see `FuseContext.releaseQueue`); libfuse allows a
+      // reply from any thread.
+      let request = RequestRef(req)
+      ctx.releaseQueue.async { FuseOperations.replyOK(request.req) { try $0.release(h) } }
     }
     ops.fsync = { req, _, _, fi in
       let h = fi.map { FileHandleID($0.pointee.fh) } ?? 0
@@ -511,6 +519,12 @@ enum FuseOperations {
   struct SessionRef: @unchecked Sendable {
     let pointer: OpaquePointer
     init(_ p: OpaquePointer) { pointer = p }
+  }
+
+  /// A request answered on another thread than the one that read it.
+  struct RequestRef: @unchecked Sendable {
+    let req: fuse_req_t?
+    init(_ r: fuse_req_t?) { req = r }
   }
 
   /// Replies to a size query (size 0) with the size, else with the bytes or ERANGE.
