@@ -139,33 +139,39 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
   public func data(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
     -> NodeData?
   {
+    guard let staged = stagedOrStagingCached(node) else { return nil }
+    lock.withLock { handedOut[node.id] = staged.version }
+    return .cryptoFile(staged.url, key: staged.key)
+  }
+
+  public func willAssignNewCloudID(
+    to node: Node, at path: TreesystemPath, transaction: CloudTransaction
+  ) {
+    // Cached content is found by cloudID: staged now, it stays the node's.
+    _ = stagedOrStagingCached(node)
+  }
+
+  /// A node's staged content; with nothing staged but its content cached (a node kept and
+  /// uploaded again after another device deleted it, say: its version is no longer named, and
+  /// the cache holds the one it had here), the cached content staged first, so that an upload
+  /// carries it (a cache entry could be evicted under the upload) and a new cloudID keeps it.
+  /// Before, such a node's content went up empty.
+  private func stagedOrStagingCached(_ node: Node) -> StagedData? {
     let disk = fileSystem.disk
-    if let staged = disk.stagedData(forNode: node.id) {
-      lock.withLock { handedOut[node.id] = staged.version }
-      return .cryptoFile(staged.url, key: staged.key)
+    if let staged = disk.stagedData(forNode: node.id) { return staged }
+    guard node.dataSize > 0, let cached = cachedForUpload(node) else { return nil }
+    defer { cached.close() }
+    guard cached.isComplete else { return nil }
+    do {
+      let w = try disk.stagingFile(forNode: node.id, base: .cached(cached))
+      defer { w.close() }
+      try disk.commitStaging(w)
+    } catch {
+      Logger(label: "zdc.sync").warning(
+        "cannot stage cached content for upload", metadata: ["error": "\(error)"])
+      return nil
     }
-    // Nothing staged, but the content is cached (a node kept and uploaded again after another
-    // device deleted it, say: its version is no longer named, and the cache holds the one it
-    // had here): staged from the cache, so that the upload carries it (a cache entry could be
-    // evicted under the upload). Before, such a node's content went up empty.
-    if node.dataSize > 0, let cached = cachedForUpload(node) {
-      defer { cached.close() }
-      guard cached.isComplete else { return nil }
-      do {
-        let w = try disk.stagingFile(forNode: node.id, base: .cached(cached))
-        defer { w.close() }
-        try disk.commitStaging(w)
-      } catch {
-        Logger(label: "zdc.sync").warning(
-          "cannot stage cached content for upload", metadata: ["error": "\(error)"])
-        return nil
-      }
-      if let staged = disk.stagedData(forNode: node.id) {
-        lock.withLock { handedOut[node.id] = staged.version }
-        return .cryptoFile(staged.url, key: staged.key)
-      }
-    }
-    return nil
+    return disk.stagedData(forNode: node.id)
   }
 
   public func hasContent(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)

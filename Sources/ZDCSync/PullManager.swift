@@ -1510,10 +1510,11 @@ public final class PullManager: @unchecked Sendable {
             guard let d = try tx.node(id: id), foundElsewhere.contains(d.cloudID),
               try tx.childCount(of: id) == 0
             else { continue }
-            // Its content is asked for now, under its old identity (the mount stages what it
-            // has cached by the cloudID, so that the new one keeps it), and uploaded with it.
+            // The application keeps its content for the new identity (the mount stages what
+            // it has cached by the old cloudID), which the upload then carries.
             if d.kind == .file, d.dataSize > 0 {
-              _ = context.delegate.data(for: d, at: try tx.path(of: id), transaction: tx)
+              context.delegate.willAssignNewCloudID(
+                to: d, at: try tx.path(of: id), transaction: tx)
             }
             try tx.assignNewCloudID(to: id)
             context.logger.info(

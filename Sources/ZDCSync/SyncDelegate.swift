@@ -14,6 +14,11 @@ public protocol SyncDelegate: AnyObject, Sendable {
   /// without preparing it for an upload (no side effects): asked before the engine gives a
   /// node a new identity (a new cloudID), which then asks `data(for:)` for its upload.
   func hasContent(for node: Node, at path: TreesystemPath, transaction: CloudTransaction) -> Bool
+  /// The engine is about to give a node a new identity (a new cloudID): the application makes
+  /// sure that the content it holds for the node stays its content under the new one, for the
+  /// upload that follows (content found by cloudID, such as a cache of downloads, must be
+  /// kept by the node now).
+  func willAssignNewCloudID(to node: Node, at path: TreesystemPath, transaction: CloudTransaction)
   /// The optional metadata section to upload with the data.
   func metadata(for node: Node, at path: TreesystemPath, transaction: CloudTransaction) -> NodeData?
   /// The optional thumbnail section to upload with the data.
@@ -54,6 +59,9 @@ extension SyncDelegate {
   public func hasContent(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
     -> Bool
   { data(for: node, at: path, transaction: transaction) != nil }
+  public func willAssignNewCloudID(
+    to node: Node, at path: TreesystemPath, transaction: CloudTransaction
+  ) {}
   public func metadata(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
     -> NodeData?
   { nil }

@@ -172,6 +172,43 @@ import ZDCTestSupport
     #expect(m == Data("{}".utf8))
   }
 
+  /// Content cached by cloudID stays a node's when the sync engine gives it a new cloudID: the
+  /// delegate stages it when told (`willAssignNewCloudID`), and the upload under the new
+  /// identity carries it. Untold, the node's content is found nowhere.
+  @Test(arguments: [true, false])
+  func aNewCloudIDKeepsTheCachedContent(told: Bool) throws {
+    let w = try World()
+    // Kept to the end: its directory goes with it, and the file system works inside.
+    defer { withExtendedLifetime(w) {} }
+    let content = SecureRandom.bytes(100_000)
+    let node = try w.remoteFile("kept.bin", data: content)
+    let fs = try w.fileSystem(online: true)
+    let opened = try fs.open(try fs.lookup(parent: 1, name: "kept.bin").inode, flags: O_RDONLY)
+    #expect(try Self.read(fs, opened.handle, at: 0, count: content.count + 1) == content)
+    try fs.release(opened.handle)
+    #expect(w.disk.stagedData(forNode: node.id) == nil)  // only cached
+    let delegate = FileSystemSyncDelegate(fileSystem: fs)
+    let data = try w.catalog.write(w.userID) { tx -> NodeData? in
+      let n = try tx.existingNode(id: node.id)
+      let path = try tx.path(of: node.id)
+      if told { delegate.willAssignNewCloudID(to: n, at: path, transaction: tx) }
+      let renewed = try tx.assignNewCloudID(to: node.id)
+      #expect(renewed.cloudID != node.cloudID)
+      return delegate.data(for: renewed, at: path, transaction: tx)
+    }
+    guard told else {
+      #expect(data == nil)
+      return
+    }
+    guard case .cryptoFile(let url, let key)? = data else {
+      Issue.record("no staged data for the upload under the new cloudID")
+      return
+    }
+    let file = try CryptoFile.open(at: url, key: key)
+    #expect(try file.read(offset: 0, count: content.count + 1) == content)
+    try file.close()
+  }
+
   /// An upload finishing moves the staged content into the cache (after the catalog records
   /// the new eTag) while other threads open, read and re-stage the file: every read sees the
   /// content, none fails, and re-staging never starts from an empty file.
