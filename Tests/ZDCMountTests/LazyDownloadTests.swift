@@ -158,13 +158,7 @@ import ZDCTestSupport
         delegate.metadata(for: n, at: path, transaction: tx)
       )
     }
-    guard case .cryptoFile(let url, let key)? = data else {
-      Issue.record("no staged data for the upload")
-      return
-    }
-    let file = try CryptoFile.open(at: url, key: key)
-    #expect(try file.read(offset: 0, count: content.count + 1) == content)
-    try file.close()
+    try Self.expectStaged(data, content, "no staged data for the upload")
     guard case .data(let m)? = meta else {
       Issue.record("no metadata section")
       return
@@ -200,8 +194,13 @@ import ZDCTestSupport
       #expect(data == nil)
       return
     }
+    try Self.expectStaged(data, content, "no staged data for the upload under the new cloudID")
+  }
+
+  /// Checks that an upload's data is a staged CryptoFile holding `content`.
+  static func expectStaged(_ data: NodeData?, _ content: Data, _ missing: String) throws {
     guard case .cryptoFile(let url, let key)? = data else {
-      Issue.record("no staged data for the upload under the new cloudID")
+      Issue.record(Comment(rawValue: missing))
       return
     }
     let file = try CryptoFile.open(at: url, key: key)
