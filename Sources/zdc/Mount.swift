@@ -466,6 +466,24 @@ extension ZDC {
     @Flag(help: "Print the raw JSON answer.")
     var json = false
 
+    /// The fuse module's switch for FUSE over io_uring (Linux 6.14 and later).
+    static let uringParameter = "/sys/module/fuse/parameters/enable_uring"
+
+    /// How requests reach the mount (the `kernel` part of the status), with how to make
+    /// metadata-heavy work faster when the kernel could use io_uring and does not.
+    static func transportLine(
+      _ kernel: [String: Bool], uringParameter: String = uringParameter
+    ) -> String {
+      if kernel["ioUring"] == true { return "Kernel transport: FUSE over io_uring." }
+      guard kernel["ioUringOffered"] != true, FileManager.default.fileExists(atPath: uringParameter)
+      else { return "Kernel transport: /dev/fuse." }
+      return """
+        Kernel transport: /dev/fuse. This kernel can also serve requests through io_uring, \
+        which makes metadata-heavy work (copies of many small files, builds, git) faster: \
+        as root, `echo Y > \(uringParameter)`, then mount again.
+        """
+    }
+
     func run() throws {
       try runReportingErrors {
         let sock = state.stateDirectory.url.appendingPathComponent("control.sock").path
@@ -500,6 +518,7 @@ extension ZDC {
           print("  (both versions are kept; rename or delete a copy once you have merged it)")
         }
         print("Open files: \(obj["openFiles"] ?? 0).")
+        if let kernel = obj["kernel"] as? [String: Bool] { print(Self.transportLine(kernel)) }
         if let used = obj["cacheBytes"] as? Int, let cap = obj["cacheCapBytes"] as? Int {
           print(
             "Local cache: \(ProgressDisplay.bytes(Int64(used))) of \(ProgressDisplay.bytes(Int64(cap)))."

@@ -102,6 +102,7 @@ struct IoUringMountTests {
         + " && for c in c*; do test $(ls $c | wc -l) = 200; done")
     let features = try PermissionMountTests.kernelFeatures(m)
     #expect(features["ioUringOffered"] == true && features["ioUring"] == true, "\(features)")
+    #expect(try Self.transportLine(m) == "Kernel transport: FUSE over io_uring.")
     // Each CPU's queue served its sender's requests (several per file).
     let threads = try Self.threads(pid)
     for cpu in 0..<Self.cpus {
@@ -129,6 +130,15 @@ struct IoUringMountTests {
     let features = try PermissionMountTests.kernelFeatures(m)
     #expect(features["ioUringOffered"] == true && features["ioUring"] == false, "\(features)")
     #expect(try !Self.threadNames(#require(m.pid)).contains { $0.hasPrefix("zdc.uring") })
+    // Offered and refused: no advice to turn on what is on.
+    #expect(try Self.transportLine(m) == "Kernel transport: /dev/fuse.")
+  }
+
+  /// The line of `zdc status` that says how requests reach the mount.
+  static func transportLine(_ m: MountFixture) throws -> String {
+    let r = try runProcess(m.zdc, ["status"], environment: m.env)
+    let line = r.stdout.split(separator: "\n").first { $0.hasPrefix("Kernel transport:") }
+    return String(try #require(line, "status: \(r.stdout) \(r.stderr)"))
   }
 
   /// A download that waits (its object in the store is a FIFO nobody writes to) holds one

@@ -168,6 +168,17 @@ import ZDCTestSupport
     let own = try MountFixture()
     #expect(try !Self.mountOptions(own.mnt).contains("default_permissions"))
     let features = try Self.kernelFeatures(own)
+    // `zdc status` says how requests come, and how to have them come through io_uring when the
+    // kernel could and the fuse module's switch is off (the io_uring suite may turn it on).
+    let transport = try IoUringMountTests.transportLine(own)
+    if features["ioUring"] == true {
+      #expect(transport == "Kernel transport: FUSE over io_uring.")
+    } else if features["ioUringOffered"] != true, access(uringParameter, F_OK) == 0 {
+      #expect(transport.hasPrefix("Kernel transport: /dev/fuse. This kernel can also serve"))
+      #expect(transport.contains("`echo Y > \(uringParameter)`"), "\(transport)")
+    } else {
+      #expect(transport == "Kernel transport: /dev/fuse.")
+    }
     #expect(features["kernelChecksPermissions"] == false)
     // Kernels from 5.11 on offer FUSE_HANDLE_KILLPRIV_V2; an offer is taken.
     var name = utsname()
