@@ -471,9 +471,7 @@ extension ZDC {
 
     /// How requests reach the mount (the `kernel` part of the status), with how to make
     /// metadata-heavy work faster when the kernel could use io_uring and does not.
-    static func transportLine(
-      _ kernel: [String: Bool], uringParameter: String = uringParameter
-    ) -> String {
+    static func transportLine(_ kernel: [String: Bool]) -> String {
       if kernel["ioUring"] == true { return "Kernel transport: FUSE over io_uring." }
       guard kernel["ioUringOffered"] != true, FileManager.default.fileExists(atPath: uringParameter)
       else { return "Kernel transport: /dev/fuse." }
