@@ -159,9 +159,8 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
   private func stagedOrStagingCached(_ node: Node) -> StagedData? {
     let disk = fileSystem.disk
     if let staged = disk.stagedData(forNode: node.id) { return staged }
-    guard node.dataSize > 0, let cached = cachedForUpload(node) else { return nil }
+    guard let cached = cachedForUpload(node) else { return nil }
     defer { cached.close() }
-    guard cached.isComplete else { return nil }
     do {
       let w = try disk.stagingFile(forNode: node.id, base: .cached(cached))
       defer { w.close() }
@@ -178,17 +177,26 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
     -> Bool
   {
     if fileSystem.disk.stagedData(forNode: node.id) != nil { return true }
-    guard node.dataSize > 0, let cached = cachedForUpload(node) else { return false }
-    defer { cached.close() }
-    return cached.isComplete
+    guard let cached = cachedForUpload(node) else { return false }
+    cached.close()
+    return true
   }
 
-  /// The cached content an upload of `node` carries when nothing is staged: the version it
-  /// names, or, when it names none, the newest complete version of its cloudID.
+  /// The cached content an upload of `node` carries when nothing is staged, complete: the
+  /// version it names, or, when it names none, the newest complete version of its cloudID
+  /// (`nil` for a node without content).
   private func cachedForUpload(_ node: Node) -> CachedFileHandle? {
+    guard node.dataSize > 0 else { return nil }
     let disk = fileSystem.disk
-    if let eTag = node.eTagData { return disk.cachedFile(cloudID: node.cloudID, eTag: eTag) }
-    return disk.newestCompleteCachedFile(cloudID: node.cloudID)
+    guard let eTag = node.eTagData else {
+      return disk.newestCompleteCachedFile(cloudID: node.cloudID)
+    }
+    guard let cached = disk.cachedFile(cloudID: node.cloudID, eTag: eTag) else { return nil }
+    guard cached.isComplete else {
+      cached.close()
+      return nil
+    }
+    return cached
   }
 
   public func didPushNodeData(_ node: Node, at path: TreesystemPath, transaction: CloudTransaction)
