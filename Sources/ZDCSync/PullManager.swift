@@ -1512,10 +1512,7 @@ public final class PullManager: @unchecked Sendable {
             else { continue }
             // The application keeps its content for the new identity (the mount stages what
             // it has cached by the old cloudID), which the upload then carries.
-            if d.kind == .file, d.dataSize > 0 {
-              context.delegate.willAssignNewCloudID(
-                to: d, at: try tx.path(of: id), transaction: tx)
-            }
+            context.delegate.willAssignNewCloudID(to: d, at: try tx.path(of: id), transaction: tx)
             try tx.assignNewCloudID(to: id)
             context.logger.info(
               "kept node found elsewhere in the store: uploaded as a node of its own",
