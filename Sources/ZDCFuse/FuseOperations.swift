@@ -358,7 +358,6 @@ enum FuseOperations {
     }
     ops.release = { req, _, fi in
       let h = fi.map { FileHandleID($0.pointee.fh) } ?? 0
-      let ctx = FuseOperations.context(req)
       guard zdc_fuse_uring_state() != Int32(ZDC_URING_ACTIVE) else {
         FuseOperations.replyOK(req) { try $0.release(h) }
         return
@@ -366,7 +365,9 @@ enum FuseOperations {
       // Answered from the release queue (see `FuseContext.releaseQueue`); libfuse allows a
       // reply from any thread.
       let request = RequestRef(req)
-      ctx.releaseQueue.async { FuseOperations.replyOK(request.req) { try $0.release(h) } }
+      FuseOperations.context(req).releaseQueue.async {
+        FuseOperations.replyOK(request.req) { try $0.release(h) }
+      }
     }
     ops.fsync = { req, _, _, fi in
       let h = fi.map { FileHandleID($0.pointee.fh) } ?? 0
