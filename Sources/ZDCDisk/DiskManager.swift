@@ -419,20 +419,29 @@ public final class DiskManager: @unchecked Sendable {
     for r in commitLog.records() where files[.staging]?.contains(r.name) == true {
       committed[r.name] = (r.nodeID, r.version)
     }
-    var adopted = 0
+    var adoptedRows: [IndexRow] = []
     for (name, (nodeID, version)) in committed {
       let path = url(pool: .staging, fileName: name)
       guard let (chunkShift, size) = try? CryptoFile.layout(ofFileAt: path) else { continue }
-      var row = IndexRow(
-        id: 0, pool: .staging, nodeID: nodeID, version: version, cloudID: nil, eTag: nil,
-        fileName: name, size: size,
-        diskBytes: Self.diskBytes(size: size, bitmap: nil, chunkShift: chunkShift),
-        lastAccess: 0, dirty: true, committed: true, complete: true, chunks: nil)
-      do { row.id = try index.insert(row) } catch { throw DiskError.from(error, "") }
+      adoptedRows.append(
+        IndexRow(
+          id: 0, pool: .staging, nodeID: nodeID, version: version, cloudID: nil, eTag: nil,
+          fileName: name, size: size,
+          diskBytes: Self.diskBytes(size: size, bitmap: nil, chunkShift: chunkShift),
+          lastAccess: 0, dirty: true, committed: true, complete: true, chunks: nil))
       files[.staging]?.remove(name)
-      keep.append(Entry(row: row))
-      adopted += 1
     }
+    // One index transaction for all of them (none when there are none).
+    var adoptedIDs: [Int64] = []
+    if !adoptedRows.isEmpty {
+      do { adoptedIDs = try index.insert(adoptedRows) } catch { throw DiskError.from(error, "") }
+    }
+    for (row, id) in zip(adoptedRows, adoptedIDs) {
+      var r = row
+      r.id = id
+      keep.append(Entry(row: r))
+    }
+    let adopted = adoptedRows.count
     for (pool, names) in files {
       for name in names { unlink(url(pool: pool, fileName: name)) }
     }
