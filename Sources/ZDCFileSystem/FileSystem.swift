@@ -921,13 +921,20 @@ public final class FileSystem: @unchecked Sendable {
           children.isEmpty
           ? []
           : try tx.childrenWithChildren(of: id, ids: children.first!.id...children.last!.id)
+        var listed: [(ChildName, NodeID)] = []
+        if plus { listed.reserveCapacity(children.count) }
         for c in children {
+          let shown = try shownName(of: c, tx)
+          if plus, shown == c.name { listed.append((ChildName(parent: id, name: c.name), c.id)) }
           batch.append(
             DirectoryEntry(
-              name: try shownName(of: c, tx), nextOffset: UInt64(c.id) + fixed,
+              name: shown, nextOffset: UInt64(c.id) + fixed,
               attributes: try attributes(
                 of: c, .node, tx, hasChildren: parents.contains(c.id))))
         }
+        // With attributes, the kernel takes the entries without looking them up: an `unlink`,
+        // `rename` or `open` by name follows with no `lookup` to note the child (`rm -r`).
+        recentChildren.put(contentsOf: listed)
         if children.count < limit { done = true }
       }
       limit = 256

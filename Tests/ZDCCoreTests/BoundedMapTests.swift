@@ -18,4 +18,16 @@ import ZDCCore
     map.removeAll()
     #expect(map.get(4) == nil)
   }
+
+  @Test func aBatchPutFollowsTheSameRuleAsSinglePuts() {
+    let map = BoundedMap<Int, String>(capacity: 3)
+    map.put(contentsOf: [(0, "v0"), (1, "v1")])
+    #expect(map.get(0) == "v0" && map.get(1) == "v1")
+    // The third fills it; the fourth starts over (the entries before it in the batch go too).
+    map.put(contentsOf: [(1, "w1"), (2, "v2"), (3, "v3"), (4, "v4")])
+    #expect(map.get(0) == nil && map.get(1) == nil && map.get(2) == nil)
+    #expect(map.get(3) == "v3" && map.get(4) == "v4")
+    map.put(contentsOf: [])
+    #expect(map.get(3) == "v3")
+  }
 }

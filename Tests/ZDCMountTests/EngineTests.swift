@@ -50,6 +50,47 @@ import ZDCFileSystem
     #expect(!rest.contains("f50"))
   }
 
+  /// A listing with attributes notes each child for the requests by name that follow it with
+  /// no lookup (`rm -r`); a note is a hint, checked against the node: a child moved, replaced
+  /// or deleted since (by a pull) is not taken for the listed one.
+  @Test func childrenNotedByAListingAreCheckedWhenUsed() throws {
+    let w = try LazyDownloadTests.World()
+    let fs = try w.fileSystem(online: false)
+    let dir = try fs.mkdir(parent: 1, name: "d", mode: 0o755)
+    // Made behind the engine (as a pull makes them): only the listing notes them.
+    try w.catalog.write(w.userID) { tx in
+      for name in ["a", "b", "c", "keep"] {
+        _ = try tx.createNode(path: TreesystemPath(["d", name]))
+      }
+    }
+    var listed: [String] = []
+    try fs.readdir(dir.inode, offset: 0, plus: true) { e in
+      listed.append(e.name)
+      return true
+    }
+    #expect(Set(listed).isSuperset(of: ["a", "b", "c", "keep"]))
+    // Another device's changes, as a pull makes them: `a` moved to `a2`, `b` deleted and a new
+    // `b` made, `c` deleted.
+    let newB = try w.catalog.write(w.userID) { tx -> NodeID in
+      let d = try #require(try tx.node(path: TreesystemPath(["d"])))
+      let a = try #require(try tx.child(of: d.id, named: "a"))
+      try tx.moveNode(a.id, toParent: d.id, name: "a2")
+      try tx.deleteNode(try #require(try tx.child(of: d.id, named: "b")).id)
+      try tx.deleteNode(try #require(try tx.child(of: d.id, named: "c")).id)
+      return try tx.createNode(path: TreesystemPath(["d", "b"])).id
+    }
+    #expect(throws: FileSystemError.notFound) { try fs.unlink(parent: dir.inode, name: "a") }
+    #expect(throws: FileSystemError.notFound) { try fs.unlink(parent: dir.inode, name: "c") }
+    try fs.unlink(parent: dir.inode, name: "b")
+    try fs.unlink(parent: dir.inode, name: "a2")
+    try fs.unlink(parent: dir.inode, name: "keep")
+    try w.catalog.read(w.userID) { tx in
+      let d = try #require(try tx.node(path: TreesystemPath(["d"])))
+      #expect(try tx.children(of: d.id).isEmpty)
+      #expect(try tx.node(id: newB) == nil)
+    }
+  }
+
   @Test func accessChecksFollowOwnerGroupAndOtherBits() throws {
     let w = try LazyDownloadTests.World()
     var options = FileSystemOptions()
