@@ -736,14 +736,15 @@ public final class CloudTransaction {
     var parentDirPrefix: String?
   }
 
-  /// The subtree rooted at `id`, root first, in breadth-first order.
-  func subtree(of id: NodeID) throws -> [SubtreeEntry] {
+  /// The subtree rooted at `id`, root first, in breadth-first order; `childless` when the
+  /// caller has just found `id` without children in this transaction.
+  func subtree(of id: NodeID, childless: Bool = false) throws -> [SubtreeEntry] {
     var out: [SubtreeEntry] = []
     let read: (SQLiteStatement) throws -> Bool = { s in
       out.append(try Self.subtreeEntry(s))
       return true
     }
-    if try !hasChildren(id) {
+    if try childless || !hasChildren(id) {
       // A leaf (most deletes): one row, without the recursive query's temporary tables.
       try rawQuery(
         """
@@ -799,15 +800,17 @@ public final class CloudTransaction {
   /// Pending operations of the subtree are dropped; if any of it is (or may be, because an
   /// upload is in flight) in the cloud, one `deleteLeaf` or `deleteNode` operation is enqueued
   /// listing every object key to delete.
-  public func deleteNode(_ id: NodeID) throws {
-    try journaled({ try deleteNodeUnjournaled(id) }, { .delete(id) })
+  /// `childless` tells that the caller has found the node without children in this
+  /// transaction (the check is then not made again).
+  public func deleteNode(_ id: NodeID, childless: Bool = false) throws {
+    try journaled({ try deleteNodeUnjournaled(id, childless: childless) }, { .delete(id) })
   }
 
-  private func deleteNodeUnjournaled(_ id: NodeID) throws {
+  private func deleteNodeUnjournaled(_ id: NodeID, childless: Bool = false) throws {
     try requireWritable()
     let node = try existingNode(id: id)
     guard node.trunk == nil else { throw CatalogError.invalidOperation("trunks cannot be deleted") }
-    let entries = try subtree(of: id)
+    let entries = try subtree(of: id, childless: childless)
     let plan = try planDelete(entries)
     try deleteRows(entries)
     try check("deleteNode.afterDelete")

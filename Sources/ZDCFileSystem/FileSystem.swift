@@ -656,7 +656,8 @@ public final class FileSystem: @unchecked Sendable {
       let p = try requireDirectory(parent, tx)
       guard let c = try child(of: p.id, shown: name, tx) else { throw FileSystemError.notFound }
       if try isDirectory(c, tx) { throw FileSystemError.isADirectory }
-      try tx.deleteNode(c.id)
+      // A file has just been found childless; a symlink's subtree is looked at.
+      try tx.deleteNode(c.id, childless: c.kind == .file)
       afterDelete(c, tx)
     }
   }
