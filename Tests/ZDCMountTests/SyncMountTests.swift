@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import ZDCCore
+import ZDCLocalStore
 import ZDCTestSupport
 
 #if canImport(Glibc)
@@ -552,6 +553,57 @@ final class SyncDevice: @unchecked Sendable {
       try JSONSerialization.jsonObject(
         with: Data(try b.run(["status", "--json"]).stdout.utf8)) as? [String: Any]
     #expect(json?["fullScanDue"] as? Bool == false, "\(String(describing: json))")
+  }
+
+  /// A device whose place in the change log another device compacted away catches up by a
+  /// full scan of the store, through the mount: the kernel's listings and pages are
+  /// invalidated as for an incremental pull, and `zdc sync` returns once the scan is done.
+  @Test func aDeviceBehindACompactedChangeLogCatchesUpByAFullScan() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let storeURL = dir.path("store")
+    let (a, b) = try SyncDevice.pair(in: dir, store: storeURL)
+    defer { SyncDevice.unmountAll([a, b]) }
+    try a.sh("mkdir d && echo one > d/x && echo keep > keep.txt && echo bye > gone.txt")
+    try a.sync()
+    try b.sync()
+    // B's kernel keeps the listings and the pages it read.
+    #expect(try b.ls() == ["d", "gone.txt", "keep.txt"])
+    #expect(try b.sh("cat keep.txt d/x").stdout == "keep\none\n")
+    try a.sh("echo changed > keep.txt && rm gone.txt && echo new > new.txt && mv d e")
+    try a.sync()
+    // Another device compacts the change log (every entry goes; the marker says up to when),
+    // as one does with entries older than a week: B can no longer pull incrementally.
+    let store = try LocalFolderStore(root: storeURL)
+    let entries = try store.listAll(prefix: "").map(\.key).filter { $0.contains("/changes/") }
+      .sorted()
+    let last = try #require(entries.last)
+    let changes = try #require(last.range(of: "/changes/"))
+    let markerKey = String(last[..<changes.lowerBound]) + "/changes-compacted"
+    let ulid = String(last[changes.upperBound...].prefix(26))
+    for key in entries { try store.delete(key: key, condition: .none) }
+    _ = try store.put(key: markerKey, body: .data(Data(ulid.utf8)), condition: .none)
+    try b.sync()
+    // Right after the sync, within the kernel's entry and attribute timeouts: only the
+    // scan's invalidations make these right.
+    #expect(try b.ls() == ["e", "keep.txt", "new.txt"])
+    #expect(try b.sh("cat keep.txt e/x new.txt").stdout == "changed\none\nnew\n")
+    #expect(try b.sh("test ! -e d && test ! -e gone.txt").status == 0)
+    let json =
+      try JSONSerialization.jsonObject(
+        with: Data(try b.run(["status", "--json"]).stdout.utf8)) as? [String: Any]
+    #expect(json?["fullScanDue"] as? Bool == false, "\(String(describing: json))")
+    // And B's own changes still reach A afterwards (its cursor follows the log again).
+    try b.sh("echo from-b > b.txt")
+    try b.sync()
+    try a.sync()
+    #expect(
+      try a.ls(eventually: ["b.txt", "e", "keep.txt", "new.txt"]) == [
+        "b.txt", "e", "keep.txt", "new.txt",
+      ])
+    #expect(try a.sh("cat b.txt").stdout == "from-b\n")
+    #expect(a.unmount()?.status == 0)
+    #expect(b.unmount()?.status == 0)
   }
 
   @Test func unmountWaitsForUploads() throws {
