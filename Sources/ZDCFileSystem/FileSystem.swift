@@ -71,6 +71,10 @@ public final class FileSystem: @unchecked Sendable {
   /// that started just before a commit would otherwise show the old size.
   var recentCommits: [NodeID: (size: UInt64, mtime: FileTime)] = [:]
   var recentOrder: [NodeID] = []
+  /// Closes of written files between their commit on disk and their catalog write: the staging
+  /// version, and whether a data conflict settled meanwhile gave it to the node's conflicted
+  /// copy (the catalog write then leaves the node alone; see `commitLocked`).
+  var commitsInFlight: [NodeID: (version: Int64, handedOver: Bool)] = [:]
   /// Nodes with a download in progress (for `user.zdc.state`).
   var downloading: [NodeID: Int] = [:]
   /// Children found or named lately, by parent and exact name: hints, never trusted alone

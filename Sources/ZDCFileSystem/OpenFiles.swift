@@ -327,6 +327,9 @@ extension FileSystem {
       return
     }
     let size = w.size
+    let id = c.key.nodeID
+    lock.withLock { commitsInFlight[id] = (w.version, false) }
+    defer { lock.withLock { _ = commitsInFlight.removeValue(forKey: id) } }
     do { try disk.commitStaging(w) } catch { throw Self.map(error) }
     let mtime = c.pendingMtime
     defer {
@@ -341,8 +344,11 @@ extension FileSystem {
     // `.soon`: journaled before this returns (so it survives a crash of the daemon, the
     // promise of `close(2)`), committed with the writes around it.
     let stored = try write(commit: .soon) { tx -> Node? in
-      guard try tx.node(id: c.key.nodeID) != nil else { return nil }
-      return try tx.commitData(nodeID: c.key.nodeID, size: size, mtime: mtime)
+      guard try tx.node(id: id) != nil else { return nil }
+      // A data conflict settled while this waited for the catalog gave the version to the
+      // node's conflicted copy (with its size): the node stands for the remote version now.
+      if lock.withLock({ commitsInFlight[id]?.handedOver == true }) { return nil }
+      return try tx.commitData(nodeID: id, size: size, mtime: mtime)
     }
     if let stored { noteCommit(stored.id, size: size, mtime: stored.mtime) }
   }

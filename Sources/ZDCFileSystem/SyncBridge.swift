@@ -235,7 +235,11 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
 
   /// Gives the local content of a node that lost a data conflict to its conflicted copy: the
   /// copy uploads it, and the node goes back to the remote version.
-  func moveStagedContent(from nodeID: NodeID, to copyID: NodeID) {
+  ///
+  /// The copy's size becomes the content's: a close may have committed a newer version than
+  /// the one whose upload met the conflict, its catalog write still waiting (that write then
+  /// leaves the node alone: see `FileSystem.commitsInFlight`).
+  func moveStagedContent(from nodeID: NodeID, to copyID: NodeID, _ tx: CloudTransaction) {
     let disk = fileSystem.disk
     lock.withLock { _ = handedOut.removeValue(forKey: nodeID) }
     let source: StagingFile
@@ -262,6 +266,16 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
       } catch {
         disk.discardStaging(copy)
         throw error
+      }
+      if let node = try tx.node(id: copyID), node.dataSize != source.size {
+        _ = try tx.commitData(nodeID: copyID, size: source.size, mtime: nil)
+      }
+      // Only now is the version the copy's (a failure above leaves it the node's).
+      let fs = fileSystem
+      fs.lock.withLock {
+        if let c = fs.commitsInFlight[nodeID], c.version == source.version {
+          fs.commitsInFlight[nodeID] = (c.version, true)
+        }
       }
       disk.discardStaging(source)
     } catch {
@@ -326,7 +340,7 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
     transaction: CloudTransaction
   ) {
     if let other {
-      if kind == .data { moveStagedContent(from: node.id, to: other.id) }
+      if kind == .data { moveStagedContent(from: node.id, to: other.id, transaction) }
       try? transaction.setTag(.int(1), forNodeID: other.id, identifier: FileSystem.conflictTag)
       fileSystem.nodeAppeared(other)
     }

@@ -1,8 +1,10 @@
 import Foundation
+import Synchronization
 import Testing
 import ZDCCatalog
 import ZDCCore
 import ZDCFileSystem
+import ZDCSync
 
 #if canImport(Glibc)
   import Glibc
@@ -327,6 +329,86 @@ import ZDCFileSystem
     let variantNow = try fs.lookup(parent: d.inode, name: escaped)
     #expect(variantNow.inode == Inode(variant.id) && variantNow.size == 7)
     #expect(throws: FileSystemError.notFound) { try fs.lookup(parent: d.inode, name: "v") }
+  }
+
+  /// A data conflict settled while a close waits for the catalog (its content committed on
+  /// disk, the catalog write not made yet) gives that content to the conflicted copy, with its
+  /// size; the close then leaves the node, which stands for the remote version now, alone.
+  @Test func aCloseWaitingWhileAConflictTakesItsContentLeavesTheNodeToTheRemoteVersion() throws {
+    let w = try LazyDownloadTests.World()
+    defer { withExtendedLifetime(w) {} }
+    let fs = try w.fileSystem(online: false)
+    let bridge = FileSystemSyncDelegate(fileSystem: fs)
+    func put(_ h: FileHandleID, _ text: String) throws {
+      _ = try Data(text.utf8).withUnsafeBytes { try fs.write(h, offset: 0, bytes: $0) }
+    }
+    let (attrs, first) = try fs.create(parent: 1, name: "doc", mode: 0o644, flags: O_WRONLY)
+    try put(first.handle, "v1")
+    try fs.release(first.handle)
+    let id = try #require(
+      try w.catalog.read(w.userID) { try $0.node(path: TreesystemPath(["doc"])) }
+    ).id
+    let second = try fs.open(attrs.inode, flags: O_WRONLY | O_TRUNC)
+    let v2 = "the second version, longer than the first"
+    try put(second.handle, v2)
+    // The push meets a newer DATA in the store (a 412) and settles the conflict in one
+    // transaction, begun before the close and still running when the close commits on disk.
+    let entered = DispatchSemaphore(value: 0)
+    let done = DispatchSemaphore(value: 0)
+    let remoteSize: UInt64 = 7
+    let failure = Mutex<(any Error)?>(nil)
+    let disk = w.disk
+    let (catalog, userID) = (w.catalog, w.userID)
+    Thread.detachNewThread {
+      defer { done.signal() }
+      do {
+        try catalog.write(userID) { tx in
+          entered.signal()
+          // Until the close has committed its content on disk (it then waits for this).
+          for _ in 0..<500 {
+            if let s = try disk.openStaged(forNode: id) {
+              defer { s.close() }
+              if s.size == UInt64(v2.utf8.count) { break }
+            }
+            usleep(10_000)
+          }
+          var cur = try tx.existingNode(id: id)
+          let copy = try tx.createNode(path: TreesystemPath(["doc (conflicted copy)"]))
+          _ = try tx.queueDataUpload(nodeID: copy.id)
+          let path = try TreesystemPath(["doc"])
+          bridge.didDiscoverConflict(.data, node: cur, other: copy, at: path, transaction: tx)
+          for op in try tx.pendingOperations(forNodeID: id) where op.kind == .putData {
+            try tx.completeOperation(id: op.id)
+          }
+          cur.dataSize = remoteSize
+          _ = try tx.updateNode(cur)
+        }
+      } catch {
+        failure.withLock { $0 = error }
+      }
+    }
+    entered.wait()
+    try fs.release(second.handle)
+    done.wait()
+    if let error = failure.withLock({ $0 }) { throw error }
+    let (node, copy, ops) = try w.catalog.read(w.userID) { tx in
+      (
+        try tx.existingNode(id: id),
+        try #require(try tx.node(path: TreesystemPath(["doc (conflicted copy)"]))),
+        try tx.pendingOperations(forNodeID: id)
+      )
+    }
+    // The node stands for the remote version: the close wrote nothing of its own there.
+    #expect(node.dataSize == remoteSize)
+    #expect(!ops.contains { $0.kind == .putData })
+    // The copy holds the closed content, with its size.
+    #expect(copy.dataSize == UInt64(v2.utf8.count))
+    let c = try fs.lookup(parent: 1, name: "doc (conflicted copy)")
+    #expect(c.size == UInt64(v2.utf8.count))
+    let h = try fs.open(c.inode, flags: O_RDONLY)
+    defer { try? fs.release(h.handle) }
+    let read = try LazyDownloadTests.read(fs, h.handle, at: 0, count: 4096)
+    #expect(String(decoding: read, as: UTF8.self) == v2)
   }
 
   @Test func typedErrorsForPOSIXCases() throws {
