@@ -126,15 +126,20 @@ static void note_request(ssize_t n) {
   atomic_store_explicit(&last_request_ns, monotonic_ns(), memory_order_relaxed);
 }
 
+// FUSE_DIRECT_IO_ALLOW_MMAP (include/uapi/linux/fuse.h, 7.39; the system's header is older).
+#define ZDC_FUSE_DIRECT_IO_ALLOW_MMAP_FLAGS2 (1u << (36 - 32))
+
 // The session's device I/O (zdc_fuse_session_install_device_io): busy polling,
-// FUSE_HANDLE_KILLPRIV_V2, which libfuse 3.14 cannot negotiate, and FUSE over io_uring
-// (uring.c), which it does not know either. The INIT request is read and answered on one
+// FUSE_HANDLE_KILLPRIV_V2 and FUSE_DIRECT_IO_ALLOW_MMAP, which libfuse 3.14 cannot negotiate,
+// and FUSE over io_uring (uring.c), which it does not know either. The INIT request is read and answered on one
 // thread, so the thread remembers the request's unique id and what it offered between the two.
 static _Thread_local uint64_t init_unique;
 static _Thread_local int init_pending;
 static _Thread_local int init_killpriv;
 static _Thread_local int init_uring;
+static _Thread_local int init_dio_mmap;
 static atomic_int killpriv_state;  // bit 0: offered by the kernel; bit 1: in the reply
+static atomic_int dio_mmap_state;  // the same for FUSE_DIRECT_IO_ALLOW_MMAP
 static struct fuse_session *device_session;
 
 static ssize_t device_read(int fd, void *buf, size_t len, void *userdata) {
@@ -150,8 +155,10 @@ static ssize_t device_read(int fd, void *buf, size_t len, void *userdata) {
       init_pending = 1;
       init_killpriv = (arg->flags & FUSE_HANDLE_KILLPRIV_V2) != 0;
       if (init_killpriv) atomic_fetch_or(&killpriv_state, 1);
-      init_uring = n >= (ssize_t)(sizeof(*in) + sizeof(*arg)) &&
-                   zdc_uring_offer(arg->flags, arg->flags2);
+      int extended = n >= (ssize_t)(sizeof(*in) + sizeof(*arg)) && (arg->flags & FUSE_INIT_EXT);
+      init_uring = extended && zdc_uring_offer(arg->flags, arg->flags2);
+      init_dio_mmap = extended && (arg->flags2 & ZDC_FUSE_DIRECT_IO_ALLOW_MMAP_FLAGS2) != 0;
+      if (init_dio_mmap) atomic_fetch_or(&dio_mmap_state, 1);
     }
   }
   return n;
@@ -172,11 +179,18 @@ static ssize_t device_writev(int fd, struct iovec *iov, int count, void *userdat
     if (out->unique == init_unique) {
       init_pending = 0;
       struct fuse_init_out *arg = iov[1].iov_base;
-      int uring = init_uring && out->error == 0 && iov[1].iov_len >= sizeof(*arg);
+      int extended = out->error == 0 && iov[1].iov_len >= sizeof(*arg);
+      int uring = init_uring && extended;
+      int dio_mmap = init_dio_mmap && extended;
       if (out->error == 0 && init_killpriv) arg->flags |= FUSE_HANDLE_KILLPRIV_V2;
       if (uring) zdc_uring_accept(&arg->flags, &arg->flags2);
+      if (dio_mmap) {
+        arg->flags |= FUSE_INIT_EXT;
+        arg->flags2 |= ZDC_FUSE_DIRECT_IO_ALLOW_MMAP_FLAGS2;
+      }
       ssize_t n = writev(fd, iov, count);
       if (n >= 0 && out->error == 0 && init_killpriv) atomic_fetch_or(&killpriv_state, 2);
+      if (n >= 0 && dio_mmap) atomic_fetch_or(&dio_mmap_state, 2);
       if (n >= 0 && uring) zdc_uring_start(device_session, fd, arg->max_write, arg->max_pages);
       return n;
     }
@@ -214,3 +228,5 @@ int zdc_fuse_session_install_device_io(struct fuse_session *se) {
 }
 
 int zdc_fuse_killpriv_v2_state(void) { return atomic_load(&killpriv_state); }
+
+int zdc_fuse_direct_io_mmap_state(void) { return atomic_load(&dio_mmap_state); }

@@ -214,15 +214,19 @@ public final class FuseMount: @unchecked Sendable {
 
   /// How the kernel and the file system share the work, once the kernel has initialised the
   /// session: whether the kernel offered and was given `FUSE_HANDLE_KILLPRIV_V2` (it then asks
-  /// for `security.capability` once per file instead of before every write), and whether it
+  /// for `security.capability` once per file instead of before every write), and
+  /// `FUSE_DIRECT_IO_ALLOW_MMAP` (a newly created file's descriptor then writes past the page
+  /// cache, and the kernel asks nothing before its first write), whether it
   /// checks permission bits itself (`default_permissions`), whether it opens directories
   /// without asking (`FUSE_CAP_NO_OPENDIR_SUPPORT`; it then keeps their listings), and whether
   /// it offered FUSE over io_uring and requests come through the rings.
   public var kernelFeatures: [String: Bool] {
     let state = zdc_fuse_killpriv_v2_state()
+    let dioMmap = zdc_fuse_direct_io_mmap_state()
     let uring = zdc_fuse_uring_state()
     return [
       "handleKillprivV2Offered": state & 1 != 0, "handleKillprivV2": state & 2 != 0,
+      "directIOAllowMmapOffered": dioMmap & 1 != 0, "directIOAllowMmap": dioMmap & 2 != 0,
       "ioUringOffered": uring != Int32(ZDC_URING_UNOFFERED),
       "ioUring": uring == Int32(ZDC_URING_ACTIVE),
       "kernelChecksPermissions": context.kernelChecksPermissions,

@@ -316,6 +316,12 @@ enum FuseOperations {
         // It may have opened an existing file (a name another device just created).
         ctx.waitForStores(fuse_ino_t(attrs.inode))
         fi.pointee.fh = UInt64(opened.handle)
+        // Its writes bypass the page cache. The cache of a file this descriptor writes goes at
+        // the next open anyway (a writable open forgets what the kernel may keep), and the
+        // kernel then asks no `security.capability` question before the file's first write.
+        // Only where shared mappings of such a descriptor still work, and the kernel drops
+        // cached pages a write changes (FUSE_DIRECT_IO_ALLOW_MMAP).
+        if zdc_fuse_direct_io_mmap_state() & 2 != 0 { zdc_fi_set_direct_io(fi, 1) }
         var e = FuseOperations.entry(attrs, ctx)
         fuse_reply_create(req, &e, fi)
       } catch { FuseOperations.fail(req, error) }

@@ -259,6 +259,41 @@ import ZDCTestSupport
     try m.sh("flock t1 true")
   }
 
+  /// A descriptor that created its file writes past the page cache where the kernel allows
+  /// (FUSE_DIRECT_IO_ALLOW_MMAP): it can still map the file shared, and another descriptor's
+  /// cached pages show what it writes; so do the daemon's reads before any close.
+  @Test func aCreatingDescriptorMapsSharedAndOthersReadItsWrites() throws {
+    let m = try MountFixture()
+    let features = try PermissionMountTests.kernelFeatures(m)
+    #expect(features["directIOAllowMmap"] == features["directIOAllowMmapOffered"])
+    try m.python(
+      """
+      import mmap, os
+      fd = os.open('mapped', os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+      os.write(fd, b'0123456789')
+      m = mmap.mmap(fd, 10)
+      m[2:5] = b'abc'
+      m.flush()
+      assert os.pread(fd, 10, 0) == b'01abc56789', os.pread(fd, 10, 0)
+      m.close()
+      os.close(fd)
+      assert open('mapped', 'rb').read() == b'01abc56789'
+
+      w = os.open('growing', os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      os.write(w, b'first ')
+      r = os.open('growing', os.O_RDONLY)
+      assert os.pread(r, 100, 0) == b'first '
+      os.write(w, b'second')
+      got = os.pread(r, 100, 0)
+      assert got == b'first second', got
+      os.pwrite(w, b'F', 0)
+      got = os.pread(r, 100, 0)
+      assert got == b'First second', got
+      os.close(r)
+      os.close(w)
+      """)
+  }
+
   @Test func renameFlags() throws {
     let m = try MountFixture()
     // Python's os.rename takes no flags: call renameat2 through ctypes.

@@ -37,6 +37,9 @@ import ZDCTestSupport
     chmod 6775 s; truncate -s 1 s; stat -c %a s
     chmod 4755 s; /usr/bin/python3 -c 'import os; os.truncate("s", 0)'; stat -c %a s
     chmod 4755 s; echo new > s; stat -c %a s; cat s
+    /usr/bin/python3 -c 'import os
+    os.umask(0); fd = os.open("cs", os.O_CREAT | os.O_WRONLY, 0o6775); os.write(fd, b"x"); os.close(fd)'
+    stat -c %a cs
     echo m > mm; chmod 2750 mm; /usr/bin/python3 -c 'import mmap, os
     fd = os.open("mm", os.O_RDWR); m = mmap.mmap(fd, 2); m[0:1] = b"M"; m.flush(); m.close()'
     stat -c %a mm; cat mm
@@ -130,7 +133,7 @@ import ZDCTestSupport
     let expected = try Self.run(in: reference, as: Self.nobody)
     let got = try Self.run(in: mnt, as: Self.nobody)
     #expect(
-      expected.contains("test -w: 1") && expected.hasSuffix("new\n2750\nM\n"),
+      expected.contains("test -w: 1") && expected.hasSuffix("new\n775\n2750\nM\n"),
       "the reference run went wrong: \(expected)")
     #expect(got == expected)
 
@@ -193,6 +196,11 @@ import ZDCTestSupport
       #expect(features["handleKillprivV2Offered"] == true, "kernel \(release)")
     }
     #expect(features["handleKillprivV2"] == features["handleKillprivV2Offered"])
+    // Kernels from 6.6 on offer FUSE_DIRECT_IO_ALLOW_MMAP; an offer is taken.
+    if version.count == 2, version[0] > 6 || (version[0] == 6 && version[1] >= 6) {
+      #expect(features["directIOAllowMmapOffered"] == true, "kernel \(release)")
+    }
+    #expect(features["directIOAllowMmap"] == features["directIOAllowMmapOffered"])
     // Kernels from 5.1 on open directories without OPENDIR when the file system asks.
     if version.count == 2, version[0] > 5 || (version[0] == 5 && version[1] >= 1) {
       #expect(features["opendirSkipped"] == true, "kernel \(release)")

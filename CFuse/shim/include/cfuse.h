@@ -63,12 +63,14 @@ unsigned int zdc_conn_wanted(const struct fuse_conn_info *conn);
 int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, const void *buf,
                      size_t size);
 
-/// Routes the mounted session `se`'s device I/O through this shim's wrappers, which do two
+/// Routes the mounted session `se`'s device I/O through this shim's wrappers, which do three
 /// things:
 /// - accept the kernel's FUSE_HANDLE_KILLPRIV_V2 offer, which libfuse 3.14 cannot negotiate
 ///   (the flag is added to the INIT reply when the kernel's INIT request offered it; the kernel
 ///   then stops asking for `security.capability` before every write, and the file system takes
 ///   on clearing set-user-ID and set-group-ID bits on write and truncate);
+/// - accept its FUSE_DIRECT_IO_ALLOW_MMAP offer in the same way (see
+///   zdc_fuse_direct_io_mmap_state);
 /// - busy polling during bursts (zdc_fuse_set_busy_poll).
 /// Call after fuse_session_mount and before the loop. Returns 0 or -errno.
 int zdc_fuse_session_install_device_io(struct fuse_session *se);
@@ -84,6 +86,11 @@ void zdc_fuse_set_busy_poll(unsigned int microseconds);
 /// What became of FUSE_HANDLE_KILLPRIV_V2 in this process's session: bit 0 set when the
 /// kernel offered it, bit 1 when the INIT reply carrying it was sent.
 int zdc_fuse_killpriv_v2_state(void);
+
+/// What became of FUSE_DIRECT_IO_ALLOW_MMAP (kernel 6.6+) in this process's session, as for
+/// zdc_fuse_killpriv_v2_state. Once given, files opened with `direct_io` may still be mapped
+/// shared, and the kernel drops its cached pages of a range a direct write changes.
+int zdc_fuse_direct_io_mmap_state(void);
 
 /// The FUSE-over-io_uring transport (kernel 6.14+, when the `fuse` module's `enable_uring`
 /// parameter is on): `threads` serving threads per ring queue (one queue per CPU, each thread
