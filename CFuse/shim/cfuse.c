@@ -131,8 +131,9 @@ static void note_request(ssize_t n) {
 
 // The session's device I/O (zdc_fuse_session_install_device_io): busy polling,
 // FUSE_HANDLE_KILLPRIV_V2 and FUSE_DIRECT_IO_ALLOW_MMAP, which libfuse 3.14 cannot negotiate,
-// and FUSE over io_uring (uring.c), which it does not know either. The INIT request is read and answered on one
-// thread, so the thread remembers the request's unique id and what it offered between the two.
+// and FUSE over io_uring (uring.c), which it does not know either. The INIT request is read
+// and answered on one thread, so the thread remembers the request's unique id and what it
+// offered between the two.
 static _Thread_local uint64_t init_unique;
 static _Thread_local int init_pending;
 static _Thread_local int init_killpriv;
