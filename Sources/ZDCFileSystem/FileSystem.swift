@@ -538,6 +538,9 @@ public final class FileSystem: @unchecked Sendable {
           }
           return lost
         }
+        if let m = changes.mode, Self.modeAfterUnprivilegedWrite(m) != m {
+          armPrivilegeClearing(id)
+        }
         if lost.search { try forgetChildEntries(of: id, beforeNextRequest: true) }
         if lost.read {
           // The kernel may keep a listing of the directory it read before; it must ask again
@@ -1036,6 +1039,15 @@ public final class FileSystem: @unchecked Sendable {
 
   /// Clears a file node's set-user-ID and set-group-ID bits as an unprivileged write does
   /// (see ``modeAfterUnprivilegedWrite(_:)``), and tells the kernel.
+  /// After a `chmod` gave a file set-user-ID or set-group-ID bits: the next write through each
+  /// descriptor an unprivileged caller had opened it with for writing clears them, as on a
+  /// local file system.
+  func armPrivilegeClearing(_ id: NodeID) {
+    let key = ContentKey(id, .data)
+    let open = lock.withLock { handles.values.filter { $0.key == key && $0.unprivilegedWriter } }
+    for oh in open { oh.content.lock.withLock { oh.clearsPrivileges = true } }
+  }
+
   func clearPrivilegeBits(_ id: NodeID) throws {
     let changed = try write(commit: .soon) { tx -> Bool in
       guard var n = try tx.node(id: id), n.kind == .file else { return false }

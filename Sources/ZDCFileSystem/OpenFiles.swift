@@ -20,8 +20,11 @@ final class OpenHandle: @unchecked Sendable {
   let writable: Bool
   let append: Bool
   /// The first write through this handle clears the file's set-user-ID and set-group-ID bits
-  /// (an unprivileged caller opened it for writing while it had them).
+  /// (an unprivileged caller opened it for writing while it had them, or they were set since).
   var clearsPrivileges = false
+  /// A caller other than the superuser opened this file (not a section) for writing: its writes
+  /// clear set-user-ID and set-group-ID bits, also those a `chmod` sets after the open.
+  var unprivilegedWriter = false
   /// Closed by its process as far as the engine can tell: a `flush` (every `close(2)` of a
   /// writable descriptor sends one, and waits for it) and no write since. The kernel sends
   /// `release` only afterwards and asynchronously, so a handle may still exist when its process
@@ -395,6 +398,7 @@ extension FileSystem {
       let oh = OpenHandle(
         id: h, key: key, content: c, writable: writable, append: flags & O_APPEND != 0)
       oh.clearsPrivileges = privileged && flags & O_TRUNC == 0
+      oh.unprivilegedWriter = writable && section == .node && !caller.isSuperuser
       handles[h] = oh
       return (h, c)
     }

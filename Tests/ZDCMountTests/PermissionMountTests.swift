@@ -40,6 +40,10 @@ import ZDCTestSupport
     /usr/bin/python3 -c 'import os
     os.umask(0); fd = os.open("cs", os.O_CREAT | os.O_WRONLY, 0o6775); os.write(fd, b"x"); os.close(fd)'
     stat -c %a cs
+    echo y > fy; /usr/bin/python3 -c 'import os
+    for name, flags in (("fx", os.O_CREAT | os.O_WRONLY), ("fy", os.O_WRONLY)):
+        fd = os.open(name, flags, 0o644); os.fchmod(fd, 0o4755); os.write(fd, b"x"); os.close(fd)'
+    stat -c %a fx fy
     echo m > mm; chmod 2750 mm; /usr/bin/python3 -c 'import mmap, os
     fd = os.open("mm", os.O_RDWR); m = mmap.mmap(fd, 2); m[0:1] = b"M"; m.flush(); m.close()'
     stat -c %a mm; cat mm
@@ -133,7 +137,7 @@ import ZDCTestSupport
     let expected = try Self.run(in: reference, as: Self.nobody)
     let got = try Self.run(in: mnt, as: Self.nobody)
     #expect(
-      expected.contains("test -w: 1") && expected.hasSuffix("new\n775\n2750\nM\n"),
+      expected.contains("test -w: 1") && expected.hasSuffix("new\n775\n755\n755\n2750\nM\n"),
       "the reference run went wrong: \(expected)")
     #expect(got == expected)
 
