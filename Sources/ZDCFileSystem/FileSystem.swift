@@ -1037,8 +1037,6 @@ public final class FileSystem: @unchecked Sendable {
     return m
   }
 
-  /// Clears a file node's set-user-ID and set-group-ID bits as an unprivileged write does
-  /// (see ``modeAfterUnprivilegedWrite(_:)``), and tells the kernel.
   /// After a `chmod` gave a file set-user-ID or set-group-ID bits: the next write through each
   /// descriptor an unprivileged caller had opened it with for writing clears them, as on a
   /// local file system.
@@ -1048,6 +1046,8 @@ public final class FileSystem: @unchecked Sendable {
     for oh in open { oh.content.lock.withLock { oh.clearsPrivileges = true } }
   }
 
+  /// Clears a file node's set-user-ID and set-group-ID bits as an unprivileged write does
+  /// (see ``modeAfterUnprivilegedWrite(_:)``), and tells the kernel.
   func clearPrivilegeBits(_ id: NodeID) throws {
     let changed = try write(commit: .soon) { tx -> Bool in
       guard var n = try tx.node(id: id), n.kind == .file else { return false }

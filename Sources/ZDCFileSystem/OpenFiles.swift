@@ -384,9 +384,10 @@ extension FileSystem {
     let key = ContentKey(id, section)
     let accmode = flags & O_ACCMODE
     let writable = accmode == O_WRONLY || accmode == O_RDWR
+    let unprivilegedWriter = writable && section == .node && !caller.isSuperuser
     let privileged =
-      writable && section == .node && !caller.isSuperuser
-      && node.kind == .file && Self.modeAfterUnprivilegedWrite(node.mode) != node.mode
+      unprivilegedWriter && node.kind == .file
+      && Self.modeAfterUnprivilegedWrite(node.mode) != node.mode
     if privileged, flags & O_TRUNC != 0 { try clearPrivilegeBits(id) }
     let (handle, content) = lock.withLock { () -> (FileHandleID, NodeContent) in
       let c = contents[key] ?? NodeContent(key: key)
@@ -398,7 +399,7 @@ extension FileSystem {
       let oh = OpenHandle(
         id: h, key: key, content: c, writable: writable, append: flags & O_APPEND != 0)
       oh.clearsPrivileges = privileged && flags & O_TRUNC == 0
-      oh.unprivilegedWriter = writable && section == .node && !caller.isSuperuser
+      oh.unprivilegedWriter = unprivilegedWriter
       handles[h] = oh
       return (h, c)
     }
