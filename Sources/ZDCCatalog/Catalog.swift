@@ -57,6 +57,8 @@ public final class Catalog: Sendable {
   let shareLists = ShareListCache()
   /// Nodes read on the writer connection, shared by the transactions that run there.
   let nodes = NodeCache()
+  /// The writer connection's prepared statements of ``CatalogSQL`` texts.
+  let writerStatements = StatementTable()
   /// How this catalog's sensitive fields are stored (see ``Options/fieldKey``).
   let fields: FieldCoding
   /// Layouts of the local users seen so far (a user's treeID never changes).
@@ -70,7 +72,7 @@ public final class Catalog: Sendable {
   ) -> CloudTransaction {
     CloudTransaction(
       db: db, layout: layout, readOnly: readOnly, failpoint: failpoint, shareLists: shareLists,
-      nodes: shared ? nodes : nil, fields: fields)
+      nodes: shared ? nodes : nil, statements: shared ? writerStatements : nil, fields: fields)
   }
 
   /// The names of the schema migrations this build knows, in order.

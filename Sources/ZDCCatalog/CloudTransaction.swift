@@ -27,6 +27,8 @@ public final class CloudTransaction {
   let shareLists: ShareListCache
   /// The writer connection's node cache (`nil` on a reader connection).
   let sharedNodes: NodeCache?
+  /// The writer connection's prepared statements (`nil` on a reader connection).
+  let writerStatements: StatementTable?
   lazy var encoder: JSONEncoder = {
     let e = JSONEncoder()
     e.outputFormatting = .sortedKeys
@@ -36,7 +38,8 @@ public final class CloudTransaction {
 
   init(
     db: Database, layout: CloudLayout, readOnly: Bool, failpoint: String?,
-    shareLists: ShareListCache, nodes: NodeCache?, fields: FieldCoding
+    shareLists: ShareListCache, nodes: NodeCache?, statements: StatementTable?,
+    fields: FieldCoding
   ) {
     self.fields = fields
     self.db = db
@@ -46,6 +49,7 @@ public final class CloudTransaction {
     self.failpoint = failpoint
     self.shareLists = shareLists
     self.sharedNodes = nodes
+    self.writerStatements = statements
   }
 
   /// Runs `body` once this transaction has committed (never if it rolls back), so that work
@@ -103,6 +107,13 @@ public final class CloudTransaction {
   static let childByNameSQL = """
     SELECT \(nodeColumns) FROM nodes WHERE parentID = ? AND nameKey = ? AND localUserID = ?
     """
+  static let nodeByID = CatalogSQL(nodeByIDSQL)
+  static let childByName = CatalogSQL(childByNameSQL)
+  static let childrenSharingName = CatalogSQL(
+    """
+    SELECT \(nodeColumns) FROM nodes
+    WHERE parentID = ? AND nameKey >= ? AND nameKey < ? AND localUserID = ? ORDER BY id
+    """)
   @_spi(Testing) public static let childrenSQL = """
     SELECT \(nodeColumns) FROM nodes
     WHERE parentID = ? AND id > ? AND localUserID = ? ORDER BY id LIMIT ?
@@ -152,8 +163,17 @@ public final class CloudTransaction {
 
   /// The first node a statement returns, decoded straight from the statement's columns.
   func fetchNode(_ sql: String, _ values: RawValues) throws -> Node? {
+    try fetchNode(try db.cachedStatement(sql: sql), values)
+  }
+
+  /// ``fetchNode(_:_:)`` of a ``CatalogSQL`` statement.
+  func fetchNode(_ sql: CatalogSQL, _ values: RawValues) throws -> Node? {
+    try fetchNode(try statement(sql), values)
+  }
+
+  private func fetchNode(_ statement: Statement, _ values: RawValues) throws -> Node? {
     var node: Node?
-    try rawQuery(sql, values) { s in
+    try statement.runRaw(values) { s in
       node = try decodeNode(s)
       return false
     }
@@ -202,14 +222,7 @@ public final class CloudTransaction {
 
   /// Inserts a node's row; with `id`, under that row id (journal replay), else the next one.
   func insertNodeRow(_ node: Node, cloudName: String, id: NodeID? = nil) throws -> NodeID {
-    let stmt = try db.cachedStatement(
-      sql: """
-        INSERT INTO nodes (uuid, localUserID, parentID, name, kind, trunk, shareList, burnDate,
-          encryptionKey, dirSalt, dirPrefix, cloudID, eTagRcrd, eTagData, lastModifiedRcrd,
-          lastModifiedData, cloudDataInfo, explicitCloudName, anchor, pointeeID, mode, mtime,
-          xattrs, symlinkTarget, dataSize, nameKey, cloudName, id)
-        VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-        """)
+    let stmt = try statement(Self.insertRowSQL)
     let args: [(any DatabaseValueConvertible)?] = [
       node.uuid, node.localUserID, node.parentID, try fields.storedText(node.name),
       node.kind.rawValue,
@@ -227,6 +240,15 @@ public final class CloudTransaction {
     try rawExecute(stmt, args)
     return db.lastInsertedRowID
   }
+
+  private static let insertRowSQL = CatalogSQL(
+    """
+    INSERT INTO nodes (uuid, localUserID, parentID, name, kind, trunk, shareList, burnDate,
+      encryptionKey, dirSalt, dirPrefix, cloudID, eTagRcrd, eTagData, lastModifiedRcrd,
+      lastModifiedData, cloudDataInfo, explicitCloudName, anchor, pointeeID, mode, mtime,
+      xattrs, symlinkTarget, dataSize, nameKey, cloudName, id)
+    VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+    """)
 
   func insertTrunk(_ trunk: Trunk) throws -> Node {
     var node = Node(
@@ -252,7 +274,7 @@ public final class CloudTransaction {
     }
     // A read-only transaction sees no change: nodes read once are kept for its duration.
     if isReadOnly, let cached = readCache[id] { return cached }
-    let node = try fetchNode(Self.nodeByIDSQL, [id, userID])
+    let node = try fetchNode(Self.nodeByID, [id, userID])
     if isReadOnly { readCache[id] = node }
     return node
   }
@@ -301,7 +323,7 @@ public final class CloudTransaction {
 
   /// The child of `parentID` whose name has the same `NameKey` as `name`, or `nil`.
   public func child(of parentID: NodeID, named name: String) throws -> Node? {
-    try fetchNode(Self.childByNameSQL, [parentID, try fields.nameKey(of: name), userID])
+    try fetchNode(Self.childByName, [parentID, try fields.nameKey(of: name), userID])
   }
 
   /// The children of `parentID` whose name equals `name` up to case, and those kept under the
@@ -309,12 +331,7 @@ public final class CloudTransaction {
   public func children(of parentID: NodeID, sharingNameWith name: String) throws -> [Node] {
     let (lower, upper) = try fields.nameKeyRange(of: name)
     var out: [Node] = []
-    try rawQuery(
-      """
-      SELECT \(Self.nodeColumns) FROM nodes
-      WHERE parentID = ? AND nameKey >= ? AND nameKey < ? AND localUserID = ? ORDER BY id
-      """, [parentID, lower, upper, userID]
-    ) { st in
+    try rawQuery(Self.childrenSharingName, [parentID, lower, upper, userID]) { st in
       // A node of the shared cache equals its row (see ``NodeCache``): no need to decode it.
       if let sharedNodes, let id = Int64.fromStatement(st, atUncheckedIndex: 0),
         let cached = sharedNodes.get(id)
@@ -362,8 +379,9 @@ public final class CloudTransaction {
 
   /// True when `parentID` has at least one child.
   public func hasChildren(_ parentID: NodeID) throws -> Bool {
-    try rawInt("SELECT 1 FROM nodes WHERE parentID = ? LIMIT 1", [parentID]) != nil
+    try rawInt(Self.anyChild, [parentID]) != nil
   }
+  private static let anyChild = CatalogSQL("SELECT 1 FROM nodes WHERE parentID = ? LIMIT 1")
 
   /// The number of children of `parentID`.
   public func childCount(of parentID: NodeID) throws -> Int {
@@ -424,13 +442,7 @@ public final class CloudTransaction {
   /// trunk (trunks have no objects).
   public func objectLocation(of id: NodeID) throws -> CloudObjectRef? {
     var ref: CloudObjectRef?
-    try rawQuery(
-      """
-      SELECT n.cloudID, n.cloudName, n.eTagRcrd, n.eTagData, p.dirPrefix
-      FROM nodes n JOIN nodes p ON p.id = n.parentID
-      WHERE n.id = ? AND n.localUserID = ?
-      """, [id, userID]
-    ) { s in
+    try rawQuery(Self.objectLocationSQL, [id, userID]) { s in
       guard let cloudID = RawColumn.text(s, 0), let cloudName = RawColumn.text(s, 1),
         let dirPrefix = RawColumn.text(s, 4)
       else { throw CatalogError.corrupt("node \(id): no cloud name") }
@@ -442,6 +454,13 @@ public final class CloudTransaction {
     if ref == nil, try node(id: id) == nil { throw CatalogError.nodeNotFound(id) }
     return ref
   }
+
+  private static let objectLocationSQL = CatalogSQL(
+    """
+    SELECT n.cloudID, n.cloudName, n.eTagRcrd, n.eTagData, p.dirPrefix
+    FROM nodes n JOIN nodes p ON p.id = n.parentID
+    WHERE n.id = ? AND n.localUserID = ?
+    """)
 
   func objectRef(
     nodeID: NodeID, cloudID: String, dirPrefix: String, cloudName: String, eTagRcrd: String?,
@@ -678,12 +697,7 @@ public final class CloudTransaction {
     let newKey = NameKey(newName)
     let old = try objectLocation(of: id)!
     let newCloudName = try CloudName.compute(name: newName, parentDirSalt: newParent.dirSalt)
-    let stmt = try db.cachedStatement(
-      sql: """
-        UPDATE nodes SET parentID = ?, name = ?, nameKey = ?, cloudName = ?,
-          explicitCloudName = NULL
-        WHERE id = ?
-        """)
+    let stmt = try statement(Self.moveRowSQL)
     do {
       try rawExecute(
         stmt,
@@ -708,6 +722,12 @@ public final class CloudTransaction {
     try enqueueMove(moved, from: old, newParent: newParent, sameParent: newParentID == oldParentID)
     return moved
   }
+
+  private static let moveRowSQL = CatalogSQL(
+    """
+    UPDATE nodes SET parentID = ?, name = ?, nameKey = ?, cloudName = ?, explicitCloudName = NULL
+    WHERE id = ?
+    """)
 
   /// True when `ancestor` is `id` or one of its ancestors.
   func isAncestor(_ ancestor: NodeID, of id: NodeID) throws -> Bool {
@@ -746,11 +766,7 @@ public final class CloudTransaction {
     }
     if try childless || !hasChildren(id) {
       // A leaf (most deletes): one row, without the recursive query's temporary tables.
-      try rawQuery(
-        """
-        SELECT n.id, 0, n.cloudID, n.dirPrefix, n.cloudName, n.eTagRcrd, n.eTagData, p.dirPrefix
-        FROM nodes n LEFT JOIN nodes p ON p.id = n.parentID WHERE n.id = ?
-        """, [id], row: read)
+      try rawQuery(Self.leafEntrySQL, [id], row: read)
       return out
     }
     try rawQuery(
@@ -768,6 +784,12 @@ public final class CloudTransaction {
     return out
   }
 
+  private static let leafEntrySQL = CatalogSQL(
+    """
+    SELECT n.id, 0, n.cloudID, n.dirPrefix, n.cloudName, n.eTagRcrd, n.eTagData, p.dirPrefix
+    FROM nodes n LEFT JOIN nodes p ON p.id = n.parentID WHERE n.id = ?
+    """)
+
   private static func subtreeEntry(_ s: SQLiteStatement) throws -> SubtreeEntry {
     let id = RawColumn.int(s, 0)
     guard let cloudID = RawColumn.text(s, 2), let dirPrefix = RawColumn.text(s, 3),
@@ -782,9 +804,9 @@ public final class CloudTransaction {
   /// Deletes the rows of a subtree with their tags and links, deepest first (the catalog runs
   /// without foreign-key actions: see ``Catalog``).
   func deleteRows(_ entries: [SubtreeEntry]) throws {
-    let stmt = try db.cachedStatement(sql: "DELETE FROM nodes WHERE id = ?")
-    let tags = try db.cachedStatement(sql: "DELETE FROM nodeTags WHERE nodeID = ?")
-    let links = try db.cachedStatement(sql: "DELETE FROM nodeLinks WHERE nodeID = ?")
+    let stmt = try statement(Self.deleteRowSQL)
+    let tags = try statement(Self.deleteTagsSQL)
+    let links = try statement(Self.deleteLinksSQL)
     for e in entries.reversed() {
       try rawExecute(tags, [e.id])
       try rawExecute(links, [e.id])
@@ -792,6 +814,10 @@ public final class CloudTransaction {
       rowChanged(e.id)
     }
   }
+
+  private static let deleteRowSQL = CatalogSQL("DELETE FROM nodes WHERE id = ?")
+  private static let deleteTagsSQL = CatalogSQL("DELETE FROM nodeTags WHERE nodeID = ?")
+  private static let deleteLinksSQL = CatalogSQL("DELETE FROM nodeLinks WHERE nodeID = ?")
 
   func deleteRows(subtreeOf id: NodeID) throws { try deleteRows(try subtree(of: id)) }
 

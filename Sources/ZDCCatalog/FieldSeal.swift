@@ -64,12 +64,23 @@ enum FieldCoding: Sendable {
       // A name of a case variant's shape is stored under its split key (see `nameKey(_:)`).
       if let (base, suffix) = CaseVariant.splitKey(key) {
         let stored = s.nameKeyDigest(String(base)) + Data(suffix.utf8)
-        return (stored, stored + Data([1]))
+        return (stored, Self.justAbove(stored))
       }
       let digest = s.nameKeyDigest(key)
-      return (digest, digest + Data([1]))
+      return (digest, Self.justAbove(digest))
     case .locked: throw CatalogError.locked
     }
+  }
+
+  /// `key` followed by a 1 byte: above `key` and below any longer key that starts with it and
+  /// continues with a byte above 0 (built in one allocation; `Data`'s `+` costs several).
+  static func justAbove(_ key: Data) -> Data {
+    var out = Data(count: key.count + 1)
+    out.withUnsafeMutableBytes { o in
+      _ = key.copyBytes(to: o.bindMemory(to: UInt8.self))
+      o[key.count] = 1
+    }
+    return out
   }
 
   /// The stored index key of `name` (see ``nameKey(_:)``).

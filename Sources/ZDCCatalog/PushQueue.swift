@@ -45,9 +45,12 @@ extension CloudTransaction {
     SELECT id FROM pushOperations WHERE nodeID = ? AND kind = 'putRcrd' ORDER BY id LIMIT 1
     """
 
+  static let nodeOperations = CatalogSQL(nodeOperationsSQL)
+  static let firstUpload = CatalogSQL(firstUploadSQL)
+
   func outstandingOperations(ofNode id: NodeID) throws -> [NodeOp] {
     var out: [NodeOp] = []
-    try rawQuery(Self.nodeOperationsSQL, [id, userID]) { s in
+    try rawQuery(Self.nodeOperations, [id, userID]) { s in
       let opID = RawColumn.int(s, 0)
       guard let kind = RawColumn.text(s, 1).flatMap(PushOperationKind.init(rawValue:)),
         let state = RawColumn.text(s, 2).flatMap(PushOperationState.init(rawValue:)),
@@ -63,12 +66,7 @@ extension CloudTransaction {
     kind: PushOperationKind, nodeID: NodeID?, cloudID: String?, payload: PushPayload?,
     dependsOn deps: [Int64]
   ) throws -> Int64 {
-    let stmt = try db.cachedStatement(
-      sql: """
-        INSERT INTO pushOperations (localUserID, kind, nodeID, cloudID, payload, nextAttemptAt,
-          createdAt)
-        VALUES (?, ?, ?, ?, ?, ?, ?)
-        """)
+    let stmt = try statement(Self.insertOperationSQL)
     let now = Date().timeIntervalSinceReferenceDate
     try rawExecute(
       stmt,
@@ -81,38 +79,46 @@ extension CloudTransaction {
     return id
   }
 
+  private static let insertOperationSQL = CatalogSQL(
+    """
+    INSERT INTO pushOperations (localUserID, kind, nodeID, cloudID, payload, nextAttemptAt,
+      createdAt)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
+    """)
+
   func addDependency(_ opID: Int64, dependsOn other: Int64) throws {
     guard opID != other else { return }
     // Only on an operation still queued (a finished one is gone: nothing to wait for).
-    let stmt = try db.cachedStatement(
-      sql: """
-        INSERT OR IGNORE INTO pushOperationDeps (opID, dependsOnOpID)
-        SELECT ?, id FROM pushOperations WHERE id = ?
-        """)
-    try rawExecute(stmt, [opID, other])
+    try rawExecute(try statement(Self.addDependencySQL), [opID, other])
   }
+  private static let addDependencySQL = CatalogSQL(
+    """
+    INSERT OR IGNORE INTO pushOperationDeps (opID, dependsOnOpID)
+    SELECT ?, id FROM pushOperations WHERE id = ?
+    """)
 
   func deleteOperation(_ id: Int64) throws {
-    let stmt = try db.cachedStatement(sql: "DELETE FROM pushOperations WHERE id = ?")
-    try rawExecute(stmt, [id])
+    try rawExecute(try statement(Self.deleteOperationSQL), [id])
     try deleteDependencies(of: id)
   }
+  private static let deleteOperationSQL = CatalogSQL("DELETE FROM pushOperations WHERE id = ?")
 
   /// Removes an operation's dependency rows, both ways (the catalog runs without foreign-key
   /// actions: see ``Catalog``): what waits for it is released.
   func deleteDependencies(of id: Int64) throws {
-    let mine = try db.cachedStatement(sql: "DELETE FROM pushOperationDeps WHERE opID = ?")
-    try rawExecute(mine, [id])
-    let theirs = try db.cachedStatement(
-      sql: "DELETE FROM pushOperationDeps WHERE dependsOnOpID = ?")
-    try rawExecute(theirs, [id])
+    try rawExecute(try statement(Self.deleteOwnDependenciesSQL), [id])
+    try rawExecute(try statement(Self.deleteTheirDependenciesSQL), [id])
   }
+  private static let deleteOwnDependenciesSQL = CatalogSQL(
+    "DELETE FROM pushOperationDeps WHERE opID = ?")
+  private static let deleteTheirDependenciesSQL = CatalogSQL(
+    "DELETE FROM pushOperationDeps WHERE dependsOnOpID = ?")
 
   /// The operation that first uploads `node`, while it has never been uploaded: its oldest
   /// outstanding `putRcrd`. `nil` for trunks and uploaded nodes.
   func firstUploadOperation(of node: Node) throws -> Int64? {
     guard node.trunk == nil, node.eTagRcrd == nil else { return nil }
-    return try rawInt(Self.firstUploadSQL, [node.id])
+    return try rawInt(Self.firstUpload, [node.id])
   }
 
   // MARK: Enqueue rules
@@ -173,9 +179,9 @@ extension CloudTransaction {
     if node.dataSize != size || (mtime != nil && mtime != node.mtime) {
       node.dataSize = size
       if let mtime { node.mtime = mtime }
-      let stmt = try db.cachedStatement(
-        sql: "UPDATE nodes SET dataSize = ?, mtime = ? WHERE id = ?")
-      try rawExecute(stmt, [Int64(bitPattern: size), node.mtime.totalNanoseconds, nodeID])
+      try rawExecute(
+        try statement(Self.commitDataSQL),
+        [Int64(bitPattern: size), node.mtime.totalNanoseconds, nodeID])
       sharedNodes?.put(node)
       try check("updateNode.afterUpdate")
       try enqueuePutRcrd(node, ops: &ops)
@@ -183,6 +189,11 @@ extension CloudTransaction {
     _ = try queueDataUpload(node, ops: ops)
     return node
   }
+
+  private static let commitDataSQL = CatalogSQL(
+    "UPDATE nodes SET dataSize = ?, mtime = ? WHERE id = ?")
+  private static let coalesceDataUploadSQL = CatalogSQL(
+    "UPDATE pushOperations SET generation = generation + 1, createdAt = ? WHERE id = ?")
 
   private func queueDataUploadUnjournaled(nodeID: NodeID) throws -> Int64 {
     try requireWritable()
@@ -195,9 +206,9 @@ extension CloudTransaction {
   private func queueDataUpload(_ node: Node, ops: [NodeOp]) throws -> Int64 {
     let nodeID = node.id
     if let pending = ops.first(where: { $0.kind == .putData && $0.state == .pending }) {
-      let stmt = try db.cachedStatement(
-        sql: "UPDATE pushOperations SET generation = generation + 1, createdAt = ? WHERE id = ?")
-      try rawExecute(stmt, [Date().timeIntervalSinceReferenceDate, pending.id])
+      try rawExecute(
+        try statement(Self.coalesceDataUploadSQL),
+        [Date().timeIntervalSinceReferenceDate, pending.id])
       try check("queueDataUpload.afterEnqueue")
       return pending.id
     }

@@ -19,6 +19,20 @@ extension CloudTransaction {
     try db.cachedStatement(sql: sql).runRaw(values, row: row)
   }
 
+  /// The prepared statement of `sql`: from the writer connection's table there, from GRDB's
+  /// cache on a reader connection.
+  func statement(_ sql: CatalogSQL) throws -> Statement {
+    if let writerStatements { return try writerStatements.statement(sql, on: db) }
+    return try db.cachedStatement(sql: sql.text)
+  }
+
+  /// ``rawQuery(_:_:row:)`` of a ``CatalogSQL`` statement.
+  func rawQuery(_ sql: CatalogSQL, _ values: RawValues, row: (SQLiteStatement) throws -> Bool)
+    throws
+  {
+    try statement(sql).runRaw(values, row: row)
+  }
+
   /// Runs a prepared statement that returns no rows (see ``rawQuery(_:_:row:)``).
   func rawExecute(_ statement: Statement, _ values: RawValues) throws {
     try statement.runRaw(values) { _ in false }
@@ -26,8 +40,17 @@ extension CloudTransaction {
 
   /// The first column of the first row as an integer, or `nil` without rows (or when NULL).
   func rawInt(_ sql: String, _ values: RawValues) throws -> Int64? {
+    try rawInt(try db.cachedStatement(sql: sql), values)
+  }
+
+  /// ``rawInt(_:_:)`` of a ``CatalogSQL`` statement.
+  func rawInt(_ sql: CatalogSQL, _ values: RawValues) throws -> Int64? {
+    try rawInt(try statement(sql), values)
+  }
+
+  private func rawInt(_ statement: Statement, _ values: RawValues) throws -> Int64? {
     var out: Int64?
-    try rawQuery(sql, values) { s in
+    try statement.runRaw(values) { s in
       if sqlite3_column_type(s, 0) != SQLITE_NULL { out = sqlite3_column_int64(s, 0) }
       return false
     }

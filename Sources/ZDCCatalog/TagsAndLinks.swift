@@ -17,8 +17,7 @@ extension CloudTransaction {
     try requireWritable()
     _ = try existingNode(id: nodeID)
     if let value {
-      let stmt = try db.cachedStatement(
-        sql: "INSERT OR REPLACE INTO nodeTags (nodeID, identifier, value) VALUES (?, ?, ?)")
+      let stmt = try statement(Self.setTagSQL)
       let dbValue: any DatabaseValueConvertible
       switch value {
       case .string(let s): dbValue = s
@@ -27,12 +26,14 @@ extension CloudTransaction {
       }
       try rawExecute(stmt, [nodeID, identifier, dbValue])
     } else {
-      let stmt = try db.cachedStatement(
-        sql: "DELETE FROM nodeTags WHERE nodeID = ? AND identifier = ?")
-      try rawExecute(stmt, [nodeID, identifier])
+      try rawExecute(try statement(Self.removeTagSQL), [nodeID, identifier])
     }
     try check("setTag.afterWrite")
   }
+  private static let setTagSQL = CatalogSQL(
+    "INSERT OR REPLACE INTO nodeTags (nodeID, identifier, value) VALUES (?, ?, ?)")
+  private static let removeTagSQL = CatalogSQL(
+    "DELETE FROM nodeTags WHERE nodeID = ? AND identifier = ?")
 
   /// The tag `identifier` of a node, or `nil`.
   public func tag(forNodeID nodeID: NodeID, identifier: String) throws -> TagValue? {

@@ -1,33 +1,47 @@
-import Foundation
+public import Synchronization
 
 /// A map of at most `capacity` entries, safe to share between threads, that starts over when
 /// full: for caches whose worth is in the entries of the last moments.
-public final class BoundedMap<Key: Hashable & Sendable, Value: Sendable>: @unchecked Sendable {
-  // @unchecked: `entries` is only touched under `lock`.
-  private let lock = NSLock()
-  private var entries: [Key: Value] = [:]
+///
+/// Its methods are inlinable, so that each user's module specializes them for its key and value
+/// types: the node cache and the name memos are read on every request, and the unspecialized
+/// generic calls cost more than the lookups themselves.
+public final class BoundedMap<Key: Hashable & Sendable, Value: Sendable>: Sendable {
+  @usableFromInline let entries: Mutex<[Key: Value]>
   /// The most entries kept.
   public let capacity: Int
 
-  public init(capacity: Int) { self.capacity = capacity }
-
-  public func get(_ key: Key) -> Value? { lock.withLock { entries[key] } }
-
-  public func put(_ key: Key, _ value: Value) {
-    lock.withLock { insertLocked(key, value) }
+  public init(capacity: Int) {
+    self.capacity = capacity
+    entries = Mutex([:])
   }
+
+  @inlinable public func get(_ key: Key) -> Value? { entries.withLock { $0[key] } }
+
+  @inlinable public func put(_ key: Key, _ value: Value) {
+    entries.withLock { Self.insert(key, value, into: &$0, capacity: capacity) }
+  }
+
   /// Puts several entries under one lock.
-  public func put(contentsOf pairs: [(Key, Value)]) {
+  @inlinable public func put(contentsOf pairs: [(Key, Value)]) {
     guard !pairs.isEmpty else { return }
-    lock.withLock { for (key, value) in pairs { insertLocked(key, value) } }
+    entries.withLock {
+      for (key, value) in pairs { Self.insert(key, value, into: &$0, capacity: capacity) }
+    }
   }
-  private func insertLocked(_ key: Key, _ value: Value) {
+
+  @inlinable static func insert(
+    _ key: Key, _ value: Value, into entries: inout [Key: Value], capacity: Int
+  ) {
     if entries.count >= capacity, entries[key] == nil {
       entries.removeAll(keepingCapacity: true)
     }
     entries[key] = value
   }
-  public func remove(_ key: Key) { _ = lock.withLock { entries.removeValue(forKey: key) } }
 
-  public func removeAll() { lock.withLock { entries.removeAll() } }
+  @inlinable public func remove(_ key: Key) {
+    _ = entries.withLock { $0.removeValue(forKey: key) }
+  }
+
+  @inlinable public func removeAll() { entries.withLock { $0.removeAll() } }
 }
