@@ -27,10 +27,11 @@ extension Statement {
         message: "\(values.count) values for \(sqlite3_bind_parameter_count(s)) parameters",
         sql: sql)
     }
-    for (i, value) in values.enumerated() {
+    for i in values.indices {
       let index = CInt(i + 1)
       let code: CInt
-      switch value?.databaseValue.storage ?? .null {
+      // Read in place: each `(i, value)` of `enumerated()` copied the boxed value out first.
+      switch values[i]?.databaseValue.storage ?? .null {
       case .null: code = sqlite3_bind_null(s, index)
       case .int64(let v): code = sqlite3_bind_int64(s, index, v)
       case .double(let v): code = sqlite3_bind_double(s, index, v)
