@@ -103,12 +103,10 @@ public final class CloudTransaction {
     dataSize
     """
 
-  static let nodeByIDSQL = "SELECT \(nodeColumns) FROM nodes WHERE id = ? AND localUserID = ?"
-  static let childByNameSQL = """
-    SELECT \(nodeColumns) FROM nodes WHERE parentID = ? AND nameKey = ? AND localUserID = ?
-    """
-  static let nodeByID = CatalogSQL(nodeByIDSQL)
-  static let childByName = CatalogSQL(childByNameSQL)
+  static let nodeByID = CatalogSQL(
+    "SELECT \(nodeColumns) FROM nodes WHERE id = ? AND localUserID = ?")
+  static let childByName = CatalogSQL(
+    "SELECT \(nodeColumns) FROM nodes WHERE parentID = ? AND nameKey = ? AND localUserID = ?")
   static let childrenSharingName = CatalogSQL(
     """
     SELECT \(nodeColumns) FROM nodes
@@ -222,7 +220,6 @@ public final class CloudTransaction {
 
   /// Inserts a node's row; with `id`, under that row id (journal replay), else the next one.
   func insertNodeRow(_ node: Node, cloudName: String, id: NodeID? = nil) throws -> NodeID {
-    let stmt = try statement(Self.insertRowSQL)
     let args: [(any DatabaseValueConvertible)?] = [
       node.uuid, node.localUserID, node.parentID, try fields.storedText(node.name),
       node.kind.rawValue,
@@ -237,7 +234,7 @@ public final class CloudTransaction {
       try fields.storedText(node.symlinkTarget), Int64(bitPattern: node.dataSize),
       try fields.nameKey(node.nameKey), cloudName, id,
     ]
-    try rawExecute(stmt, args)
+    try rawExecute(Self.insertRowSQL, args)
     return db.lastInsertedRowID
   }
 
@@ -267,7 +264,7 @@ public final class CloudTransaction {
     if let sharedNodes, let cached = sharedNodes.get(id), cached.localUserID == userID {
       #if DEBUG
         // Tests check that every change of a row dropped its cached node.
-        let stored = try fetchNode(Self.nodeByIDSQL, [id, userID])
+        let stored = try fetchNode(Self.nodeByID, [id, userID])
         precondition(stored == cached, "stale cached node \(id)")
       #endif
       return cached
@@ -697,10 +694,9 @@ public final class CloudTransaction {
     let newKey = NameKey(newName)
     let old = try objectLocation(of: id)!
     let newCloudName = try CloudName.compute(name: newName, parentDirSalt: newParent.dirSalt)
-    let stmt = try statement(Self.moveRowSQL)
     do {
       try rawExecute(
-        stmt,
+        Self.moveRowSQL,
         [
           newParentID, try fields.storedText(newName), try fields.nameKey(newKey), newCloudName,
           id,

@@ -66,10 +66,9 @@ extension CloudTransaction {
     kind: PushOperationKind, nodeID: NodeID?, cloudID: String?, payload: PushPayload?,
     dependsOn deps: [Int64]
   ) throws -> Int64 {
-    let stmt = try statement(Self.insertOperationSQL)
     let now = Date().timeIntervalSinceReferenceDate
     try rawExecute(
-      stmt,
+      Self.insertOperationSQL,
       [
         userID, kind.rawValue, nodeID, cloudID, payload.map(PushPayloadJSON.encode) ?? "{}", now,
         now,
@@ -89,7 +88,7 @@ extension CloudTransaction {
   func addDependency(_ opID: Int64, dependsOn other: Int64) throws {
     guard opID != other else { return }
     // Only on an operation still queued (a finished one is gone: nothing to wait for).
-    try rawExecute(try statement(Self.addDependencySQL), [opID, other])
+    try rawExecute(Self.addDependencySQL, [opID, other])
   }
   private static let addDependencySQL = CatalogSQL(
     """
@@ -98,7 +97,7 @@ extension CloudTransaction {
     """)
 
   func deleteOperation(_ id: Int64) throws {
-    try rawExecute(try statement(Self.deleteOperationSQL), [id])
+    try rawExecute(Self.deleteOperationSQL, [id])
     try deleteDependencies(of: id)
   }
   private static let deleteOperationSQL = CatalogSQL("DELETE FROM pushOperations WHERE id = ?")
@@ -106,8 +105,8 @@ extension CloudTransaction {
   /// Removes an operation's dependency rows, both ways (the catalog runs without foreign-key
   /// actions: see ``Catalog``): what waits for it is released.
   func deleteDependencies(of id: Int64) throws {
-    try rawExecute(try statement(Self.deleteOwnDependenciesSQL), [id])
-    try rawExecute(try statement(Self.deleteTheirDependenciesSQL), [id])
+    try rawExecute(Self.deleteOwnDependenciesSQL, [id])
+    try rawExecute(Self.deleteTheirDependenciesSQL, [id])
   }
   private static let deleteOwnDependenciesSQL = CatalogSQL(
     "DELETE FROM pushOperationDeps WHERE opID = ?")
@@ -180,8 +179,7 @@ extension CloudTransaction {
       node.dataSize = size
       if let mtime { node.mtime = mtime }
       try rawExecute(
-        try statement(Self.commitDataSQL),
-        [Int64(bitPattern: size), node.mtime.totalNanoseconds, nodeID])
+        Self.commitDataSQL, [Int64(bitPattern: size), node.mtime.totalNanoseconds, nodeID])
       sharedNodes?.put(node)
       try check("updateNode.afterUpdate")
       try enqueuePutRcrd(node, ops: &ops)
@@ -207,8 +205,7 @@ extension CloudTransaction {
     let nodeID = node.id
     if let pending = ops.first(where: { $0.kind == .putData && $0.state == .pending }) {
       try rawExecute(
-        try statement(Self.coalesceDataUploadSQL),
-        [Date().timeIntervalSinceReferenceDate, pending.id])
+        Self.coalesceDataUploadSQL, [Date().timeIntervalSinceReferenceDate, pending.id])
       try check("queueDataUpload.afterEnqueue")
       return pending.id
     }

@@ -38,6 +38,11 @@ extension CloudTransaction {
     try statement.runRaw(values) { _ in false }
   }
 
+  /// ``rawExecute(_:_:)`` of a ``CatalogSQL`` statement.
+  func rawExecute(_ sql: CatalogSQL, _ values: RawValues) throws {
+    try rawExecute(try statement(sql), values)
+  }
+
   /// The first column of the first row as an integer, or `nil` without rows (or when NULL).
   func rawInt(_ sql: String, _ values: RawValues) throws -> Int64? {
     try rawInt(try db.cachedStatement(sql: sql), values)

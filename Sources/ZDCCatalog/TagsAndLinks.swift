@@ -17,16 +17,15 @@ extension CloudTransaction {
     try requireWritable()
     _ = try existingNode(id: nodeID)
     if let value {
-      let stmt = try statement(Self.setTagSQL)
       let dbValue: any DatabaseValueConvertible
       switch value {
       case .string(let s): dbValue = s
       case .int(let i): dbValue = i
       case .data(let d): dbValue = try fields.seal(d)
       }
-      try rawExecute(stmt, [nodeID, identifier, dbValue])
+      try rawExecute(Self.setTagSQL, [nodeID, identifier, dbValue])
     } else {
-      try rawExecute(try statement(Self.removeTagSQL), [nodeID, identifier])
+      try rawExecute(Self.removeTagSQL, [nodeID, identifier])
     }
     try check("setTag.afterWrite")
   }
