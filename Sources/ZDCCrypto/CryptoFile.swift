@@ -438,7 +438,7 @@ public final class CryptoFile: @unchecked Sendable {
     let last = index == layout.lastIndex(plaintextSize)
     if runCount == 0 { runStart = index }
     let at = runBytes
-    randombytes_buf(slot.baseAddress! + at, AEAD.nonceSize)
+    SecureRandom.fill(UnsafeMutableRawBufferPointer(rebasing: slot[at..<(at + AEAD.nonceSize)]))
     let nonce = UnsafeRawBufferPointer(rebasing: slot[at..<(at + AEAD.nonceSize)])
     let body = UnsafeMutableRawBufferPointer(
       rebasing: slot[(at + AEAD.nonceSize)..<(at + layout.slotSize)])
@@ -511,7 +511,7 @@ public final class CryptoFile: @unchecked Sendable {
       let nonces = UnsafeMutableRawBufferPointer.allocate(
         byteCount: max(1, mine.count) * AEAD.nonceSize, alignment: 8)
       defer { nonces.deallocate() }
-      randombytes_buf(nonces.baseAddress!, nonces.count)
+      SecureRandom.fill(nonces)
       for i in mine {
         let chunk = chunks.lowerBound + UInt64(i)
         let length = layout.chunkLength(chunk, size)

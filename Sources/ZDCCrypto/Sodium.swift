@@ -1,5 +1,6 @@
 import CSodium
 public import Foundation
+import Synchronization
 
 /// libsodium initialisation, done once before any other call.
 enum Sodium {
@@ -13,14 +14,65 @@ enum Sodium {
   @inline(__always) static func ensure() { _ = ready }
 }
 
+/// Random bytes drawn from the kernel a block at a time and handed out once each (zeroed as
+/// they go): a file's creation needs about eight small draws (keys, identifiers, nonces), and a
+/// `getrandom` system call for each cost more than the work around it. A forked child starts
+/// with an empty block, so that it never repeats its parent's bytes.
+final class RandomPool: @unchecked Sendable {
+  // Safe: `bytes`, `next` and `forksSeen` are only touched under `lock`.
+  static let shared = RandomPool()
+  /// Draws larger than this go to the kernel directly.
+  static let largest = 256
+  static let blockSize = 4096
+
+  private let lock = NSLock()
+  private let bytes = UnsafeMutableRawBufferPointer.allocate(byteCount: blockSize, alignment: 16)
+  private var next = blockSize
+  private var forksSeen: UInt64 = 0
+
+  /// Forks so far (counted in the child).
+  static let forks = Atomic<UInt64>(0)
+  private static let watchingForks: Bool = {
+    pthread_atfork(nil, nil, { RandomPool.forks.add(1, ordering: .relaxed) }) == 0
+  }()
+
+  private init() { _ = Self.watchingForks }
+
+  /// Fills `out` with random bytes.
+  func fill(_ out: UnsafeMutableRawBufferPointer) {
+    guard let base = out.baseAddress, out.count > 0 else { return }
+    Sodium.ensure()
+    guard out.count <= Self.largest else { return randombytes_buf(base, out.count) }
+    let forks = Self.forks.load(ordering: .relaxed)
+    lock.lock()
+    defer { lock.unlock() }
+    if forksSeen != forks {
+      forksSeen = forks
+      next = Self.blockSize
+    }
+    if Self.blockSize - next < out.count {
+      randombytes_buf(bytes.baseAddress!, Self.blockSize)
+      next = 0
+    }
+    let from = bytes.baseAddress! + next
+    base.copyMemory(from: from, byteCount: out.count)
+    from.initializeMemory(as: UInt8.self, repeating: 0, count: out.count)
+    next += out.count
+  }
+}
+
 /// Cryptographically secure random values.
 public enum SecureRandom {
   /// `count` random bytes.
   public static func bytes(_ count: Int) -> Data {
-    Sodium.ensure()
     var d = Data(count: count)
-    d.withUnsafeMutableBytes { randombytes_buf($0.baseAddress!, count) }
+    d.withUnsafeMutableBytes { fill($0) }
     return d
+  }
+
+  /// Fills `buffer` with random bytes.
+  public static func fill(_ buffer: UnsafeMutableRawBufferPointer) {
+    RandomPool.shared.fill(buffer)
   }
 
   /// A new node key: 32 random bytes (XChaCha20-Poly1305 key size).
@@ -38,10 +90,9 @@ public enum SecureRandom {
   /// A new local node uuid (RFC 4122 version 4 form, lower case), from libsodium's generator
   /// (Foundation's `UUID()` opens `/dev/urandom` for each one on Linux).
   public static func uuid() -> String {
-    Sodium.ensure()
     var b: (UInt64, UInt64) = (0, 0)
     return withUnsafeMutableBytes(of: &b) { raw in
-      randombytes_buf(raw.baseAddress!, 16)
+      fill(raw)
       raw[6] = (raw[6] & 0x0f) | 0x40  // version 4
       raw[8] = (raw[8] & 0x3f) | 0x80  // RFC 4122 variant
       return String(unsafeUninitializedCapacity: 36) { out in
