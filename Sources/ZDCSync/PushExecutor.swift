@@ -4,6 +4,24 @@ import ZDCCatalog
 import ZDCCore
 import ZDCCrypto
 
+/// What an RCRD in the store says that a DATA upload checks: whose it is and the size it
+/// describes (the object with eTag `eTag`).
+struct OwnRcrd: Sendable, Hashable {
+  var eTag: String
+  var cloudID: String
+  var dataSize: UInt64
+}
+
+/// The RCRD at a DATA upload's RCRD key, looked at after the upload.
+enum RcrdBeside {
+  /// No object there.
+  case absent
+  /// An object that does not decode (kept: the DATA is not taken back for it).
+  case undecodable
+  /// An RCRD, and what it says.
+  case found(OwnRcrd)
+}
+
 /// The push manager's private resume state of a DATA upload, kept in the operation's
 /// `multipartState` (JSON).
 struct DataUploadState: Codable {
@@ -146,8 +164,14 @@ struct PushExecutor {
   ) throws -> RcrdPutResult {
     var body = try Rcrd.encode(node: node, publicKeys: context.publicKeys, arriving: arriving)
     try remember(body)
+    var described = node
+    func written(_ eTag: String) -> RcrdPutResult {
+      manager.ownRcrds.put(
+        key, OwnRcrd(eTag: eTag, cloudID: described.cloudID, dataSize: described.dataSize))
+      return .written(eTag)
+    }
     do {
-      return .written(try store.put(key: key, body: .data(body), condition: condition))
+      return written(try store.put(key: key, body: .data(body), condition: condition))
     } catch StoreError.preconditionFailed {
       guard let remote = try context.fetchRcrd(key) else {
         throw PushIssue.needsPull("RCRD of node \(node.id) is gone remotely")
@@ -156,8 +180,9 @@ struct PushExecutor {
         if !isOurs(remote.data), let other = try foreign(remote.info, decoded) {
           body = try Rcrd.encode(node: other, publicKeys: context.publicKeys, arriving: arriving)
           try remember(body)
+          described = other
         }
-        return .written(
+        return written(
           try store.put(key: key, body: .data(body), condition: .ifMatch(remote.info.eTag)))
       }
       if case .ifNoneMatch = condition { return .pathConflict }
@@ -758,12 +783,14 @@ struct PushExecutor {
       eTag = e
     }
     let info = try? store.head(key: loc.dataKey)
-    let beside = try context.fetchRcrd(loc.rcrdKey)
-    if beside == nil || (beside?.decoded.map { $0.cloudID != node.cloudID } ?? false) {
+    let beside = try rcrdBeside(loc.rcrdKey)
+    switch beside {
+    case .absent: try removeDataWithoutItsNode(node: node, loc: loc, eTag: eTag)
+    case .found(let r) where r.cloudID != node.cloudID:
       try removeDataWithoutItsNode(node: node, loc: loc, eTag: eTag)
+    default: break
     }
-    let describe = try rcrdDescribesOtherSize(
-      node: node, rcrd: beside?.decoded, size: content.dataSize)
+    let describe = try rcrdDescribesOtherSize(node: node, rcrd: beside, size: content.dataSize)
     try write { tx in
       guard let cur = try tx.node(id: node.id), let curOp = try tx.operation(id: op.id) else {
         try tx.updateDeleteETags(
@@ -836,15 +863,27 @@ struct PushExecutor {
   /// the store (`rcrd`, found beside the DATA) describes another size (another device's RCRD
   /// landed over the one this device knew, describing that device's DATA), so the node's RCRD
   /// must be uploaded again.
-  private func rcrdDescribesOtherSize(node: Node, rcrd: DecodedRcrd?, size: UInt64) throws
+  private func rcrdDescribesOtherSize(node: Node, rcrd: RcrdBeside, size: UInt64) throws
     -> Bool
   {
-    let pending = try context.catalog.read(context.userID) { tx in
+    guard case .found(let rcrd) = rcrd, rcrd.cloudID == node.cloudID, rcrd.dataSize != size else {
+      return false
+    }
+    return try !context.catalog.read(context.userID) { tx in
       try tx.pendingOperations(forNodeID: node.id).contains { $0.kind == .putRcrd }
     }
-    if pending { return false }
-    guard let rcrd, rcrd.cloudID == node.cloudID else { return false }
-    return rcrd.meta.dataSize != size
+  }
+
+  /// The RCRD at `key` as far as a DATA upload checks it. When the object there is one this
+  /// device wrote (its eTag is the one the put answered), what it says is known without
+  /// fetching and decrypting it; otherwise it is fetched.
+  private func rcrdBeside(_ key: String) throws -> RcrdBeside {
+    guard let info = try context.headIfExists(key) else { return .absent }
+    if let own = manager.ownRcrds.get(key), own.eTag == info.eTag { return .found(own) }
+    guard let remote = try context.fetchRcrd(key) else { return .absent }
+    guard let decoded = remote.decoded else { return .undecodable }
+    return .found(
+      OwnRcrd(eTag: remote.info.eTag, cloudID: decoded.cloudID, dataSize: decoded.meta.dataSize))
   }
 
   private func currentGeneration() throws -> Int64? {
