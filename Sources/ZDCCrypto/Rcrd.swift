@@ -162,7 +162,7 @@ public enum Rcrd {
       var entry = KeyEntry(perms: item.permissions.description, key: nil)
       if item.permissions.contains(.read), case .user(let userID) = principal {
         guard let pk = publicKeys[userID] else { throw RcrdError.missingPublicKey(userID: userID) }
-        entry.key = try UserKeyPair.seal(node.encryptionKey, to: pk).base64EncodedString()
+        entry.key = try WrappedKeyMemo.shared.seal(node.encryptionKey, to: pk).base64EncodedString()
       }
       keys[principal.key] = entry
     }
@@ -227,7 +227,7 @@ public enum Rcrd {
     }
     guard let mine = shareList[.user(userID)] else { throw RcrdError.userNotInKeys(userID: userID) }
     guard let wrapped = mine.wrappedKey else { throw RcrdError.noKeyForUser(userID: userID) }
-    let nodeKey = try keyPair.open(sealed: wrapped)
+    let nodeKey = try WrappedKeyMemo.shared.open(wrapped, with: keyPair)
     guard nodeKey.count == AEAD.keySize else { throw CryptoError.malformed("RCRD node key size") }
 
     guard let blob = Data(base64Encoded: wire.meta),
@@ -266,5 +266,39 @@ public enum Rcrd {
     return DecodedRcrd(
       cloudID: wire.cloudID, dirPrefix: prefix, shareList: shareList, nodeKey: nodeKey,
       meta: meta, burnDate: wire.burnDate.map { Date(timeIntervalSince1970: TimeInterval($0)) })
+  }
+}
+
+/// Node keys sealed to readers' public keys, remembered both ways for the nodes of the last
+/// moments: sealing costs two X25519 multiplications and opening one, and a node's RCRD is
+/// written (every attribute or size change) and read (every pull of a change) again and
+/// again with the same key. An RCRD written again for a node carries the sealed key it carried
+/// before, which tells a reader of the store nothing it did not know: the same node, the same
+/// key.
+final class WrappedKeyMemo: Sendable {
+  static let shared = WrappedKeyMemo()
+  /// Sealed box by node key ‖ public key.
+  private let sealed = BoundedMap<Data, Data>(capacity: 8192)
+  /// Node key by sealed box ‖ the public key it opened with.
+  private let opened = BoundedMap<Data, Data>(capacity: 8192)
+
+  /// `secret` sealed to `publicKey` (the box sealed for the same pair before, if remembered).
+  func seal(_ secret: Data, to publicKey: Data) throws -> Data {
+    let key = secret + publicKey
+    if let box = sealed.get(key) { return box }
+    let box = try UserKeyPair.seal(secret, to: publicKey)
+    sealed.put(key, box)
+    opened.put(box + publicKey, secret)
+    return box
+  }
+
+  /// The secret in `box`, opened with `keyPair` (remembered when this pair opened or sealed
+  /// that box before).
+  func open(_ box: Data, with keyPair: UserKeyPair) throws -> Data {
+    let key = box + keyPair.boxPublicKey
+    if let secret = opened.get(key) { return secret }
+    let secret = try keyPair.open(sealed: box)
+    opened.put(key, secret)
+    return secret
   }
 }

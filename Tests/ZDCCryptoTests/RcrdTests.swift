@@ -27,6 +27,38 @@ func sampleNode(owner: String, name: String = "Quarterly Report.pdf") -> Node {
     try Rcrd.encode(node: node, publicKeys: [aliceID: alice.boxPublicKey, bobID: bob.boxPublicKey])
   }
 
+  /// A node's RCRD written again carries the key it carried (sealing is not done again), and
+  /// each reader opens it; another node's key is sealed anew; a remembered box opens only for
+  /// the key pair it was sealed to.
+  @Test func rcrdsOfOneNodeCarryOneSealedKey() throws {
+    var node = sampleNode(owner: aliceID)
+    node.encryptionKey = SecureRandom.nodeKey()
+    node.shareList.set(ShareItem(permissions: [.read]), for: .user(bobID))
+    let first = try encoded(node)
+    node.name = "renamed.pdf"
+    node.dataSize = 7
+    let second = try encoded(node)
+    func wrapped(_ blob: Data, _ id: String, _ kp: UserKeyPair) throws -> Data? {
+      try Rcrd.decode(blob, userID: id, keyPair: kp).shareList[.user(id)]?.wrappedKey
+    }
+    for (id, kp) in [(aliceID, alice), (bobID, bob)] {
+      let a = try #require(try wrapped(first, id, kp))
+      #expect(try wrapped(second, id, kp) == a)
+      #expect(try kp.open(sealed: a) == node.encryptionKey)
+      #expect(try Rcrd.decode(second, userID: id, keyPair: kp).nodeKey == node.encryptionKey)
+      #expect(try Rcrd.decode(second, userID: id, keyPair: kp).meta.name == "renamed.pdf")
+    }
+    #expect(
+      try wrapped(first, aliceID, alice) != wrapped(first, bobID, bob))
+    var other = node
+    other.encryptionKey = SecureRandom.nodeKey()
+    let third = try encoded(other)
+    #expect(try wrapped(third, aliceID, alice) != wrapped(first, aliceID, alice))
+    #expect(try Rcrd.decode(third, userID: aliceID, keyPair: alice).nodeKey == other.encryptionKey)
+    let box = try #require(try wrapped(first, aliceID, alice))
+    #expect(throws: CryptoError.self) { try WrappedKeyMemo.shared.open(box, with: self.bob) }
+  }
+
   @Test func roundTrip() throws {
     var node = sampleNode(owner: aliceID)
     node.shareList.set(ShareItem(permissions: [.read]), for: .user(bobID))
