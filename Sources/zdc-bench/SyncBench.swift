@@ -8,8 +8,10 @@ import ZDCSync
 /// A delegate that serves generated content and ignores discoveries (the defaults).
 final class QuietDelegate: SyncDelegate {
   func data(for node: Node, at path: TreesystemPath, transaction: CloudTransaction) -> NodeData? {
-    .data(Data("bench content \(node.name)".utf8))
+    .data(Self.content(node))
   }
+
+  static func content(_ node: Node) -> Data { Data("bench content \(node.name)".utf8) }
 }
 
 /// `zdc-bench sync`: (a) one incremental pull of 10 changes on trees of 1,000 and 100,000
@@ -118,6 +120,61 @@ enum SyncBench {
     let t = Date()
     try body()
     return Date().timeIntervalSince(t)
+  }
+
+  /// `zdc-bench push`: one device uploads `count` new small files (in directories of 100) to a
+  /// `LocalFolderStore`, from the catalog's queue to an empty queue; with `again`, then an
+  /// attribute change of each (its RCRD uploaded again).
+  static func push(count: Int, again: Bool = true) throws {
+    let base =
+      FileManager.default.fileExists(atPath: "/dev/shm")
+      ? URL(fileURLWithPath: "/dev/shm") : FileManager.default.temporaryDirectory
+    let root = base.appendingPathComponent("zdc-bench-push-\(getpid())")
+    defer { try? FileManager.default.removeItem(at: root) }
+    let store = try LocalFolderStore(root: root)
+    let (catalog, writer) = try device(
+      "writer", store: store, work: root.appendingPathComponent(".work"))
+    try catalog.write(userID) { tx in
+      var dir = try TreesystemPath([])
+      for i in 0..<count {
+        if i % 100 == 0 {
+          dir = try TreesystemPath(["dir-\(i / 100)"])
+          _ = try tx.createNode(path: dir, kind: .directory)
+        }
+        var node = try tx.createNode(path: try dir.appending("file-\(i).txt"))
+        node.dataSize = UInt64(QuietDelegate.content(node).count)
+        node = try tx.updateNode(node)
+        try tx.queueDataUpload(nodeID: node.id)
+      }
+    }
+    let seconds = try time {
+      try writer.start()
+      guard writer.push.waitUntilIdle(timeout: 3600) else { throw SyncError.stopped }
+    }
+    let objects = try store.listAll(prefix: "\(userID)/").count
+    print(
+      String(
+        format: "zdc-bench push: %d files (%d objects) in %.2f s: %.0f files/s, %.0f us per file",
+        count, objects, seconds, Double(count) / seconds, seconds * 1e6 / Double(count)))
+    guard again else { return writer.stop() }
+    // Then an attribute change of every file: each node's RCRD goes up again.
+    try catalog.write(userID) { tx in
+      for dir in try tx.children(of: try tx.trunkNode(.home)!.id) {
+        for var n in try tx.children(of: dir.id) {
+          n.mode = 0o600
+          try tx.updateNode(n)
+          try tx.queueRcrdUpload(nodeID: n.id)
+        }
+      }
+    }
+    let changed = try time {
+      guard writer.push.waitUntilIdle(timeout: 3600) else { throw SyncError.stopped }
+    }
+    writer.stop()
+    print(
+      String(
+        format: "zdc-bench push: the attribute change of each: %.2f s, %.0f us per file",
+        changed, changed * 1e6 / Double(count)))
   }
 
   static func run(sizes: [Int]) throws {

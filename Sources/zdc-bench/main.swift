@@ -239,6 +239,15 @@ case "sync":
     FileHandle.standardError.write(Data("zdc-bench sync: \(error)\n".utf8))
     exit(1)
   }
+case "push":
+  do {
+    try SyncBench.push(
+      count: args.count > 1 ? Int(args[args.startIndex + 1]) ?? 2000 : 2000,
+      again: !args.contains("--new-only"))
+  } catch {
+    FileHandle.standardError.write(Data("zdc-bench push: \(error)\n".utf8))
+    exit(1)
+  }
 case "catalog":
   try CatalogBench.run(count: args.count > 1 ? Int(args[args.startIndex + 1]) ?? 5000 : 5000)
 case "meta":
@@ -250,7 +259,7 @@ case "read":
 default:
   print(
     "usage: zdc-bench cloudfile | zdc-bench cryptofile [SHIFTS] | zdc-bench sync [SIZES]"
-      + " | zdc-bench catalog [COUNT]"
+      + " | zdc-bench push [FILES] [--new-only] | zdc-bench catalog [COUNT]"
       + " | zdc-bench read [FILES] [BIG_MIB] | zdc-bench meta [ITERATIONS]")
   exit(args.isEmpty ? 0 : 2)
 }
