@@ -6,7 +6,7 @@ import ZDCCrypto
 
 /// What an RCRD in the store says that a DATA upload checks: whose it is and the size it
 /// describes (the object with eTag `eTag`).
-struct OwnRcrd: Sendable, Hashable {
+struct RcrdSummary: Sendable, Hashable {
   var eTag: String
   var cloudID: String
   var dataSize: UInt64
@@ -19,7 +19,7 @@ enum RcrdBeside {
   /// An object that does not decode (kept: the DATA is not taken back for it).
   case undecodable
   /// An RCRD, and what it says.
-  case found(OwnRcrd)
+  case found(RcrdSummary)
 }
 
 /// The push manager's private resume state of a DATA upload, kept in the operation's
@@ -167,7 +167,7 @@ struct PushExecutor {
     var described = node
     func written(_ eTag: String) -> RcrdPutResult {
       manager.ownRcrds.put(
-        key, OwnRcrd(eTag: eTag, cloudID: described.cloudID, dataSize: described.dataSize))
+        key, RcrdSummary(eTag: eTag, cloudID: described.cloudID, dataSize: described.dataSize))
       return .written(eTag)
     }
     do {
@@ -883,7 +883,8 @@ struct PushExecutor {
     guard let remote = try context.fetchRcrd(key) else { return .absent }
     guard let decoded = remote.decoded else { return .undecodable }
     return .found(
-      OwnRcrd(eTag: remote.info.eTag, cloudID: decoded.cloudID, dataSize: decoded.meta.dataSize))
+      RcrdSummary(eTag: remote.info.eTag, cloudID: decoded.cloudID, dataSize: decoded.meta.dataSize)
+    )
   }
 
   private func currentGeneration() throws -> Int64? {

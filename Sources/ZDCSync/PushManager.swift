@@ -102,8 +102,8 @@ public final class PushManager: @unchecked Sendable {
   private var logAttempt: (key: String, ids: [Int64])?
   private let ulids = ULIDGenerator()
   /// The RCRDs this device wrote lately, by key: what each says that a DATA upload checks
-  /// afterwards (see ``OwnRcrd``).
-  let ownRcrds = BoundedMap<String, OwnRcrd>(capacity: 4096)
+  /// afterwards (see ``RcrdSummary``).
+  let ownRcrds = BoundedMap<String, RcrdSummary>(capacity: 4096)
   /// Uploads that failed in a way that may have written the store: they stay in flight in
   /// the catalog and run again when due (opID → due date, failures so far).
   private var parked: [Int64: (due: Date, failures: Int)] = [:]
