@@ -122,14 +122,16 @@ enum SyncBench {
     return Date().timeIntervalSince(t)
   }
 
+  /// Where the benches' stores go: memory when there is /dev/shm.
+  static let scratch =
+    FileManager.default.fileExists(atPath: "/dev/shm")
+    ? URL(fileURLWithPath: "/dev/shm") : FileManager.default.temporaryDirectory
+
   /// `zdc-bench push`: one device uploads `count` new small files (in directories of 100) to a
   /// `LocalFolderStore`, from the catalog's queue to an empty queue; with `again`, then an
   /// attribute change of each (its RCRD uploaded again).
   static func push(count: Int, again: Bool = true) throws {
-    let base =
-      FileManager.default.fileExists(atPath: "/dev/shm")
-      ? URL(fileURLWithPath: "/dev/shm") : FileManager.default.temporaryDirectory
-    let root = base.appendingPathComponent("zdc-bench-push-\(getpid())")
+    let root = scratch.appendingPathComponent("zdc-bench-push-\(getpid())")
     defer { try? FileManager.default.removeItem(at: root) }
     let store = try LocalFolderStore(root: root)
     let (catalog, writer) = try device(
@@ -178,9 +180,7 @@ enum SyncBench {
   }
 
   static func run(sizes: [Int]) throws {
-    let base =
-      FileManager.default.fileExists(atPath: "/dev/shm")
-      ? URL(fileURLWithPath: "/dev/shm") : FileManager.default.temporaryDirectory
+    let base = scratch
     print("zdc-bench sync (store under \(base.path); catalogs in \(NSTemporaryDirectory()))")
     var incremental: [Int: Double] = [:]
     for n in sizes {

@@ -54,15 +54,29 @@ final class RcrdReadCountingStore: ForwardingStore, @unchecked Sendable {
 }
 
 @Suite(.serialized) struct OwnRcrdTests {
+  /// A store on a local folder, one device ("alpha", started) reaching it through a
+  /// `RcrdReadCountingStore`.
+  struct Alpha {
+    let backing: TestStore
+    let counting: RcrdReadCountingStore
+    let user: TestUser
+    let a: Device
+
+    init(_ label: String) throws {
+      backing = try StoreKind.local.make(label)
+      counting = RcrdReadCountingStore(backing.store)
+      user = try TestUser()
+      a = try Device("alpha", user: user, store: counting)
+      try a.start()
+    }
+  }
+
   /// After a DATA upload the push looks at the RCRD beside it (whose node it is, what size it
   /// describes). When that RCRD is the one this device has just written (the same eTag), what
   /// it says is known: nothing is fetched and decrypted.
   @Test func uploadsDoNotFetchTheRcrdsTheyWrote() throws {
-    let backing = try StoreKind.local.make("zdc-own-rcrd")
-    let counting = RcrdReadCountingStore(backing.store)
-    let user = try TestUser()
-    let a = try Device("alpha", user: user, store: counting)
-    try a.start()
+    let f = try Alpha("zdc-own-rcrd")
+    let (backing, counting, user, a) = (f.backing, f.counting, f.user, f.a)
     try a.create("docs", kind: .directory)
     try a.create("docs/one.txt", "the first file")
     try a.create("two.txt", "the second file")
@@ -86,11 +100,8 @@ final class RcrdReadCountingStore: ForwardingStore, @unchecked Sendable {
   /// device's landed over it, describing another size), it is fetched and read, and the
   /// node's RCRD goes up again to describe the DATA just uploaded.
   @Test func aForeignRcrdBesideTheDataIsFetched() throws {
-    let backing = try StoreKind.local.make("zdc-own-rcrd-foreign")
-    let counting = RcrdReadCountingStore(backing.store)
-    let user = try TestUser()
-    let a = try Device("alpha", user: user, store: counting)
-    try a.start()
+    let f = try Alpha("zdc-own-rcrd-foreign")
+    let (backing, counting, user, a) = (f.backing, f.counting, f.user, f.a)
     let node = try a.create("f.txt", "12345")
     let key = try a.catalog.read(user.userID) { tx in try tx.objectLocation(of: node.id)!.rcrdKey }
     // Right after A's RCRD lands, and before its DATA upload looks: an RCRD of the node
