@@ -46,12 +46,6 @@ final class FuseContext: @unchecked Sendable {
   /// kernel's locks on the pages it fills, which a request in flight holds until a worker
   /// answers it — with every worker waiting for stores, nothing would answer.
   let storeQueue = DispatchQueue(label: "zdc.fuse.page-store")
-  /// Releases (the kernel's `close` of a file handle, sent after `close(2)` has returned) run
-  /// here, in order, so that the worker that read one is free at once for the request that
-  /// follows, usually the same program's next one: on a virtual machine, a request that
-  /// finds no polling worker waits for a sleeping one to wake, which costs more than the
-  /// request. Not with FUSE over io_uring (a ring's thread answers its own requests).
-  let releaseQueue = DispatchQueue(label: "zdc.fuse.release")
   // Guards `storing` and `queuedStores`; signalled when a store ends.
   private let storeCondition = NSCondition()
   /// Inodes with a store in progress, and whether a writer arrived meanwhile.
@@ -291,7 +285,6 @@ public final class FuseMount: @unchecked Sendable {
   public func run() throws {
     guard let se = context.session else { throw FuseMountError.session }
     let rc = zdc_fuse_session_loop_mt(se, 0, 10)
-    context.releaseQueue.sync {}  // releases still queued: their commits, before the engine closes
     context.storeQueue.sync {}  // page-cache stores queued by the last reads
     fileSystem.notifier = nil
     fuse_remove_signal_handlers(se)

@@ -368,11 +368,19 @@ enum FuseOperations {
         FuseOperations.replyOK(req) { try $0.release(h) }
         return
       }
-      // Answered from the release queue (see `FuseContext.releaseQueue`); libfuse allows a
-      // reply from any thread.
-      let request = RequestRef(req)
-      FuseOperations.context(req).releaseQueue.async {
-        FuseOperations.replyOK(request.req) { try $0.release(h) }
+      // Answered first, then done on this worker: the kernel sends a release after `close(2)`
+      // has returned and waits for nothing from it, so the program's next request goes to
+      // another worker (usually the polling one) at once. A queue of its own woke a thread
+      // per release, which cost the daemon more CPU than the release itself.
+      let ctx = FuseOperations.context(req)
+      fuse_reply_err(req, 0)
+      do { try ctx.fs.release(h) } catch {
+        let code = errnoCode(for: error)
+        if code == EIO || code == ENOSPC {
+          ctx.log.warning("release failed: \(error)")
+        } else {
+          ctx.log.debug("release failed with errno \(code)")
+        }
       }
     }
     ops.fsync = { req, _, _, fi in
