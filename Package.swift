@@ -4,6 +4,10 @@ import PackageDescription
 let strict: [SwiftSetting] = [
   .enableUpcomingFeature("ExistentialAny"),
   .enableUpcomingFeature("InternalImportsByDefault"),
+  // Release builds leave out the run-time exclusivity checks (a call into the runtime on
+  // every access to a class's stored property, about 6% of the engine's instructions per
+  // file operation); debug builds, which every test runs, keep them.
+  .unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release)),
 ]
 
 let package = Package(
