@@ -134,12 +134,15 @@ struct FieldSeal: Sendable {
   /// several times (the lookup, the uniqueness check, the write).
   private let recentNameKeys = BoundedMap<String, Data>(capacity: 1024)
   private static let nonces = NonceSource()
+  /// Seals under `key` with this process's nonces (which share their prefix).
+  private let sealer: AEADPrefixedNonces
 
   init(key: Data) throws {
     guard key.count == AEAD.keySize else {
       throw CatalogError.invalidOperation("a catalog field key has \(AEAD.keySize) bytes")
     }
     self.key = key
+    sealer = try AEADPrefixedNonces(key: key, prefix: Self.nonces.prefix)
     let nameKeyKey = try KeyedDigest(key: key, length: 32)
     nameDigest = try KeyedDigest(key: nameKeyKey.digest("zdc.catalog.namekey.v1"))
   }
@@ -164,12 +167,11 @@ struct FieldSeal: Sendable {
       Self.nonces.next(into: nonce)
       var version = Self.version
       _ = try plaintext.withUnsafeBytes { p in
-        try key.withUnsafeBytes { k in
-          try withUnsafeBytes(of: &version) { ad in
-            try AEAD.seal(
-              p, into: UnsafeMutableRawBufferPointer(rebasing: o[(front + 1 + AEAD.nonceSize)...]),
-              nonce: UnsafeRawBufferPointer(nonce), associatedData: ad, key: k)
-          }
+        try withUnsafeBytes(of: &version) { ad in
+          try sealer.seal(
+            p, into: UnsafeMutableRawBufferPointer(rebasing: o[(front + 1 + AEAD.nonceSize)...]),
+            nonceSuffix: UnsafeRawBufferPointer(rebasing: nonce[AEADPrefixedNonces.prefixSize...]),
+            associatedData: ad)
         }
       }
     }
@@ -202,7 +204,7 @@ struct FieldSeal: Sendable {
 /// Nonces for ``FieldSeal``: a random prefix and a counter.
 private final class NonceSource: @unchecked Sendable {
   // @unchecked: `counter` is guarded by `lock`.
-  private let prefix = SecureRandom.bytes(AEAD.nonceSize - 8)
+  let prefix = SecureRandom.bytes(AEADPrefixedNonces.prefixSize)
   private let lock = NSLock()
   private var counter: UInt64 = 0
 

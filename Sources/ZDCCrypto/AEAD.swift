@@ -121,3 +121,62 @@ public enum AEAD {
     return out
   }
 }
+
+/// ``AEAD`` (XChaCha20-Poly1305-IETF) under one key for nonces that share their first 16 bytes:
+/// the same output, with the key's HChaCha20 subkey for that prefix derived once instead of
+/// on every call.
+public struct AEADPrefixedNonces: Sendable {
+  /// The nonces' shared first bytes.
+  public static let prefixSize = 16
+  /// The bytes that follow the prefix in each nonce.
+  public static let suffixSize = AEAD.nonceSize - prefixSize
+  private let subkey: [UInt8]
+
+  /// Prepares sealing under `key` (``AEAD/keySize`` bytes) with nonces starting with `prefix`
+  /// (``prefixSize`` bytes).
+  public init(key: Data, prefix: Data) throws {
+    Sodium.ensure()
+    guard key.count == AEAD.keySize else {
+      throw CryptoError.invalidKey("AEAD key must be 32 bytes")
+    }
+    guard prefix.count == Self.prefixSize else {
+      throw CryptoError.failed("a nonce prefix has 16 bytes")
+    }
+    var subkey = [UInt8](repeating: 0, count: AEAD.keySize)
+    let rc = key.withUnsafeBytes { k in
+      prefix.withUnsafeBytes { p in
+        crypto_core_hchacha20(&subkey, AEAD.bytes(p), AEAD.bytes(k), nil)
+      }
+    }
+    guard rc == 0 else { throw CryptoError.failed("crypto_core_hchacha20") }
+    self.subkey = subkey
+  }
+
+  /// ``AEAD/seal(_:into:nonce:associatedData:key:)`` with the nonce `prefix ‖ suffix`
+  /// (``suffixSize`` bytes).
+  @discardableResult
+  public func seal(
+    _ plaintext: UnsafeRawBufferPointer, into output: UnsafeMutableRawBufferPointer,
+    nonceSuffix suffix: UnsafeRawBufferPointer, associatedData: UnsafeRawBufferPointer
+  ) throws -> Int {
+    guard suffix.count == Self.suffixSize else {
+      throw CryptoError.failed("a nonce suffix has 8 bytes")
+    }
+    guard let out = output.baseAddress, output.count >= plaintext.count + AEAD.tagSize else {
+      throw CryptoError.failed("AEAD output buffer too small")
+    }
+    // XChaCha20-Poly1305-IETF is ChaCha20-Poly1305-IETF under the subkey, with the nonce's
+    // last 8 bytes after 4 zero bytes.
+    var written: UInt64 = 0
+    let rc = withUnsafeTemporaryAllocation(byteCount: 12, alignment: 8) { n in
+      n.initializeMemory(as: UInt8.self, repeating: 0)
+      UnsafeMutableRawBufferPointer(rebasing: n[4...]).copyMemory(from: suffix)
+      return crypto_aead_chacha20poly1305_ietf_encrypt(
+        out.assumingMemoryBound(to: UInt8.self), &written, AEAD.bytes(plaintext),
+        UInt64(plaintext.count), AEAD.bytes(associatedData), UInt64(associatedData.count), nil,
+        AEAD.bytes(UnsafeRawBufferPointer(n)), subkey)
+    }
+    guard rc == 0 else { throw CryptoError.failed("crypto_aead_chacha20poly1305_ietf_encrypt") }
+    return Int(written)
+  }
+}

@@ -25,6 +25,33 @@ import ZDCCore
     }
   }
 
+  /// A prefixed-nonce sealer writes what ``AEAD`` writes for the whole nonce, for one prefix
+  /// and many suffixes (it derives the prefix's subkey once).
+  @Test func sealingWithANoncePrefixMatchesTheWholeNonce() throws {
+    let key = SecureRandom.bytes(32)
+    let prefix = SecureRandom.bytes(16)
+    let sealer = try AEADPrefixedNonces(key: key, prefix: prefix)
+    for size in [0, 1, 63, 64, 100, 5000] {
+      let plain = SecureRandom.bytes(size)
+      let suffix = SecureRandom.bytes(8)
+      let ad = SecureRandom.bytes(size % 7)
+      let expected = try AEAD.seal(plain, nonce: prefix + suffix, associatedData: ad, key: key)
+      var out = Data(count: size + 16)
+      let n = try out.withUnsafeMutableBytes { o in
+        try plain.withUnsafeBytes { p in
+          try suffix.withUnsafeBytes { s in
+            try ad.withUnsafeBytes { a in
+              try sealer.seal(p, into: o, nonceSuffix: s, associatedData: a)
+            }
+          }
+        }
+      }
+      #expect(n == size + 16)
+      #expect(out == expected)
+    }
+    #expect(throws: CryptoError.self) { try AEADPrefixedNonces(key: key, prefix: Data(count: 24)) }
+  }
+
   @Test func rejectsBadSizes() {
     #expect(throws: CryptoError.self) {
       try AEAD.seal(Data(), nonce: Data(count: 24), key: Data(count: 31))
