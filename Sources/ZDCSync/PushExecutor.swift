@@ -331,7 +331,9 @@ struct PushExecutor {
           // just before the put): its DATA upload went with it, so the RCRD would describe a
           // version that is never uploaded. The delete that waits for this operation removes
           // what earlier attempts wrote.
-          if try context.catalog.read(context.userID, { try $0.node(id: node.id) }) == nil {
+          if try context.catalog.read(context.userID, onWriter: true, { try $0.node(id: node.id) })
+            == nil
+          {
             throw NodeDeletedMeanwhile()
           }
         },
@@ -466,7 +468,7 @@ struct PushExecutor {
     guard node.eTagRcrd == nil, node.kind == .file, node.eTagData != nil, carried == nil else {
       return false
     }
-    let dataUpload = try context.catalog.read(context.userID) { tx in
+    let dataUpload = try context.catalog.read(context.userID, onWriter: true) { tx in
       try tx.outstandingKinds(ofNodeID: node.id).contains(.putData)
     }
     if dataUpload { return false }
@@ -565,7 +567,7 @@ struct PushExecutor {
   /// (a data conflict), the node stands for the remote version, attributes included, and this
   /// upload is dropped instead of putting the local attributes over the remote version.
   private func deferUntilDataUploaded(_ node: Node) throws {
-    let dataOp = try context.catalog.read(context.userID) { tx -> Int64? in
+    let dataOp = try context.catalog.read(context.userID, onWriter: true) { tx -> Int64? in
       for o in try tx.pendingOperations(forNodeID: node.id) where o.kind == .putData {
         if try !tx.waits(o.id, for: op.id) { return o.id }
       }
@@ -584,7 +586,9 @@ struct PushExecutor {
   /// store is not the version the node knows, a pull comes first (it brings that version's
   /// size; the upload then runs again).
   private func beforeOverwritingRemoteRcrd(node: Node, loc: CloudObjectRef) throws {
-    let cur = try context.catalog.read(context.userID) { tx in try tx.node(id: node.id) }
+    let cur = try context.catalog.read(context.userID, onWriter: true) { tx in
+      try tx.node(id: node.id)
+    }
     guard let cur else {
       // Deleted here meanwhile: nothing to put over another device's version (the operation is
       // dropped; the delete that waits for it finds that version and keeps the node).
@@ -625,7 +629,8 @@ struct PushExecutor {
   /// An upload's state in its operation's `multipartState`; a fresh one when there is none.
   func loadUploadState<S: Codable & DefaultInitializable>(_ type: S.Type) -> S {
     guard
-      let raw = try? context.catalog.read(context.userID, { try $0.operation(id: op.id) })?
+      let raw = try? context.catalog.read(
+        context.userID, onWriter: true, { try $0.operation(id: op.id) })?
         .multipartState,
       let s = try? JSONDecoder().decode(S.self, from: raw)
     else { return S() }
@@ -716,7 +721,7 @@ struct PushExecutor {
   }
 
   private func loadState() throws -> DataUploadState {
-    let raw = try context.catalog.read(context.userID) {
+    let raw = try context.catalog.read(context.userID, onWriter: true) {
       try $0.operation(id: op.id)?.multipartState
     }
     guard let raw, let s = try? JSONDecoder().decode(DataUploadState.self, from: raw) else {
@@ -869,7 +874,7 @@ struct PushExecutor {
     guard case .found(let rcrd) = rcrd, rcrd.cloudID == node.cloudID, rcrd.dataSize != size else {
       return false
     }
-    return try !context.catalog.read(context.userID) { tx in
+    return try !context.catalog.read(context.userID, onWriter: true) { tx in
       try tx.pendingOperations(forNodeID: node.id).contains { $0.kind == .putRcrd }
     }
   }
@@ -888,7 +893,9 @@ struct PushExecutor {
   }
 
   private func currentGeneration() throws -> Int64? {
-    try context.catalog.read(context.userID) { try $0.operation(id: op.id)?.generation }
+    try context.catalog.read(context.userID, onWriter: true) {
+      try $0.operation(id: op.id)?.generation
+    }
   }
 
   /// Uploads in parts, resuming a recorded upload; returns the eTag, or nil when the
