@@ -62,6 +62,20 @@ extension CloudTransaction {
     return out
   }
 
+  /// The ids and kinds of a node's outstanding operations, oldest first (as
+  /// ``pendingOperations(forNodeID:)`` lists them, without decoding their payloads).
+  public func operationKinds(ofNodeID id: NodeID) throws -> [(id: Int64, kind: PushOperationKind)] {
+    try outstandingOperations(ofNode: id).map { ($0.id, $0.kind) }
+  }
+
+  /// Where the objects of a node were when its oldest queued move was made (that move's
+  /// origin), or `nil` when no move of it is queued.
+  public func queuedMoveOrigin(ofNodeID id: NodeID) throws -> CloudObjectRef? {
+    guard let move = try outstandingOperations(ofNode: id).first(where: { $0.kind == .move })
+    else { return nil }
+    return try decodePayload(move.payload).origin
+  }
+
   func insertOperation(
     kind: PushOperationKind, nodeID: NodeID?, cloudID: String?, payload: PushPayload?,
     dependsOn deps: [Int64]

@@ -568,7 +568,7 @@ struct PushExecutor {
   /// upload is dropped instead of putting the local attributes over the remote version.
   private func deferUntilDataUploaded(_ node: Node) throws {
     let dataOp = try context.catalog.read(context.userID, onWriter: true) { tx -> Int64? in
-      for o in try tx.pendingOperations(forNodeID: node.id) where o.kind == .putData {
+      for o in try tx.operationKinds(ofNodeID: node.id) where o.kind == .putData {
         if try !tx.waits(o.id, for: op.id) { return o.id }
       }
       return nil
@@ -875,7 +875,7 @@ struct PushExecutor {
       return false
     }
     return try !context.catalog.read(context.userID, onWriter: true) { tx in
-      try tx.pendingOperations(forNodeID: node.id).contains { $0.kind == .putRcrd }
+      try tx.outstandingKinds(ofNodeID: node.id).contains(.putRcrd)
     }
   }
 

@@ -350,8 +350,7 @@ public final class PushManager: @unchecked Sendable {
             // An upload resumed in flight belongs where the node was when it started: a move
             // queued since then (which waits for it) starts from there.
             if op.kind == .putRcrd || op.kind == .putData,
-              let move = try tx.pendingOperations(forNodeID: id).first(where: { $0.kind == .move }),
-              let origin = move.payload.origin
+              let origin = try tx.queuedMoveOrigin(ofNodeID: id)
             {
               location = origin
             }

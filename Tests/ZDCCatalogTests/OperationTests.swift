@@ -175,6 +175,11 @@ import ZDCCore
       try tx.updateNode(node)
       ops = try tx.pendingOperations(forNodeID: f.id)
       #expect(ops.map(\.kind) == [.move, .putData, .putRcrd])
+      // The lean reads of the push agree with the full operations.
+      #expect(try tx.operationKinds(ofNodeID: f.id).map(\.id) == ops.map(\.id))
+      #expect(try tx.operationKinds(ofNodeID: f.id).map(\.kind) == ops.map(\.kind))
+      #expect(try tx.queuedMoveOrigin(ofNodeID: f.id) == origin)
+      #expect(try tx.outstandingKinds(ofNodeID: f.id) == [.move, .putData, .putRcrd])
       #expect(try tx.dependencies(ofOperation: ops[1].id) == [move.id])
       #expect(try tx.dependencies(ofOperation: ops[2].id) == [move.id])
 
@@ -191,6 +196,7 @@ import ZDCCore
       try tx.moveNode(f.id, toParent: a.id, name: "f")
       ops = try tx.pendingOperations(forNodeID: f.id)
       #expect(ops.map(\.kind) == [.putData, .putRcrd])
+      #expect(try tx.queuedMoveOrigin(ofNodeID: f.id) == nil)
       #expect(try tx.dependencies(ofOperation: ops[0].id) == [])
     }
   }
