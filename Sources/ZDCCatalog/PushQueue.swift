@@ -385,6 +385,32 @@ extension CloudTransaction {
     return try Row.fetchOne(stmt, arguments: [id, userID]).map(decodeOperation)
   }
 
+  /// The generation of an outstanding operation (see ``PushOperation/generation``), or `nil`
+  /// when it is gone: ``operation(id:)`` without decoding the rest.
+  public func operationGeneration(id: Int64) throws -> Int64? {
+    try rawInt(Self.operationGenerationSQL, [id, userID])
+  }
+  private static let operationGenerationSQL = CatalogSQL(
+    "SELECT generation FROM pushOperations WHERE id = ? AND +localUserID = ?")
+
+  /// Whether an operation is still outstanding.
+  public func operationExists(id: Int64) throws -> Bool {
+    try operationGeneration(id: id) != nil
+  }
+
+  /// The upload state recorded in an outstanding operation (its
+  /// ``PushOperation/multipartState``), or `nil` when it has none or is gone.
+  public func operationUploadState(id: Int64) throws -> Data? {
+    var out: Data?
+    try rawQuery(Self.operationUploadStateSQL, [id, userID]) { s in
+      out = RawColumn.text(s, 0).map { Data($0.utf8) }
+      return false
+    }
+    return out
+  }
+  private static let operationUploadStateSQL = CatalogSQL(
+    "SELECT multipartState FROM pushOperations WHERE id = ? AND +localUserID = ?")
+
   /// The outstanding (pending or in-flight) operations of a node, oldest first.
   public func pendingOperations(forNodeID nodeID: NodeID) throws -> [PushOperation] {
     let stmt = try db.cachedStatement(

@@ -141,7 +141,7 @@ struct PushExecutor {
         try tx.updateDeleteETags(
           cloudID: op.cloudID ?? "", rcrdKey: f.rcrdKey, eTagRcrd: f.eTagRcrd, eTagData: f.eTagData)
       }
-      if try tx.operation(id: op.id) != nil { try tx.completeOperation(id: op.id) }
+      if try tx.operationExists(id: op.id) { try tx.completeOperation(id: op.id) }
     }
   }
 
@@ -424,7 +424,7 @@ struct PushExecutor {
             cloudID: node.cloudID, rcrdKey: loc.rcrdKey, eTagRcrd: eTag, eTagData: nil)
         }
         // The RCRD is written whether or not the operation is still queued: record and log it.
-        if try tx.operation(id: op.id) != nil { try tx.completeOperation(id: op.id) }
+        if try tx.operationExists(id: op.id) { try tx.completeOperation(id: op.id) }
         try manager.log(
           [
             ChangeLogEntry(
@@ -544,7 +544,7 @@ struct PushExecutor {
   /// other node again, rename again, and so on for good. Returns whether the move was dropped.
   private func abandonMoveFromTakenOrigin(node: Node, loc: CloudObjectRef) throws -> Bool {
     try write { tx in
-      guard try tx.operation(id: op.id) != nil,
+      guard try tx.operationExists(id: op.id),
         let current = try tx.objectLocation(of: node.id), current.rcrdKey != loc.rcrdKey
       else { return false }
       let moves = try tx.pendingOperations(forNodeID: node.id).filter { $0.kind == .move }
@@ -630,8 +630,7 @@ struct PushExecutor {
   func loadUploadState<S: Codable & DefaultInitializable>(_ type: S.Type) -> S {
     guard
       let raw = try? context.catalog.read(
-        context.userID, onWriter: true, { try $0.operation(id: op.id) })?
-        .multipartState,
+        context.userID, onWriter: true, { try $0.operationUploadState(id: op.id) }),
       let s = try? JSONDecoder().decode(S.self, from: raw)
     else { return S() }
     return s
@@ -641,7 +640,7 @@ struct PushExecutor {
   func saveUploadState<S: Codable>(_ s: S) throws {
     let data = try JSONEncoder().encode(s)
     try write { tx in
-      if try tx.operation(id: op.id) != nil { try tx.setMultipartState(data, forOperation: op.id) }
+      if try tx.operationExists(id: op.id) { try tx.setMultipartState(data, forOperation: op.id) }
     }
   }
 
@@ -678,12 +677,14 @@ struct PushExecutor {
   private func content(node: Node, path: TreesystemPath) throws -> (Content, Int64) {
     let (d, m, t, generation) = try context.catalog.read(context.userID) {
       tx -> (NodeData?, NodeData?, NodeData?, Int64) in
-      guard let op = try tx.operation(id: op.id) else { throw SyncError.nodeGone(node.id) }
+      guard let generation = try tx.operationGeneration(id: op.id) else {
+        throw SyncError.nodeGone(node.id)
+      }
       let dl = context.delegate
       return (
         dl.data(for: node, at: path, transaction: tx),
         dl.metadata(for: node, at: path, transaction: tx),
-        dl.thumbnail(for: node, at: path, transaction: tx), op.generation
+        dl.thumbnail(for: node, at: path, transaction: tx), generation
       )
     }
     let metadata = try bytes(m)
@@ -722,7 +723,7 @@ struct PushExecutor {
 
   private func loadState() throws -> DataUploadState {
     let raw = try context.catalog.read(context.userID, onWriter: true) {
-      try $0.operation(id: op.id)?.multipartState
+      try $0.operationUploadState(id: op.id)
     }
     guard let raw, let s = try? JSONDecoder().decode(DataUploadState.self, from: raw) else {
       return DataUploadState()
@@ -797,10 +798,12 @@ struct PushExecutor {
     }
     let describe = try rcrdDescribesOtherSize(node: node, rcrd: beside, size: content.dataSize)
     try write { tx in
-      guard let cur = try tx.node(id: node.id), let curOp = try tx.operation(id: op.id) else {
+      guard let cur = try tx.node(id: node.id),
+        let currentGeneration = try tx.operationGeneration(id: op.id)
+      else {
         try tx.updateDeleteETags(
           cloudID: node.cloudID, rcrdKey: loc.rcrdKey, eTagRcrd: nil, eTagData: eTag)
-        if try tx.operation(id: op.id) != nil { try tx.completeOperation(id: op.id) }
+        if try tx.operationExists(id: op.id) { try tx.completeOperation(id: op.id) }
         return
       }
       try tx.updateMoveOriginETags(
@@ -818,7 +821,7 @@ struct PushExecutor {
             cloudID: node.cloudID, kind: .put, rcrd: loc.rcrdKey, data: loc.dataKey,
             eTagData: eTag)
         ], in: tx)
-      if curOp.generation != generation {
+      if currentGeneration != generation {
         // Newer data was queued while this upload ran: upload again, now.
         try tx.setMultipartState(nil, forOperation: op.id)
         try tx.failOperation(id: op.id, retryAt: Date())
@@ -894,7 +897,7 @@ struct PushExecutor {
 
   private func currentGeneration() throws -> Int64? {
     try context.catalog.read(context.userID, onWriter: true) {
-      try $0.operation(id: op.id)?.generation
+      try $0.operationGeneration(id: op.id)
     }
   }
 
@@ -1071,7 +1074,7 @@ struct PushExecutor {
     let deviceName = context.account.deviceName
     try write { tx in
       guard var cur = try tx.node(id: node.id), let parentID = cur.parentID else {
-        if try tx.operation(id: op.id) != nil { try tx.completeOperation(id: op.id) }
+        if try tx.operationExists(id: op.id) { try tx.completeOperation(id: op.id) }
         return
       }
       let base = ConflictNames.conflictedCopy(of: cur.name, date: Date(), deviceName: deviceName)

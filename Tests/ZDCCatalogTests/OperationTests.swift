@@ -54,13 +54,21 @@ import ZDCCore
       try tx.markInFlight(op.id)
       #expect(try tx.resetInFlightOperations() == 1)
       #expect(try tx.operation(id: op.id)?.state == .pending)
+      #expect(try tx.operationUploadState(id: op.id) == nil)
       try tx.setMultipartState(Data(#"{"uploadID":"u"}"#.utf8), forOperation: op.id)
       #expect(try tx.operation(id: op.id)?.multipartState == Data(#"{"uploadID":"u"}"#.utf8))
+      // The lean reads of the push agree with the whole operation.
+      #expect(try tx.operationUploadState(id: op.id) == Data(#"{"uploadID":"u"}"#.utf8))
+      #expect(try tx.operationGeneration(id: op.id) == tx.operation(id: op.id)?.generation)
+      #expect(try tx.operationExists(id: op.id))
       // An in-flight op whose node was deleted is dropped on failure.
       try tx.markInFlight(op.id)
       try tx.deleteNode(a.id)
       try tx.failOperation(id: op.id, retryAt: later)
       #expect(try tx.operation(id: op.id) == nil)
+      #expect(try !tx.operationExists(id: op.id))
+      #expect(try tx.operationGeneration(id: op.id) == nil)
+      #expect(try tx.operationUploadState(id: op.id) == nil)
       #expect(throws: CatalogError.operationNotFound(op.id)) { try tx.completeOperation(id: op.id) }
     }
   }
@@ -79,6 +87,7 @@ import ZDCCore
       #expect(id2 == id1 && id3 == id1)
       let bumped = try #require(try tx.operation(id: id1))
       #expect(bumped.generation == 2)
+      #expect(try tx.operationGeneration(id: id1) == 2)
       #expect(bumped.createdAt >= first.createdAt)
       #expect(try tx.kinds(f.id) == [.putRcrd, .putData])
 
