@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 
 int zdc_start_writeback(int fd) { return sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); }
 
@@ -18,3 +19,7 @@ int zdc_set_thread_name(const char *name) {
 int zdc_set_dumpable(int dumpable) { return prctl(PR_SET_DUMPABLE, dumpable ? 1 : 0, 0, 0, 0); }
 
 int zdc_is_dumpable(void) { return prctl(PR_GET_DUMPABLE, 0, 0, 0, 0); }
+
+long zdc_getrandom(void *buffer, unsigned long length) {
+  return (long)getrandom(buffer, length, 0);
+}

@@ -11,7 +11,7 @@ public struct ULID: Sendable, Hashable, Comparable, CustomStringConvertible {
 
   /// A new ULID for a time, with random low bits.
   public init(date: Date = Date()) {
-    var rng = SystemRandomNumberGenerator()
+    var rng = PooledRandomGenerator()
     self.init(milliseconds: UInt64(max(0, date.timeIntervalSince1970 * 1000)), random: &rng)
   }
 

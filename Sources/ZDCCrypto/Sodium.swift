@@ -1,6 +1,6 @@
 import CSodium
 public import Foundation
-import Synchronization
+import ZDCCore
 
 /// libsodium initialisation, done once before any other call.
 enum Sodium {
@@ -14,53 +14,6 @@ enum Sodium {
   @inline(__always) static func ensure() { _ = ready }
 }
 
-/// Random bytes drawn from the kernel a block at a time and handed out once each (zeroed as
-/// they go): a file's creation needs about eight small draws (keys, identifiers, nonces), and a
-/// `getrandom` system call for each cost more than the work around it. A forked child starts
-/// with an empty block, so that it never repeats its parent's bytes.
-final class RandomPool: @unchecked Sendable {
-  // Safe: `bytes`, `next` and `forksSeen` are only touched under `lock`.
-  static let shared = RandomPool()
-  /// Draws larger than this go to the kernel directly.
-  static let largest = 256
-  static let blockSize = 4096
-
-  private let lock = NSLock()
-  private let bytes = UnsafeMutableRawBufferPointer.allocate(byteCount: blockSize, alignment: 16)
-  private var next = blockSize
-  private var forksSeen: UInt64 = 0
-
-  /// Forks so far (counted in the child).
-  static let forks = Atomic<UInt64>(0)
-  private static let watchingForks: Bool = {
-    pthread_atfork(nil, nil, { RandomPool.forks.add(1, ordering: .relaxed) }) == 0
-  }()
-
-  private init() { _ = Self.watchingForks }
-
-  /// Fills `out` with random bytes.
-  func fill(_ out: UnsafeMutableRawBufferPointer) {
-    guard let base = out.baseAddress, out.count > 0 else { return }
-    Sodium.ensure()
-    guard out.count <= Self.largest else { return randombytes_buf(base, out.count) }
-    let forks = Self.forks.load(ordering: .relaxed)
-    lock.lock()
-    defer { lock.unlock() }
-    if forksSeen != forks {
-      forksSeen = forks
-      next = Self.blockSize
-    }
-    if Self.blockSize - next < out.count {
-      randombytes_buf(bytes.baseAddress!, Self.blockSize)
-      next = 0
-    }
-    let from = bytes.baseAddress! + next
-    base.copyMemory(from: from, byteCount: out.count)
-    from.initializeMemory(as: UInt8.self, repeating: 0, count: out.count)
-    next += out.count
-  }
-}
-
 /// Cryptographically secure random values.
 public enum SecureRandom {
   /// `count` random bytes.
@@ -70,9 +23,9 @@ public enum SecureRandom {
     return d
   }
 
-  /// Fills `buffer` with random bytes.
+  /// Fills `buffer` with random bytes (``RandomBytes``).
   public static func fill(_ buffer: UnsafeMutableRawBufferPointer) {
-    RandomPool.shared.fill(buffer)
+    RandomBytes.fill(buffer)
   }
 
   /// A new node key: 32 random bytes (XChaCha20-Poly1305 key size).

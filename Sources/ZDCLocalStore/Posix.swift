@@ -156,9 +156,7 @@ enum Posix {
   /// `count` random bytes as lower-case hex.
   static func randomHex(_ count: Int) -> String {
     var bytes = [UInt8](repeating: 0, count: count)
-    bytes.withUnsafeMutableBytes { buf in
-      if let base = buf.baseAddress { randombytes_buf(base, buf.count) }
-    }
+    bytes.withUnsafeMutableBytes { RandomBytes.fill($0) }
     return Hex.lower(bytes)
   }
 }

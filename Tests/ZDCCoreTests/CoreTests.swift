@@ -183,3 +183,36 @@ import ZDCCore
     #expect(ByteSize.parse(text) == nil)
   }
 }
+
+@Suite struct RandomBytesTests {
+  /// Small draws come from blocks drawn from the kernel, large ones straight from it: every
+  /// draw is fresh and the bytes are evenly spread (a block handed out twice, or left zeroed,
+  /// fails this).
+  @Test func drawsNeverRepeatAndLookRandom() {
+    var seen = Set<Data>()
+    var counts = [Int](repeating: 0, count: 256)
+    var total = 0
+    for i in 0..<6000 {
+      let d = RandomBytes.data(i % 89 == 0 ? 3000 : 16 + i % 23)
+      #expect(d.count == (i % 89 == 0 ? 3000 : 16 + i % 23))
+      #expect(seen.insert(d.prefix(16)).inserted)
+      for b in d { counts[Int(b)] += 1 }
+      total += d.count
+    }
+    let expected = Double(total) / 256
+    #expect(counts.allSatisfy { abs(Double($0) - expected) < expected * 0.2 })
+  }
+
+  /// The generator over the pool gives 64-bit values that do not repeat, and ULIDs made in the
+  /// same millisecond differ in their random part.
+  @Test func generatorAndULIDsDrawFreshValues() {
+    var g = PooledRandomGenerator()
+    var values = Set<UInt64>()
+    for _ in 0..<5000 { values.insert(g.next()) }
+    #expect(values.count == 5000)
+    let date = Date(timeIntervalSince1970: 1_700_000_000)
+    let ulids = Set((0..<2000).map { _ in ULID(date: date).string })
+    #expect(ulids.count == 2000)
+    #expect(ulids.allSatisfy { $0.hasPrefix(ULID(date: date).string.prefix(10)) })
+  }
+}

@@ -19,4 +19,8 @@ int zdc_set_dumpable(int dumpable);
 /// 1 when the calling process is dumpable, 0 when not (`prctl(PR_GET_DUMPABLE)`).
 int zdc_is_dumpable(void);
 
+/// Up to `length` bytes from the kernel's random generator into `buffer` (`getrandom(2)`,
+/// no flags). Returns the count, or -1 with `errno` set.
+long zdc_getrandom(void *buffer, unsigned long length);
+
 #endif
