@@ -136,22 +136,7 @@ import ZDCCore
     #expect(seen.count == 2000)
   }
 
-  /// Bytes come from blocks drawn from the kernel a block at a time: every draw is fresh.
-  @Test func drawsNeverRepeatAndLookRandom() {
-    // Enough small draws to cross many 4 KiB blocks, a few large ones between.
-    var seen = Set<Data>()
-    var counts = [Int](repeating: 0, count: 256)
-    var total = 0
-    for i in 0..<6000 {
-      let d = SecureRandom.bytes(i % 97 == 0 ? 1000 : 16 + i % 17)
-      #expect(seen.insert(d.prefix(16)).inserted)
-      for b in d { counts[Int(b)] += 1 }
-      total += d.count
-    }
-    // Every byte value about equally often (a block handed out twice, or left zeroed, is not).
-    let expected = Double(total) / 256
-    #expect(counts.allSatisfy { abs(Double($0) - expected) < expected * 0.2 })
-  }
+  // The bytes themselves: `RandomBytesTests` (ZDCCore), where the pool lives.
 }
 
 @Suite struct HexTests {
