@@ -17,11 +17,7 @@ enum Sodium {
 /// Cryptographically secure random values.
 public enum SecureRandom {
   /// `count` random bytes.
-  public static func bytes(_ count: Int) -> Data {
-    var d = Data(count: count)
-    d.withUnsafeMutableBytes { fill($0) }
-    return d
-  }
+  public static func bytes(_ count: Int) -> Data { RandomBytes.data(count) }
 
   /// Fills `buffer` with random bytes (``RandomBytes``).
   public static func fill(_ buffer: UnsafeMutableRawBufferPointer) {
@@ -40,7 +36,7 @@ public enum SecureRandom {
   /// A new cloudID: 128 random bits as 32 lower-case hex digits.
   public static func cloudID() -> String { Hex.encode(bytes(16)) }
 
-  /// A new local node uuid (RFC 4122 version 4 form, lower case), from libsodium's generator
+  /// A new local node uuid (RFC 4122 version 4 form, lower case), from ``RandomBytes``
   /// (Foundation's `UUID()` opens `/dev/urandom` for each one on Linux).
   public static func uuid() -> String {
     var b: (UInt64, UInt64) = (0, 0)

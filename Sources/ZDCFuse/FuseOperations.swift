@@ -94,13 +94,19 @@ enum FuseOperations {
   }
 
   static func fail(_ req: fuse_req_t?, _ error: any Error) {
+    fuse_reply_err(req, logged(error, context(req), what: "request"))
+  }
+
+  /// The errno for `error`, logged: a warning for I/O errors and a full disk, else at debug
+  /// level.
+  static func logged(_ error: any Error, _ ctx: FuseContext, what: String) -> Int32 {
     let code = errnoCode(for: error)
     if code == EIO || code == ENOSPC {
-      context(req).log.warning("request failed: \(error)")
+      ctx.log.warning("\(what) failed: \(error)")
     } else {
-      context(req).log.debug("request failed with errno \(code)")
+      ctx.log.debug("\(what) failed with errno \(code)")
     }
-    fuse_reply_err(req, code)
+    return code
   }
 
   static func replyEntry(_ req: fuse_req_t?, _ body: (FileSystem) throws -> Attributes) {
@@ -374,14 +380,7 @@ enum FuseOperations {
       // per release, which cost the daemon more CPU than the release itself.
       let ctx = FuseOperations.context(req)
       fuse_reply_err(req, 0)
-      do { try ctx.fs.release(h) } catch {
-        let code = errnoCode(for: error)
-        if code == EIO || code == ENOSPC {
-          ctx.log.warning("release failed: \(error)")
-        } else {
-          ctx.log.debug("release failed with errno \(code)")
-        }
-      }
+      do { try ctx.fs.release(h) } catch { _ = FuseOperations.logged(error, ctx, what: "release") }
     }
     ops.fsync = { req, _, _, fi in
       let h = fi.map { FileHandleID($0.pointee.fh) } ?? 0
@@ -534,12 +533,6 @@ enum FuseOperations {
   struct SessionRef: @unchecked Sendable {
     let pointer: OpaquePointer
     init(_ p: OpaquePointer) { pointer = p }
-  }
-
-  /// A request answered on another thread than the one that read it.
-  struct RequestRef: @unchecked Sendable {
-    let req: fuse_req_t?
-    init(_ r: fuse_req_t?) { req = r }
   }
 
   /// Replies to a size query (size 0) with the size, else with the bytes or ERANGE.

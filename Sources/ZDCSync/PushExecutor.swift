@@ -111,6 +111,14 @@ struct PushExecutor {
     try context.catalog.write(context.userID, body)
   }
 
+  /// A short catalog read that calls no delegate (an operation's state, a node, its queued
+  /// operations): on the writer connection, between writes, where no reader snapshot or page
+  /// cache is refreshed after every write. Reads that call the delegate, or long ones, use
+  /// the reader pool (`context.catalog.read`).
+  func look<T>(_ body: (CloudTransaction) throws -> T) throws -> T {
+    try context.catalog.read(context.userID, onWriter: true, body)
+  }
+
   /// Completes the operation when its node is gone (deleted locally while in flight). An
   /// earlier attempt may have written the store: the delete that waits for this operation
   /// learns the eTags of what is ours there, so it does not take them for remote edits — and
@@ -331,7 +339,7 @@ struct PushExecutor {
           // just before the put): its DATA upload went with it, so the RCRD would describe a
           // version that is never uploaded. The delete that waits for this operation removes
           // what earlier attempts wrote.
-          if try context.catalog.read(context.userID, onWriter: true, { try $0.node(id: node.id) })
+          if try look({ try $0.node(id: node.id) })
             == nil
           {
             throw NodeDeletedMeanwhile()
@@ -468,7 +476,7 @@ struct PushExecutor {
     guard node.eTagRcrd == nil, node.kind == .file, node.eTagData != nil, carried == nil else {
       return false
     }
-    let dataUpload = try context.catalog.read(context.userID, onWriter: true) { tx in
+    let dataUpload = try look { tx in
       try tx.outstandingKinds(ofNodeID: node.id).contains(.putData)
     }
     if dataUpload { return false }
@@ -567,7 +575,7 @@ struct PushExecutor {
   /// (a data conflict), the node stands for the remote version, attributes included, and this
   /// upload is dropped instead of putting the local attributes over the remote version.
   private func deferUntilDataUploaded(_ node: Node) throws {
-    let dataOp = try context.catalog.read(context.userID, onWriter: true) { tx -> Int64? in
+    let dataOp = try look { tx -> Int64? in
       for o in try tx.operationKinds(ofNodeID: node.id) where o.kind == .putData {
         if try !tx.waits(o.id, for: op.id) { return o.id }
       }
@@ -586,7 +594,7 @@ struct PushExecutor {
   /// store is not the version the node knows, a pull comes first (it brings that version's
   /// size; the upload then runs again).
   private func beforeOverwritingRemoteRcrd(node: Node, loc: CloudObjectRef) throws {
-    let cur = try context.catalog.read(context.userID, onWriter: true) { tx in
+    let cur = try look { tx in
       try tx.node(id: node.id)
     }
     guard let cur else {
@@ -629,8 +637,7 @@ struct PushExecutor {
   /// An upload's state in its operation's `multipartState`; a fresh one when there is none.
   func loadUploadState<S: Codable & DefaultInitializable>(_ type: S.Type) -> S {
     guard
-      let raw = try? context.catalog.read(
-        context.userID, onWriter: true, { try $0.operationUploadState(id: op.id) }),
+      let raw = try? look({ try $0.operationUploadState(id: op.id) }),
       let s = try? JSONDecoder().decode(S.self, from: raw)
     else { return S() }
     return s
@@ -722,7 +729,7 @@ struct PushExecutor {
   }
 
   private func loadState() throws -> DataUploadState {
-    let raw = try context.catalog.read(context.userID, onWriter: true) {
+    let raw = try look {
       try $0.operationUploadState(id: op.id)
     }
     guard let raw, let s = try? JSONDecoder().decode(DataUploadState.self, from: raw) else {
@@ -877,7 +884,7 @@ struct PushExecutor {
     guard case .found(let rcrd) = rcrd, rcrd.cloudID == node.cloudID, rcrd.dataSize != size else {
       return false
     }
-    return try !context.catalog.read(context.userID, onWriter: true) { tx in
+    return try !look { tx in
       try tx.outstandingKinds(ofNodeID: node.id).contains(.putRcrd)
     }
   }
@@ -896,7 +903,7 @@ struct PushExecutor {
   }
 
   private func currentGeneration() throws -> Int64? {
-    try context.catalog.read(context.userID, onWriter: true) {
+    try look {
       try $0.operationGeneration(id: op.id)
     }
   }
