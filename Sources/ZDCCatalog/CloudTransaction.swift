@@ -329,33 +329,41 @@ public final class CloudTransaction {
     let (lower, upper) = try fields.nameKeyRange(of: name)
     var out: [Node] = []
     try rawQuery(Self.childrenSharingName, [parentID, lower, upper, userID]) { st in
-      // A node of the shared cache equals its row (see ``NodeCache``): no need to decode it.
-      if let sharedNodes, let id = Int64.fromStatement(st, atUncheckedIndex: 0),
-        let cached = sharedNodes.get(id)
-      {
-        #if DEBUG
-          // Tests check that every change of a row dropped its cached node.
-          let stored = try decodeNode(st)
-          precondition(stored == cached, "stale cached node \(id)")
-        #endif
-        out.append(cached)
-      } else {
-        let node = try decodeNode(st)
-        sharedNodes?.put(node)
-        out.append(node)
-      }
+      out.append(try cachedOrDecodedNode(st))
       return true
     }
     return out
   }
 
+  /// The node at the current row of a statement selecting ``nodeColumns``: from the shared
+  /// cache when there (a node of the cache equals its row, see ``NodeCache``: no need to decode
+  /// it), else decoded and cached.
+  private func cachedOrDecodedNode(_ st: SQLiteStatement) throws -> Node {
+    if let sharedNodes, let id = Int64.fromStatement(st, atUncheckedIndex: 0),
+      let cached = sharedNodes.get(id)
+    {
+      #if DEBUG
+        // Tests check that every change of a row dropped its cached node.
+        let stored = try decodeNode(st)
+        precondition(stored == cached, "stale cached node \(id)")
+      #endif
+      return cached
+    }
+    let node = try decodeNode(st)
+    sharedNodes?.put(node)
+    return node
+  }
+
   /// The children of `parentID` in ascending id order (stable: readdir offsets may be ids),
   /// optionally only those with an id above `afterID`, at most `limit`.
   public func children(of parentID: NodeID, afterID: NodeID = 0, limit: Int = -1) throws -> [Node] {
-    let stmt = try db.cachedStatement(sql: Self.childrenSQL)
     var out: [Node] = []
-    let cursor = try NodeCursor(stmt, arguments: [parentID, afterID, userID, limit], tx: self)
-    while let node = try cursor.next() { out.append(node) }
+    // Through the shared cache: a listing's nodes are decoded once, and what follows it (an
+    // `rm -r`'s unlinks, a `stat` of each entry) finds them there.
+    try rawQuery(Self.childrenSQL, [parentID, afterID, userID, limit]) { st in
+      out.append(try cachedOrDecodedNode(st))
+      return true
+    }
     return out
   }
 
@@ -837,23 +845,5 @@ public final class CloudTransaction {
     try deleteRows(entries)
     try check("deleteNode.afterDelete")
     try enqueueDelete(root: node, plan: plan)
-  }
-}
-
-/// Iterates the nodes a statement selecting ``CloudTransaction/nodeColumns`` returns.
-final class NodeCursor: DatabaseCursor {
-  typealias Element = Node
-  let _statement: Statement
-  var _isDone = false
-  private unowned let tx: CloudTransaction
-
-  init(_ statement: Statement, arguments: StatementArguments, tx: CloudTransaction) throws {
-    _statement = statement
-    self.tx = tx
-    try statement.setArguments(arguments)  // resets the statement and binds
-  }
-
-  func _element(sqliteStatement: SQLiteStatement) throws -> Node {
-    try tx.decodeNode(sqliteStatement)
   }
 }

@@ -204,6 +204,35 @@ import ZDCCrypto
     #expect(next > maxID)
   }
 
+  /// A listing on the writer connection hands out (and fills) the shared node cache: what it
+  /// lists after changes is what a reader connection, which has no cache, decodes from the rows.
+  @Test func listingsThroughTheNodeCacheSeeEveryChange() throws {
+    let catalog = try makeCatalog()
+    let (dir, ids) = try catalog.write("alice") { tx in
+      let dir = try tx.createNode(path: p("d"), kind: .directory)
+      return (dir.id, try (0..<5).map { try tx.createNode(path: p("d", "f\($0)")).id })
+    }
+    func listed(onWriter: Bool) throws -> [Node] {
+      try catalog.read("alice", onWriter: onWriter) { try $0.children(of: dir) }
+    }
+    #expect(try listed(onWriter: true) == listed(onWriter: false))
+    try catalog.write("alice") { tx in
+      var n = try tx.existingNode(id: ids[0])
+      n.mode = 0o600
+      n.mtime = FileTime(totalNanoseconds: 42)
+      try tx.updateNode(n)
+      try tx.moveNode(ids[1], toParent: dir, name: "renamed")
+      try tx.commitData(nodeID: ids[2], size: 7, mtime: nil)
+      try tx.deleteNode(ids[3])
+      try tx.drainQueue()
+    }
+    let after = try listed(onWriter: true)
+    #expect(after == (try listed(onWriter: false)))
+    #expect(after.map(\.id) == [ids[0], ids[1], ids[2], ids[4]])
+    #expect(after[0].mode == 0o600 && after[1].name == "renamed" && after[2].dataSize == 7)
+    #expect(after.allSatisfy { $0.eTagRcrd != nil })
+  }
+
   @Test func updateNode() throws {
     let catalog = try makeCatalog()
     try catalog.write("alice") { tx in
