@@ -5,23 +5,25 @@ import Foundation
 /// `JSONDecoder`'s.
 enum PushPayloadJSON {
   static func encode(_ p: PushPayload) -> String {
-    var out = "{"
+    var out: [UInt8] = []
+    out.reserveCapacity(64 + 320 * ((p.objects?.count ?? 0) + (p.written?.count ?? 0)))
+    out.append(UInt8(ascii: "{"))
     var first = true
-    func key(_ k: String) {
-      if !first { out += "," }
+    func key(_ k: StaticString) {
+      if !first { out.append(UInt8(ascii: ",")) }
       first = false
-      out += "\""
-      out += k
-      out += "\":"
+      out.append(UInt8(ascii: "\""))
+      raw(k, &out)
+      out.append(contentsOf: [UInt8(ascii: "\""), UInt8(ascii: ":")])
     }
     if let prefixes = p.dirPrefixes {
       key("dirPrefixes")
-      out += "["
+      out.append(UInt8(ascii: "["))
       for (i, s) in prefixes.enumerated() {
-        if i > 0 { out += "," }
+        if i > 0 { out.append(UInt8(ascii: ",")) }
         string(s, &out)
       }
-      out += "]"
+      out.append(UInt8(ascii: "]"))
     }
     if let objects = p.objects {
       key("objects")
@@ -35,79 +37,68 @@ enum PushPayloadJSON {
       key("written")
       refs(written, &out)
     }
-    out += "}"
-    return out
+    out.append(UInt8(ascii: "}"))
+    return String(decoding: out, as: UTF8.self)
   }
 
-  private static func refs(_ list: [CloudObjectRef], _ out: inout String) {
-    out += "["
+  private static func raw(_ s: StaticString, _ out: inout [UInt8]) {
+    s.withUTF8Buffer { out.append(contentsOf: $0) }
+  }
+
+  private static func refs(_ list: [CloudObjectRef], _ out: inout [UInt8]) {
+    out.append(UInt8(ascii: "["))
     for (i, r) in list.enumerated() {
-      if i > 0 { out += "," }
+      if i > 0 { out.append(UInt8(ascii: ",")) }
       ref(r, &out)
     }
-    out += "]"
+    out.append(UInt8(ascii: "]"))
   }
 
-  private static func ref(_ r: CloudObjectRef, _ out: inout String) {
-    out += "{\"cloudID\":"
+  private static func ref(_ r: CloudObjectRef, _ out: inout [UInt8]) {
+    raw("{\"cloudID\":", &out)
     string(r.cloudID, &out)
-    out += ",\"cloudName\":"
+    raw(",\"cloudName\":", &out)
     string(r.cloudName, &out)
-    out += ",\"dataKey\":"
+    raw(",\"dataKey\":", &out)
     string(r.dataKey, &out)
-    out += ",\"dirPrefix\":"
+    raw(",\"dirPrefix\":", &out)
     string(r.dirPrefix, &out)
     if let e = r.eTagData {
-      out += ",\"eTagData\":"
+      raw(",\"eTagData\":", &out)
       string(e, &out)
     }
     if let e = r.eTagRcrd {
-      out += ",\"eTagRcrd\":"
+      raw(",\"eTagRcrd\":", &out)
       string(e, &out)
     }
-    out += ",\"nodeID\":"
-    out += String(r.nodeID)
-    out += ",\"rcrdKey\":"
+    raw(",\"nodeID\":", &out)
+    out.append(contentsOf: String(r.nodeID).utf8)
+    raw(",\"rcrdKey\":", &out)
     string(r.rcrdKey, &out)
-    out += "}"
+    out.append(UInt8(ascii: "}"))
   }
 
-  /// A JSON string as `JSONEncoder` escapes it (`/` included).
-  private static func string(_ s: String, _ out: inout String) {
+  /// A JSON string as `JSONEncoder` escapes it (`/` included: object keys contain slashes).
+  private static func string(_ s: String, _ out: inout [UInt8]) {
     var s = s
-    var plain = true
-    for b in s.utf8 where b < 0x20 || b == 0x22 || b == 0x5C || b == 0x2F {
-      plain = false
-      break
-    }
-    if plain {
-      out += "\""
-      out += s
-      out += "\""
-      return
-    }
-    // Escaped byte by byte (object keys contain slashes: every ref takes this path).
-    let escaped = s.withUTF8 { bytes -> String in
-      var buf: [UInt8] = []
-      buf.reserveCapacity(bytes.count + 16)
-      buf.append(0x22)
+    s.withUTF8 { bytes in
+      out.append(UInt8(ascii: "\""))
       for b in bytes {
         switch b {
-        case 0x22, 0x5C, 0x2F: buf += [0x5C, b]
-        case 0x0A: buf += [0x5C, 0x6E]  // \n
-        case 0x0D: buf += [0x5C, 0x72]  // \r
-        case 0x09: buf += [0x5C, 0x74]  // \t
-        case 0x08: buf += [0x5C, 0x62]  // \b
-        case 0x0C: buf += [0x5C, 0x66]  // \f
+        case 0x22, 0x5C, 0x2F: out.append(contentsOf: [0x5C, b])
+        case 0x0A: out.append(contentsOf: [0x5C, 0x6E])  // \n
+        case 0x0D: out.append(contentsOf: [0x5C, 0x72])  // \r
+        case 0x09: out.append(contentsOf: [0x5C, 0x74])  // \t
+        case 0x08: out.append(contentsOf: [0x5C, 0x62])  // \b
+        case 0x0C: out.append(contentsOf: [0x5C, 0x66])  // \f
         case ..<0x20:
-          let hex = Array("0123456789abcdef".utf8)
-          buf += [0x5C, 0x75, 0x30, 0x30, hex[Int(b >> 4)], hex[Int(b & 0xF)]]
-        default: buf.append(b)
+          out.append(contentsOf: [0x5C, 0x75, 0x30, 0x30, hexDigit(b >> 4), hexDigit(b & 0xF)])
+        default: out.append(b)
         }
       }
-      buf.append(0x22)
-      return String(decoding: buf, as: UTF8.self)
+      out.append(UInt8(ascii: "\""))
     }
-    out += escaped
   }
+
+  private static func hexDigit(_ v: UInt8) -> UInt8 { v < 10 ? 0x30 + v : 0x57 + v }
 }
