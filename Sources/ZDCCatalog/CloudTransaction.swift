@@ -159,7 +159,8 @@ public final class CloudTransaction {
       dataSize: UInt64(bitPattern: dataSize))
   }
 
-  /// The first node a statement returns, decoded straight from the statement's columns.
+  /// The first node a statement returns: from the shared cache, or decoded straight from the
+  /// statement's columns (see ``cachedOrDecodedNode(_:)``).
   func fetchNode(_ sql: String, _ values: RawValues) throws -> Node? {
     try fetchNode(try db.cachedStatement(sql: sql), values)
   }
@@ -172,10 +173,9 @@ public final class CloudTransaction {
   private func fetchNode(_ statement: Statement, _ values: RawValues) throws -> Node? {
     var node: Node?
     try statement.runRaw(values) { s in
-      node = try decodeNode(s)
+      node = try cachedOrDecodedNode(s)
       return false
     }
-    if let node { sharedNodes?.put(node) }
     return node
   }
 
@@ -264,7 +264,11 @@ public final class CloudTransaction {
     if let sharedNodes, let cached = sharedNodes.get(id), cached.localUserID == userID {
       #if DEBUG
         // Tests check that every change of a row dropped its cached node.
-        let stored = try fetchNode(Self.nodeByID, [id, userID])
+        var stored: Node?
+        try statement(Self.nodeByID).runRaw([id, userID]) { s in
+          stored = try decodeNode(s)
+          return false
+        }
         precondition(stored == cached, "stale cached node \(id)")
       #endif
       return cached

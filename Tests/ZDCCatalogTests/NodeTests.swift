@@ -231,6 +231,13 @@ import ZDCCrypto
     #expect(after.map(\.id) == [ids[0], ids[1], ids[2], ids[4]])
     #expect(after[0].mode == 0o600 && after[1].name == "renamed" && after[2].dataSize == 7)
     #expect(after.allSatisfy { $0.eTagRcrd != nil })
+    // Lookups by name and by cloudID read through the same cache.
+    for onWriter in [true, false] {
+      let (byName, byCloudID) = try catalog.read("alice", onWriter: onWriter) { tx in
+        (try tx.child(of: dir, named: "renamed"), try tx.node(cloudID: after[2].cloudID))
+      }
+      #expect(byName == after[1] && byCloudID == after[2])
+    }
   }
 
   @Test func updateNode() throws {
