@@ -62,12 +62,14 @@ final class RcrdReadCountingStore: ForwardingStore, @unchecked Sendable {
     let user: TestUser
     let a: Device
 
-    init(_ label: String) throws {
+    /// `started: false` leaves the push stopped until the test starts it (so that it uploads
+    /// nothing before the test has set up what it watches).
+    init(_ label: String, started: Bool = true) throws {
       backing = try StoreKind.local.make(label)
       counting = RcrdReadCountingStore(backing.store)
       user = try TestUser()
       a = try Device("alpha", user: user, store: counting)
-      try a.start()
+      if started { try a.start() }
     }
   }
 
@@ -100,7 +102,7 @@ final class RcrdReadCountingStore: ForwardingStore, @unchecked Sendable {
   /// device's landed over it, describing another size), it is fetched and read, and the
   /// node's RCRD goes up again to describe the DATA just uploaded.
   @Test func aForeignRcrdBesideTheDataIsFetched() throws {
-    let f = try Alpha("zdc-own-rcrd-foreign")
+    let f = try Alpha("zdc-own-rcrd-foreign", started: false)
     let (backing, counting, user, a) = (f.backing, f.counting, f.user, f.a)
     let node = try a.create("f.txt", "12345")
     let key = try a.catalog.read(user.userID) { tx in try tx.objectLocation(of: node.id)!.rcrdKey }
@@ -112,6 +114,8 @@ final class RcrdReadCountingStore: ForwardingStore, @unchecked Sendable {
       let body = try Rcrd.encode(node: other, publicKeys: [user.userID: user.keys.boxPublicKey])
       _ = try backing.store.put(key: key, body: .data(body), condition: .none)
     }
+    // Only now: a push running since the create could have put the RCRD before the hook was set.
+    try a.start()
     try a.sync()
     #expect(counting.rcrdReads > 0)
     let rcrd = try Rcrd.decode(
