@@ -14,7 +14,7 @@ enum PushPayloadJSON {
       first = false
       out.append(UInt8(ascii: "\""))
       raw(k, &out)
-      out.append(contentsOf: [UInt8(ascii: "\""), UInt8(ascii: ":")])
+      raw("\":", &out)
     }
     if let prefixes = p.dirPrefixes {
       key("dirPrefixes")
@@ -84,16 +84,26 @@ enum PushPayloadJSON {
     s.withUTF8 { bytes in
       out.append(UInt8(ascii: "\""))
       for b in bytes {
-        switch b {
-        case 0x22, 0x5C, 0x2F: out.append(contentsOf: [0x5C, b])
-        case 0x0A: out.append(contentsOf: [0x5C, 0x6E])  // \n
-        case 0x0D: out.append(contentsOf: [0x5C, 0x72])  // \r
-        case 0x09: out.append(contentsOf: [0x5C, 0x74])  // \t
-        case 0x08: out.append(contentsOf: [0x5C, 0x62])  // \b
-        case 0x0C: out.append(contentsOf: [0x5C, 0x66])  // \f
-        case ..<0x20:
-          out.append(contentsOf: [0x5C, 0x75, 0x30, 0x30, hexDigit(b >> 4), hexDigit(b & 0xF)])
-        default: out.append(b)
+        // The byte after a backslash, for the bytes escaped with one.
+        let escaped: UInt8? =
+          switch b {
+          case 0x22, 0x5C, 0x2F: b
+          case 0x0A: 0x6E  // \n
+          case 0x0D: 0x72  // \r
+          case 0x09: 0x74  // \t
+          case 0x08: 0x62  // \b
+          case 0x0C: 0x66  // \f
+          default: nil
+          }
+        if let escaped {
+          out.append(0x5C)
+          out.append(escaped)
+        } else if b < 0x20 {
+          raw("\\u00", &out)
+          out.append(hexDigit(b >> 4))
+          out.append(hexDigit(b & 0xF))
+        } else {
+          out.append(b)
         }
       }
       out.append(UInt8(ascii: "\""))
