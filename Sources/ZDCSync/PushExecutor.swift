@@ -339,11 +339,7 @@ struct PushExecutor {
           // just before the put): its DATA upload went with it, so the RCRD would describe a
           // version that is never uploaded. The delete that waits for this operation removes
           // what earlier attempts wrote.
-          if try look({ try $0.node(id: node.id) })
-            == nil
-          {
-            throw NodeDeletedMeanwhile()
-          }
+          if try look({ try $0.node(id: node.id) }) == nil { throw NodeDeletedMeanwhile() }
         },
         isOurs: { state.bodies.contains(BodyDigest.of($0)) },
         foreign: { info, remote -> Node? in
@@ -594,9 +590,7 @@ struct PushExecutor {
   /// store is not the version the node knows, a pull comes first (it brings that version's
   /// size; the upload then runs again).
   private func beforeOverwritingRemoteRcrd(node: Node, loc: CloudObjectRef) throws {
-    let cur = try look { tx in
-      try tx.node(id: node.id)
-    }
+    let cur = try look { try $0.node(id: node.id) }
     guard let cur else {
       // Deleted here meanwhile: nothing to put over another device's version (the operation is
       // dropped; the delete that waits for it finds that version and keeps the node).
@@ -729,9 +723,7 @@ struct PushExecutor {
   }
 
   private func loadState() throws -> DataUploadState {
-    let raw = try look {
-      try $0.operationUploadState(id: op.id)
-    }
+    let raw = try look { try $0.operationUploadState(id: op.id) }
     guard let raw, let s = try? JSONDecoder().decode(DataUploadState.self, from: raw) else {
       return DataUploadState()
     }
@@ -903,9 +895,7 @@ struct PushExecutor {
   }
 
   private func currentGeneration() throws -> Int64? {
-    try look {
-      try $0.operationGeneration(id: op.id)
-    }
+    try look { try $0.operationGeneration(id: op.id) }
   }
 
   /// Uploads in parts, resuming a recorded upload; returns the eTag, or nil when the
