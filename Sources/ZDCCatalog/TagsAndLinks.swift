@@ -6,13 +6,15 @@ public import ZDCCore
 extension CloudTransaction {
   /// Sets (or with `nil`, removes) the tag `identifier` of a node.
   public func setTag(_ value: TagValue?, forNodeID nodeID: NodeID, identifier: String) throws {
-    try journaled(
+    // Removing a tag the node does not have changes nothing: there is nothing to journal.
+    _ = try journaled(
       { try setTagUnjournaled(value, forNodeID: nodeID, identifier: identifier) },
-      { .setTag(nodeID, identifier: identifier, value: value) })
+      { changed in changed ? .setTag(nodeID, identifier: identifier, value: value) : nil })
   }
 
+  /// Returns whether the catalog changed.
   private func setTagUnjournaled(_ value: TagValue?, forNodeID nodeID: NodeID, identifier: String)
-    throws
+    throws -> Bool
   {
     try requireWritable()
     _ = try existingNode(id: nodeID)
@@ -28,6 +30,7 @@ extension CloudTransaction {
       try rawExecute(Self.removeTagSQL, [nodeID, identifier])
     }
     try check("setTag.afterWrite")
+    return value != nil || db.changesCount > 0
   }
   private static let setTagSQL = CatalogSQL(
     "INSERT OR REPLACE INTO nodeTags (nodeID, identifier, value) VALUES (?, ?, ?)")

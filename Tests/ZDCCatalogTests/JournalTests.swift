@@ -142,6 +142,35 @@ import ZDCCrypto
     #expect(try snapshot(again) == expected)
   }
 
+  /// Removing a tag a node does not have changes nothing and is not journaled (a rename of a
+  /// file removes its conflict tag every time); removing one it has is, and survives a crash.
+  @Test func removingAnAbsentTagJournalsNothing() throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let catalog = try open(dir)
+    try catalog.createLocalUser(makeUser(user))
+    let f = try catalog.write(user) { tx in
+      let f = try tx.createNode(path: p("f"))
+      try tx.setTag(.int(1), forNodeID: f.id, identifier: "t")
+      return f.id
+    }
+    let journal = dir.appendingPathComponent("catalog.sqlite.redo")
+    let before = try Data(contentsOf: journal).count
+    try catalog.write(user, commit: .soon) { tx in
+      try tx.setTag(nil, forNodeID: f, identifier: "absent")
+    }
+    #expect(try Data(contentsOf: journal).count == before)
+    try catalog.write(user, commit: .soon) { tx in
+      try tx.setTag(nil, forNodeID: f, identifier: "t")
+    }
+    #expect(try Data(contentsOf: journal).count > before)
+    let copy = try crashCopy(dir)
+    defer { try? FileManager.default.removeItem(at: copy) }
+    let reopened = try open(copy)
+    #expect(reopened.replayedJournalEntries == 1)
+    #expect(try reopened.read(user) { try $0.tags(forNodeID: f) }.isEmpty)
+  }
+
   @Test func committedBatchesAreNotReplayed() throws {
     let dir = try tempDir()
     defer { try? FileManager.default.removeItem(at: dir) }
