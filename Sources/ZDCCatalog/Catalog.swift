@@ -745,5 +745,23 @@ final class NodeCache: Sendable {
 
   func remove(_ id: NodeID) { entries.remove(id) }
 
-  func removeAll() { entries.removeAll() }
+  func removeAll() {
+    entries.removeAll()
+    childless.removeAll()
+  }
+
+  /// Nodes known to have no children (a file node shows as a directory once it has some, so
+  /// every `stat` of a file asks). Every statement that gives a node a child (an insert, a
+  /// move) calls ``gainedChild(_:)``; a rollback empties the set with the nodes.
+  private let childless = BoundedMap<NodeID, Bool>(capacity: NodeCache.capacity)
+
+  func isChildless(_ id: NodeID) -> Bool { childless.get(id) != nil }
+
+  func noteChildless(_ id: NodeID) { childless.put(id, true) }
+
+  func noteChildless(_ ids: [NodeID]) { childless.put(contentsOf: ids.map { ($0, true) }) }
+
+  func gainedChild(_ parentID: NodeID?) {
+    if let parentID { childless.remove(parentID) }
+  }
 }

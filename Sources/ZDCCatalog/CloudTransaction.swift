@@ -235,6 +235,9 @@ public final class CloudTransaction {
       try fields.nameKey(node.nameKey), cloudName, id,
     ]
     try rawExecute(Self.insertRowSQL, args)
+    sharedNodes?.gainedChild(node.parentID)
+    // A new row has no children.
+    sharedNodes?.noteChildless(db.lastInsertedRowID)
     return db.lastInsertedRowID
   }
 
@@ -371,24 +374,38 @@ public final class CloudTransaction {
     return out
   }
 
-  /// Which children of `parentID` with ids in `ids` (ascending, as ``children(of:afterID:limit:)``
-  /// returns them) have children of their own: one query for a page of a directory listing.
-  public func childrenWithChildren(of parentID: NodeID, ids: ClosedRange<NodeID>) throws
+  /// Which of `children` (children of `parentID` in ascending id order, as
+  /// ``children(of:afterID:limit:)`` returns them) have children of their own: one query for a
+  /// page of a directory listing.
+  public func childrenWithChildren(of parentID: NodeID, among children: [Node]) throws
     -> Set<NodeID>
   {
+    guard let first = children.first?.id, let last = children.last?.id else { return [] }
     let stmt = try db.cachedStatement(
       sql: """
         SELECT p.id FROM nodes p
         WHERE p.parentID = ? AND p.id BETWEEN ? AND ? AND p.localUserID = ?
           AND EXISTS (SELECT 1 FROM nodes c WHERE c.parentID = p.id)
         """)
-    return Set(
-      try NodeID.fetchAll(stmt, arguments: [parentID, ids.lowerBound, ids.upperBound, userID]))
+    let parents = Set(try NodeID.fetchAll(stmt, arguments: [parentID, first, last, userID]))
+    // What an `rm -r` asks next of each entry it unlinks.
+    sharedNodes?.noteChildless(children.lazy.map(\.id).filter { !parents.contains($0) })
+    return parents
   }
 
   /// True when `parentID` has at least one child.
   public func hasChildren(_ parentID: NodeID) throws -> Bool {
-    try rawInt(Self.anyChild, [parentID]) != nil
+    if let sharedNodes, sharedNodes.isChildless(parentID) {
+      #if DEBUG
+        // Tests check that every statement giving a node a child dropped it from the set.
+        let stale = try rawInt(Self.anyChild, [parentID]) != nil
+        precondition(!stale, "node \(parentID) has children")
+      #endif
+      return false
+    }
+    let found = try rawInt(Self.anyChild, [parentID]) != nil
+    if !found { sharedNodes?.noteChildless(parentID) }
+    return found
   }
   private static let anyChild = CatalogSQL("SELECT 1 FROM nodes WHERE parentID = ? LIMIT 1")
 
@@ -704,7 +721,17 @@ public final class CloudTransaction {
     }
     if oldParentID == newParentID, Array(newName.utf8) == Array(node.name.utf8) { return node }
     let newKey = NameKey(newName)
-    let old = try objectLocation(of: id)!
+    let sameParent = newParentID == oldParentID
+    // A never-uploaded node renamed in place moves no object: where its objects would have
+    // been is not needed (see `renameJoinsFirstUpload`).
+    var ops: [NodeOp]?
+    if sameParent, node.eTagRcrd == nil, node.eTagData == nil {
+      ops = try outstandingOperations(ofNode: id)
+    }
+    let joinsFirstUpload = ops.map {
+      Self.renameJoinsFirstUpload(node, sameParent: sameParent, ops: $0)
+    }
+    let old = joinsFirstUpload == true ? nil : try objectLocation(of: id)!
     let newCloudName = try CloudName.compute(name: newName, parentDirSalt: newParent.dirSalt)
     do {
       try rawExecute(
@@ -721,13 +748,17 @@ public final class CloudTransaction {
       throw error
     }
     rowChanged(id)
+    sharedNodes?.gainedChild(newParentID)
     try check("moveNode.afterUpdate")
     var moved = node
     moved.parentID = newParentID
     moved.name = newName
     moved.explicitCloudName = nil
     sharedNodes?.put(moved)
-    try enqueueMove(moved, from: old, newParent: newParent, sameParent: newParentID == oldParentID)
+    if let old {
+      try enqueueMove(
+        moved, from: old, newParent: newParent, sameParent: sameParent, operations: ops)
+    }
     return moved
   }
 

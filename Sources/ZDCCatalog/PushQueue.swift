@@ -116,6 +116,12 @@ extension CloudTransaction {
   }
   private static let deleteOperationSQL = CatalogSQL("DELETE FROM pushOperations WHERE id = ?")
 
+  /// ``deleteOperation(_:)`` of each of `ids`. (One statement per table with `IN (…)` lists
+  /// costs SQLite several times more than the single-row statements.)
+  func deleteOperations(_ ids: [Int64]) throws {
+    for id in ids { try deleteOperation(id) }
+  }
+
   /// Removes an operation's dependency rows, both ways (the catalog runs without foreign-key
   /// actions: see ``Catalog``): what waits for it is released.
   func deleteDependencies(of id: Int64) throws {
@@ -233,18 +239,24 @@ extension CloudTransaction {
     return id
   }
 
-  /// The move rules (see the module documentation).
-  func enqueueMove(_ node: Node, from old: CloudObjectRef, newParent: Node, sameParent: Bool)
-    throws
-  {
-    let ops = try outstandingOperations(ofNode: node.id)
-    if node.eTagRcrd == nil, sameParent, node.eTagData == nil,
-      let first = ops.first(where: { $0.kind == .putRcrd }), first.state == .pending
-    {
-      // Never uploaded and renamed in place: its pending first upload goes to the new name
-      // and keeps waiting for the same parent.
-      return
-    }
+  /// True when a rename of `node` in place needs no operation of its own: the node was never
+  /// uploaded and its first upload (`ops`: its outstanding operations) has not started, so
+  /// that upload goes to the new name and keeps waiting for the same parent.
+  static func renameJoinsFirstUpload(_ node: Node, sameParent: Bool, ops: [NodeOp]) -> Bool {
+    guard sameParent, node.eTagRcrd == nil, node.eTagData == nil,
+      let first = ops.first(where: { $0.kind == .putRcrd })
+    else { return false }
+    return first.state == .pending
+  }
+
+  /// The move rules (see the module documentation). `known`: the node's outstanding
+  /// operations, when the caller has just read them.
+  func enqueueMove(
+    _ node: Node, from old: CloudObjectRef, newParent: Node, sameParent: Bool,
+    operations known: [NodeOp]? = nil
+  ) throws {
+    let ops = try known ?? outstandingOperations(ofNode: node.id)
+    if Self.renameJoinsFirstUpload(node, sameParent: sameParent, ops: ops) { return }
     let parentUpload = try firstUploadOperation(of: newParent)
     guard let current = try objectLocation(of: node.id) else { return }
     if node.eTagRcrd == nil {
@@ -344,7 +356,7 @@ extension CloudTransaction {
   }
 
   func enqueueDelete(root: Node, plan: DeletePlan) throws {
-    for id in plan.drop { try deleteOperation(id) }
+    try deleteOperations(plan.drop)
     guard !plan.inCloudIDs.isEmpty else { return }
     let leaf = plan.inCloudIDs == [root.id]
     _ = try insertOperation(

@@ -228,6 +228,7 @@ extension CloudTransaction {
     ]
     try rawExecute(stmt, args)
     rowChanged(node.id)
+    sharedNodes?.gainedChild(parentID)
   }
 
   /// Renames a node in place without enqueueing a move: for a node whose objects are not (yet)
@@ -265,7 +266,7 @@ extension CloudTransaction {
     try requireWritable()
     let entries = try subtree(of: id)
     for e in entries {
-      for op in try outstandingOperations(ofNode: e.id) { try deleteOperation(op.id) }
+      try deleteOperations(try outstandingOperations(ofNode: e.id).map(\.id))
     }
     try deleteRows(entries)
   }
@@ -329,7 +330,7 @@ extension CloudTransaction {
         let refs = (try decodePayload(op.payload).written ?? []).filter { $0.rcrdKey != here }
         if !refs.isEmpty { strays.append((e.cloudID, refs)) }
       }
-      for op in ops { try deleteOperation(op.id) }
+      try deleteOperations(ops.map(\.id))
     }
     for s in strays {
       _ = try insertOperation(

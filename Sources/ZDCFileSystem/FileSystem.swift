@@ -925,10 +925,7 @@ public final class FileSystem: @unchecked Sendable {
         }
         let children = try tx.children(
           of: id, afterID: NodeID(after > fixed ? after - fixed : 0), limit: limit)
-        let parents =
-          children.isEmpty
-          ? []
-          : try tx.childrenWithChildren(of: id, ids: children.first!.id...children.last!.id)
+        let parents = try tx.childrenWithChildren(of: id, among: children)
         var listed: [(ChildName, NodeID)] = []
         if plus { listed.reserveCapacity(children.count) }
         for c in children {

@@ -240,6 +240,59 @@ import ZDCCrypto
     }
   }
 
+  /// `hasChildren` on the writer connection remembers the nodes it found childless (every `stat`
+  /// of a file asks): each way a node gains a child, and a rolled-back unit, is seen there as a
+  /// reader connection (which remembers nothing) sees it.
+  @Test func childlessNodesThatGainChildrenAreSeen() throws {
+    let catalog = try makeCatalog()
+    let (d, f, g, h, x) = try catalog.write("alice") { tx in
+      let d = try tx.createNode(path: p("d"), kind: .directory).id
+      return (
+        d, try tx.createNode(path: p("d", "f")).id, try tx.createNode(path: p("d", "g")).id,
+        try tx.createNode(path: p("d", "h")).id, try tx.createNode(path: p("x")).id
+      )
+    }
+    func has(_ id: NodeID) throws -> [Bool] {
+      try [true, false].map { w in try catalog.read("alice", onWriter: w) { try $0.hasChildren(id) }
+      }
+    }
+    for id in [f, g, h, x] { #expect(try has(id) == [false, false]) }
+    // A new node under a file node.
+    try catalog.write("alice") { tx in _ = try tx.createNode(path: p("d", "f", "c")) }
+    #expect(try has(f) == [true, true])
+    // A move under one, and away again.
+    try catalog.write("alice") { tx in try tx.moveNode(x, toParent: g, name: "x") }
+    #expect(try has(g) == [true, true])
+    try catalog.write("alice") { tx in try tx.moveNode(x, toParent: h, name: "x") }
+    #expect(try has(g) == [false, false])
+    #expect(try has(h) == [true, true])
+    // A remote version placing a node under one (a pull).
+    try catalog.write("alice") { tx in
+      var n = try tx.existingNode(id: x)
+      n.parentID = g
+      try tx.applyRemoteNode(n, cloudName: try tx.cloudName(of: x))
+    }
+    #expect(try has(g) == [true, true])
+    #expect(try has(h) == [false, false])
+    // A listing remembers its entries without children; a new child of one is seen.
+    let parents = try catalog.read("alice", onWriter: true) { tx in
+      try tx.childrenWithChildren(of: d, among: try tx.children(of: d))
+    }
+    #expect(parents == [f, g])
+    try catalog.write("alice") { tx in _ = try tx.createNode(path: p("d", "h", "c")) }
+    #expect(try has(h) == [true, true])
+    // A unit that fails after a node lost its only child leaves the child where it was.
+    struct Failed: Error {}
+    #expect(throws: Failed.self) {
+      try catalog.write("alice") { tx in
+        try tx.moveNode(x, toParent: h, name: "x2")
+        #expect(try !tx.hasChildren(g))
+        throw Failed()
+      }
+    }
+    #expect(try has(g) == [true, true])
+  }
+
   @Test func updateNode() throws {
     let catalog = try makeCatalog()
     try catalog.write("alice") { tx in
