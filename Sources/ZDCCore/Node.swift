@@ -109,59 +109,377 @@ public struct NodeAnchor: Sendable, Hashable, Codable {
 }
 
 /// The metadata of one treesystem node: everything needed to sync it, except its content.
+///
+/// A value with copy-on-write storage: copying a node (the catalog hands out cached nodes many
+/// times per file operation) copies one reference, not its thirty fields.
 public struct Node: Sendable, Hashable, Codable, Identifiable {
+  /// The fields, stored once for every copy of the node until one of them is changed.
+  struct Fields: Hashable, Codable {
+    var id: NodeID
+    var uuid: String
+    var localUserID: String
+    var parentID: NodeID?
+    var name: String
+    var kind: NodeKind
+    var trunk: Trunk?
+    var shareList: ShareList
+    var burnDate: Date?
+    var encryptionKey: Data
+    var dirSalt: Data
+    var dirPrefix: String
+    var cloudID: String
+    var eTagRcrd: String?
+    var eTagData: String?
+    var lastModifiedRcrd: Date?
+    var lastModifiedData: Date?
+    var cloudDataInfo: CloudDataInfo?
+    var explicitCloudName: String?
+    var anchor: NodeAnchor?
+    var pointeeID: NodeID?
+    var mode: UInt32
+    var mtime: FileTime
+    var xattrs: [String: Data]
+    var symlinkTarget: String?
+    var dataSize: UInt64
+  }
+
+  final class Storage: @unchecked Sendable {
+    // @unchecked: `fields` changes only through a node whose storage is uniquely referenced
+    // (`makeUnique`), so no other copy, on any thread, can see it change.
+    var fields: Fields
+    init(_ fields: Fields) { self.fields = fields }
+  }
+
+  private var storage: Storage
+
+  private mutating func makeUnique() {
+    if !isKnownUniquelyReferenced(&storage) { storage = Storage(storage.fields) }
+  }
+
+  public static func == (a: Node, b: Node) -> Bool {
+    a.storage === b.storage || a.storage.fields == b.storage.fields
+  }
+
+  public func hash(into hasher: inout Hasher) { hasher.combine(storage.fields) }
+
+  public init(from decoder: any Decoder) throws {
+    storage = Storage(try Fields(from: decoder))
+  }
+
+  public func encode(to encoder: any Encoder) throws { try storage.fields.encode(to: encoder) }
+
   /// Catalog row id (the inode number); 0 until the node is stored.
-  public var id: NodeID
+  public var id: NodeID {
+    get { storage.fields.id }
+    _modify {
+      makeUnique()
+      yield &storage.fields.id
+    }
+    set {
+      makeUnique()
+      storage.fields.id = newValue
+    }
+  }
   /// A random identifier, local only: never uploaded.
-  public var uuid: String
+  public var uuid: String {
+    get { storage.fields.uuid }
+    _modify {
+      makeUnique()
+      yield &storage.fields.uuid
+    }
+    set {
+      makeUnique()
+      storage.fields.uuid = newValue
+    }
+  }
   /// The local user this node belongs to.
-  public var localUserID: String
+  public var localUserID: String {
+    get { storage.fields.localUserID }
+    _modify {
+      makeUnique()
+      yield &storage.fields.localUserID
+    }
+    set {
+      makeUnique()
+      storage.fields.localUserID = newValue
+    }
+  }
   /// The parent node, or `nil` for a trunk.
-  public var parentID: NodeID?
+  public var parentID: NodeID? {
+    get { storage.fields.parentID }
+    _modify {
+      makeUnique()
+      yield &storage.fields.parentID
+    }
+    set {
+      makeUnique()
+      storage.fields.parentID = newValue
+    }
+  }
   /// The cleartext name (for a trunk, its raw value).
-  public var name: String
+  public var name: String {
+    get { storage.fields.name }
+    _modify {
+      makeUnique()
+      yield &storage.fields.name
+    }
+    set {
+      makeUnique()
+      storage.fields.name = newValue
+    }
+  }
   /// How the node presents.
-  public var kind: NodeKind
+  public var kind: NodeKind {
+    get { storage.fields.kind }
+    _modify {
+      makeUnique()
+      yield &storage.fields.kind
+    }
+    set {
+      makeUnique()
+      storage.fields.kind = newValue
+    }
+  }
   /// For trunk nodes, which trunk.
-  public var trunk: Trunk?
+  public var trunk: Trunk? {
+    get { storage.fields.trunk }
+    _modify {
+      makeUnique()
+      yield &storage.fields.trunk
+    }
+    set {
+      makeUnique()
+      storage.fields.trunk = newValue
+    }
+  }
   /// Who may do what.
-  public var shareList: ShareList
+  public var shareList: ShareList {
+    get { storage.fields.shareList }
+    _modify {
+      makeUnique()
+      yield &storage.fields.shareList
+    }
+    set {
+      makeUnique()
+      storage.fields.shareList = newValue
+    }
+  }
   /// When the server should delete the node.
-  public var burnDate: Date?
+  public var burnDate: Date? {
+    get { storage.fields.burnDate }
+    _modify {
+      makeUnique()
+      yield &storage.fields.burnDate
+    }
+    set {
+      makeUnique()
+      storage.fields.burnDate = newValue
+    }
+  }
   /// The node's own random symmetric key (32 bytes) that encrypts its DATA and metadata.
-  public var encryptionKey: Data
+  public var encryptionKey: Data {
+    get { storage.fields.encryptionKey }
+    _modify {
+      makeUnique()
+      yield &storage.fields.encryptionKey
+    }
+    set {
+      makeUnique()
+      storage.fields.encryptionKey = newValue
+    }
+  }
   /// Random 20 bytes keying the cloudNames of this node's children.
-  public var dirSalt: Data
+  public var dirSalt: Data {
+    get { storage.fields.dirSalt }
+    _modify {
+      makeUnique()
+      yield &storage.fields.dirSalt
+    }
+    set {
+      makeUnique()
+      storage.fields.dirSalt = newValue
+    }
+  }
   /// Where this node's children live in the cloud (32 upper-case hex digits, or a trunk's).
-  public var dirPrefix: String
+  public var dirPrefix: String {
+    get { storage.fields.dirPrefix }
+    _modify {
+      makeUnique()
+      yield &storage.fields.dirPrefix
+    }
+    set {
+      makeUnique()
+      storage.fields.dirPrefix = newValue
+    }
+  }
   /// The immutable identity shared by every device; set by the creator.
-  public var cloudID: String
+  public var cloudID: String {
+    get { storage.fields.cloudID }
+    _modify {
+      makeUnique()
+      yield &storage.fields.cloudID
+    }
+    set {
+      makeUnique()
+      storage.fields.cloudID = newValue
+    }
+  }
   /// The eTag of the RCRD object, once uploaded or downloaded.
-  public var eTagRcrd: String?
+  public var eTagRcrd: String? {
+    get { storage.fields.eTagRcrd }
+    _modify {
+      makeUnique()
+      yield &storage.fields.eTagRcrd
+    }
+    set {
+      makeUnique()
+      storage.fields.eTagRcrd = newValue
+    }
+  }
   /// The eTag of the DATA object, once uploaded or downloaded.
-  public var eTagData: String?
+  public var eTagData: String? {
+    get { storage.fields.eTagData }
+    _modify {
+      makeUnique()
+      yield &storage.fields.eTagData
+    }
+    set {
+      makeUnique()
+      storage.fields.eTagData = newValue
+    }
+  }
   /// When the RCRD object was last modified in the cloud.
-  public var lastModifiedRcrd: Date?
+  public var lastModifiedRcrd: Date? {
+    get { storage.fields.lastModifiedRcrd }
+    _modify {
+      makeUnique()
+      yield &storage.fields.lastModifiedRcrd
+    }
+    set {
+      makeUnique()
+      storage.fields.lastModifiedRcrd = newValue
+    }
+  }
   /// When the DATA object was last modified in the cloud.
-  public var lastModifiedData: Date?
+  public var lastModifiedData: Date? {
+    get { storage.fields.lastModifiedData }
+    _modify {
+      makeUnique()
+      yield &storage.fields.lastModifiedData
+    }
+    set {
+      makeUnique()
+      storage.fields.lastModifiedData = newValue
+    }
+  }
   /// The sizes last read from the DATA object's header.
-  public var cloudDataInfo: CloudDataInfo?
+  public var cloudDataInfo: CloudDataInfo? {
+    get { storage.fields.cloudDataInfo }
+    _modify {
+      makeUnique()
+      yield &storage.fields.cloudDataInfo
+    }
+    set {
+      makeUnique()
+      storage.fields.cloudDataInfo = newValue
+    }
+  }
   /// Set when the node arrived under a cloudName that does not match the hash of its name.
-  public var explicitCloudName: String?
+  public var explicitCloudName: String? {
+    get { storage.fields.explicitCloudName }
+    _modify {
+      makeUnique()
+      yield &storage.fields.explicitCloudName
+    }
+    set {
+      makeUnique()
+      storage.fields.explicitCloudName = newValue
+    }
+  }
   /// For a grafted subtree's root, where it really lives.
-  public var anchor: NodeAnchor?
+  public var anchor: NodeAnchor? {
+    get { storage.fields.anchor }
+    _modify {
+      makeUnique()
+      yield &storage.fields.anchor
+    }
+    set {
+      makeUnique()
+      storage.fields.anchor = newValue
+    }
+  }
   /// For a pointer node, the node it points to.
-  public var pointeeID: NodeID?
+  public var pointeeID: NodeID? {
+    get { storage.fields.pointeeID }
+    _modify {
+      makeUnique()
+      yield &storage.fields.pointeeID
+    }
+    set {
+      makeUnique()
+      storage.fields.pointeeID = newValue
+    }
+  }
   /// POSIX permission bits (and setuid/setgid/sticky), without the file-type bits.
-  public var mode: UInt32
+  public var mode: UInt32 {
+    get { storage.fields.mode }
+    _modify {
+      makeUnique()
+      yield &storage.fields.mode
+    }
+    set {
+      makeUnique()
+      storage.fields.mode = newValue
+    }
+  }
   /// Content modification time.
-  public var mtime: FileTime
+  public var mtime: FileTime {
+    get { storage.fields.mtime }
+    _modify {
+      makeUnique()
+      yield &storage.fields.mtime
+    }
+    set {
+      makeUnique()
+      storage.fields.mtime = newValue
+    }
+  }
   /// User extended attributes, by full name (e.g. `user.comment`).
-  public var xattrs: [String: Data]
+  public var xattrs: [String: Data] {
+    get { storage.fields.xattrs }
+    _modify {
+      makeUnique()
+      yield &storage.fields.xattrs
+    }
+    set {
+      makeUnique()
+      storage.fields.xattrs = newValue
+    }
+  }
   /// For a symlink, its target.
-  public var symlinkTarget: String?
+  public var symlinkTarget: String? {
+    get { storage.fields.symlinkTarget }
+    _modify {
+      makeUnique()
+      yield &storage.fields.symlinkTarget
+    }
+    set {
+      makeUnique()
+      storage.fields.symlinkTarget = newValue
+    }
+  }
   /// Plaintext size of the data section.
-  public var dataSize: UInt64
+  public var dataSize: UInt64 {
+    get { storage.fields.dataSize }
+    _modify {
+      makeUnique()
+      yield &storage.fields.dataSize
+    }
+    set {
+      makeUnique()
+      storage.fields.dataSize = newValue
+    }
+  }
 
   /// True when the node points to another node.
   public var isPointer: Bool { pointeeID != nil }
@@ -190,32 +508,16 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     mode: UInt32, mtime: FileTime, xattrs: [String: Data] = [:], symlinkTarget: String? = nil,
     dataSize: UInt64 = 0
   ) {
-    self.id = id
-    self.uuid = uuid
-    self.localUserID = localUserID
-    self.parentID = parentID
-    self.name = name
-    self.kind = kind
-    self.trunk = trunk
-    self.shareList = shareList
-    self.burnDate = burnDate
-    self.encryptionKey = encryptionKey
-    self.dirSalt = dirSalt
-    self.dirPrefix = dirPrefix
-    self.cloudID = cloudID
-    self.eTagRcrd = eTagRcrd
-    self.eTagData = eTagData
-    self.lastModifiedRcrd = lastModifiedRcrd
-    self.lastModifiedData = lastModifiedData
-    self.cloudDataInfo = cloudDataInfo
-    self.explicitCloudName = explicitCloudName
-    self.anchor = anchor
-    self.pointeeID = pointeeID
-    self.mode = mode
-    self.mtime = mtime
-    self.xattrs = xattrs
-    self.symlinkTarget = symlinkTarget
-    self.dataSize = dataSize
+    storage = Storage(
+      Fields(
+        id: id, uuid: uuid, localUserID: localUserID, parentID: parentID, name: name, kind: kind,
+        trunk: trunk, shareList: shareList, burnDate: burnDate, encryptionKey: encryptionKey,
+        dirSalt: dirSalt, dirPrefix: dirPrefix, cloudID: cloudID, eTagRcrd: eTagRcrd,
+        eTagData: eTagData, lastModifiedRcrd: lastModifiedRcrd, lastModifiedData: lastModifiedData,
+        cloudDataInfo: cloudDataInfo, explicitCloudName: explicitCloudName, anchor: anchor,
+        pointeeID: pointeeID, mode: mode, mtime: mtime, xattrs: xattrs,
+        symlinkTarget: symlinkTarget,
+        dataSize: dataSize))
   }
 }
 
