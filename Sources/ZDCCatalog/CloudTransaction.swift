@@ -724,14 +724,12 @@ public final class CloudTransaction {
     let sameParent = newParentID == oldParentID
     // A never-uploaded node renamed in place moves no object: where its objects would have
     // been is not needed (see `renameJoinsFirstUpload`).
-    var ops: [NodeOp]?
-    if sameParent, node.eTagRcrd == nil, node.eTagData == nil {
-      ops = try outstandingOperations(ofNode: id)
-    }
-    let joinsFirstUpload = ops.map {
-      Self.renameJoinsFirstUpload(node, sameParent: sameParent, ops: $0)
-    }
-    let old = joinsFirstUpload == true ? nil : try objectLocation(of: id)!
+    let ops =
+      sameParent && node.eTagRcrd == nil && node.eTagData == nil
+      ? try outstandingOperations(ofNode: id) : nil
+    let joinsFirstUpload =
+      ops.map { Self.renameJoinsFirstUpload(node, sameParent: sameParent, ops: $0) } ?? false
+    let old = joinsFirstUpload ? nil : try objectLocation(of: id)!
     let newCloudName = try CloudName.compute(name: newName, parentDirSalt: newParent.dirSalt)
     do {
       try rawExecute(

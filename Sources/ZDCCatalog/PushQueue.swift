@@ -116,12 +116,6 @@ extension CloudTransaction {
   }
   private static let deleteOperationSQL = CatalogSQL("DELETE FROM pushOperations WHERE id = ?")
 
-  /// ``deleteOperation(_:)`` of each of `ids`. (One statement per table with `IN (…)` lists
-  /// costs SQLite several times more than the single-row statements.)
-  func deleteOperations(_ ids: [Int64]) throws {
-    for id in ids { try deleteOperation(id) }
-  }
-
   /// Removes an operation's dependency rows, both ways (the catalog runs without foreign-key
   /// actions: see ``Catalog``): what waits for it is released.
   func deleteDependencies(of id: Int64) throws {
@@ -356,7 +350,7 @@ extension CloudTransaction {
   }
 
   func enqueueDelete(root: Node, plan: DeletePlan) throws {
-    try deleteOperations(plan.drop)
+    for id in plan.drop { try deleteOperation(id) }
     guard !plan.inCloudIDs.isEmpty else { return }
     let leaf = plan.inCloudIDs == [root.id]
     _ = try insertOperation(

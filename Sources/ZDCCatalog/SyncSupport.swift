@@ -266,7 +266,7 @@ extension CloudTransaction {
     try requireWritable()
     let entries = try subtree(of: id)
     for e in entries {
-      try deleteOperations(try outstandingOperations(ofNode: e.id).map(\.id))
+      for op in try outstandingOperations(ofNode: e.id) { try deleteOperation(op.id) }
     }
     try deleteRows(entries)
   }
@@ -330,7 +330,7 @@ extension CloudTransaction {
         let refs = (try decodePayload(op.payload).written ?? []).filter { $0.rcrdKey != here }
         if !refs.isEmpty { strays.append((e.cloudID, refs)) }
       }
-      try deleteOperations(ops.map(\.id))
+      for op in ops { try deleteOperation(op.id) }
     }
     for s in strays {
       _ = try insertOperation(
