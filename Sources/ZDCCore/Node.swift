@@ -111,10 +111,10 @@ public struct NodeAnchor: Sendable, Hashable, Codable {
 /// The metadata of one treesystem node: everything needed to sync it, except its content.
 ///
 /// A value with copy-on-write storage: copying a node (the catalog hands out cached nodes many
-/// times per file operation) copies one reference, not its thirty fields.
+/// times per file operation) copies one reference, not its twenty-six fields.
 public struct Node: Sendable, Hashable, Codable, Identifiable {
   /// The fields, stored once for every copy of the node until one of them is changed.
-  struct Fields: Hashable, Codable {
+  private struct Fields: Hashable, Codable {
     var id: NodeID
     var uuid: String
     var localUserID: String
@@ -143,7 +143,7 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     var dataSize: UInt64
   }
 
-  final class Storage: @unchecked Sendable {
+  private final class Storage: @unchecked Sendable {
     // @unchecked: `fields` changes only through a node whose storage is uniquely referenced
     // (`makeUnique`), so no other copy, on any thread, can see it change.
     var fields: Fields
