@@ -725,7 +725,7 @@ public final class CloudTransaction {
     // A never-uploaded node renamed in place moves no object: where its objects would have
     // been is not needed (see `renameJoinsFirstUpload`).
     let ops =
-      sameParent && node.eTagRcrd == nil && node.eTagData == nil
+      Self.renameMayJoinFirstUpload(node, sameParent: sameParent)
       ? try outstandingOperations(ofNode: id) : nil
     let joinsFirstUpload =
       ops.map { Self.renameJoinsFirstUpload(node, sameParent: sameParent, ops: $0) } ?? false
@@ -746,7 +746,7 @@ public final class CloudTransaction {
       throw error
     }
     rowChanged(id)
-    sharedNodes?.gainedChild(newParentID)
+    if !sameParent { sharedNodes?.gainedChild(newParentID) }
     try check("moveNode.afterUpdate")
     var moved = node
     moved.parentID = newParentID

@@ -233,11 +233,17 @@ extension CloudTransaction {
     return id
   }
 
+  /// True when a rename of `node` may need no operation of its own (in place, never uploaded):
+  /// then its operations tell (``renameJoinsFirstUpload(_:sameParent:ops:)``).
+  static func renameMayJoinFirstUpload(_ node: Node, sameParent: Bool) -> Bool {
+    sameParent && node.eTagRcrd == nil && node.eTagData == nil
+  }
+
   /// True when a rename of `node` in place needs no operation of its own: the node was never
   /// uploaded and its first upload (`ops`: its outstanding operations) has not started, so
   /// that upload goes to the new name and keeps waiting for the same parent.
   static func renameJoinsFirstUpload(_ node: Node, sameParent: Bool, ops: [NodeOp]) -> Bool {
-    guard sameParent, node.eTagRcrd == nil, node.eTagData == nil,
+    guard renameMayJoinFirstUpload(node, sameParent: sameParent),
       let first = ops.first(where: { $0.kind == .putRcrd })
     else { return false }
     return first.state == .pending

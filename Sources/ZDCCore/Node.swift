@@ -175,10 +175,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
       makeUnique()
       yield &storage.fields.id
     }
-    set {
-      makeUnique()
-      storage.fields.id = newValue
-    }
   }
   /// A random identifier, local only: never uploaded.
   public var uuid: String {
@@ -186,10 +182,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     _modify {
       makeUnique()
       yield &storage.fields.uuid
-    }
-    set {
-      makeUnique()
-      storage.fields.uuid = newValue
     }
   }
   /// The local user this node belongs to.
@@ -199,10 +191,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
       makeUnique()
       yield &storage.fields.localUserID
     }
-    set {
-      makeUnique()
-      storage.fields.localUserID = newValue
-    }
   }
   /// The parent node, or `nil` for a trunk.
   public var parentID: NodeID? {
@@ -210,10 +198,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     _modify {
       makeUnique()
       yield &storage.fields.parentID
-    }
-    set {
-      makeUnique()
-      storage.fields.parentID = newValue
     }
   }
   /// The cleartext name (for a trunk, its raw value).
@@ -223,10 +207,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
       makeUnique()
       yield &storage.fields.name
     }
-    set {
-      makeUnique()
-      storage.fields.name = newValue
-    }
   }
   /// How the node presents.
   public var kind: NodeKind {
@@ -234,10 +214,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     _modify {
       makeUnique()
       yield &storage.fields.kind
-    }
-    set {
-      makeUnique()
-      storage.fields.kind = newValue
     }
   }
   /// For trunk nodes, which trunk.
@@ -247,10 +223,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
       makeUnique()
       yield &storage.fields.trunk
     }
-    set {
-      makeUnique()
-      storage.fields.trunk = newValue
-    }
   }
   /// Who may do what.
   public var shareList: ShareList {
@@ -258,10 +230,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     _modify {
       makeUnique()
       yield &storage.fields.shareList
-    }
-    set {
-      makeUnique()
-      storage.fields.shareList = newValue
     }
   }
   /// When the server should delete the node.
@@ -271,10 +239,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
       makeUnique()
       yield &storage.fields.burnDate
     }
-    set {
-      makeUnique()
-      storage.fields.burnDate = newValue
-    }
   }
   /// The node's own random symmetric key (32 bytes) that encrypts its DATA and metadata.
   public var encryptionKey: Data {
@@ -282,10 +246,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     _modify {
       makeUnique()
       yield &storage.fields.encryptionKey
-    }
-    set {
-      makeUnique()
-      storage.fields.encryptionKey = newValue
     }
   }
   /// Random 20 bytes keying the cloudNames of this node's children.
@@ -295,10 +255,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
       makeUnique()
       yield &storage.fields.dirSalt
     }
-    set {
-      makeUnique()
-      storage.fields.dirSalt = newValue
-    }
   }
   /// Where this node's children live in the cloud (32 upper-case hex digits, or a trunk's).
   public var dirPrefix: String {
@@ -306,10 +262,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     _modify {
       makeUnique()
       yield &storage.fields.dirPrefix
-    }
-    set {
-      makeUnique()
-      storage.fields.dirPrefix = newValue
     }
   }
   /// The immutable identity shared by every device; set by the creator.
@@ -319,10 +271,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
       makeUnique()
       yield &storage.fields.cloudID
     }
-    set {
-      makeUnique()
-      storage.fields.cloudID = newValue
-    }
   }
   /// The eTag of the RCRD object, once uploaded or downloaded.
   public var eTagRcrd: String? {
@@ -330,10 +278,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     _modify {
       makeUnique()
       yield &storage.fields.eTagRcrd
-    }
-    set {
-      makeUnique()
-      storage.fields.eTagRcrd = newValue
     }
   }
   /// The eTag of the DATA object, once uploaded or downloaded.
@@ -343,10 +287,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
       makeUnique()
       yield &storage.fields.eTagData
     }
-    set {
-      makeUnique()
-      storage.fields.eTagData = newValue
-    }
   }
   /// When the RCRD object was last modified in the cloud.
   public var lastModifiedRcrd: Date? {
@@ -354,10 +294,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     _modify {
       makeUnique()
       yield &storage.fields.lastModifiedRcrd
-    }
-    set {
-      makeUnique()
-      storage.fields.lastModifiedRcrd = newValue
     }
   }
   /// When the DATA object was last modified in the cloud.
@@ -367,10 +303,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
       makeUnique()
       yield &storage.fields.lastModifiedData
     }
-    set {
-      makeUnique()
-      storage.fields.lastModifiedData = newValue
-    }
   }
   /// The sizes last read from the DATA object's header.
   public var cloudDataInfo: CloudDataInfo? {
@@ -378,10 +310,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     _modify {
       makeUnique()
       yield &storage.fields.cloudDataInfo
-    }
-    set {
-      makeUnique()
-      storage.fields.cloudDataInfo = newValue
     }
   }
   /// Set when the node arrived under a cloudName that does not match the hash of its name.
@@ -391,10 +319,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
       makeUnique()
       yield &storage.fields.explicitCloudName
     }
-    set {
-      makeUnique()
-      storage.fields.explicitCloudName = newValue
-    }
   }
   /// For a grafted subtree's root, where it really lives.
   public var anchor: NodeAnchor? {
@@ -402,10 +326,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     _modify {
       makeUnique()
       yield &storage.fields.anchor
-    }
-    set {
-      makeUnique()
-      storage.fields.anchor = newValue
     }
   }
   /// For a pointer node, the node it points to.
@@ -415,10 +335,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
       makeUnique()
       yield &storage.fields.pointeeID
     }
-    set {
-      makeUnique()
-      storage.fields.pointeeID = newValue
-    }
   }
   /// POSIX permission bits (and setuid/setgid/sticky), without the file-type bits.
   public var mode: UInt32 {
@@ -426,10 +342,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     _modify {
       makeUnique()
       yield &storage.fields.mode
-    }
-    set {
-      makeUnique()
-      storage.fields.mode = newValue
     }
   }
   /// Content modification time.
@@ -439,10 +351,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
       makeUnique()
       yield &storage.fields.mtime
     }
-    set {
-      makeUnique()
-      storage.fields.mtime = newValue
-    }
   }
   /// User extended attributes, by full name (e.g. `user.comment`).
   public var xattrs: [String: Data] {
@@ -450,10 +358,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     _modify {
       makeUnique()
       yield &storage.fields.xattrs
-    }
-    set {
-      makeUnique()
-      storage.fields.xattrs = newValue
     }
   }
   /// For a symlink, its target.
@@ -463,10 +367,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
       makeUnique()
       yield &storage.fields.symlinkTarget
     }
-    set {
-      makeUnique()
-      storage.fields.symlinkTarget = newValue
-    }
   }
   /// Plaintext size of the data section.
   public var dataSize: UInt64 {
@@ -474,10 +374,6 @@ public struct Node: Sendable, Hashable, Codable, Identifiable {
     _modify {
       makeUnique()
       yield &storage.fields.dataSize
-    }
-    set {
-      makeUnique()
-      storage.fields.dataSize = newValue
     }
   }
 
