@@ -59,6 +59,8 @@ public final class Catalog: Sendable {
   let nodes = NodeCache()
   /// The writer connection's prepared statements of ``CatalogSQL`` texts.
   let writerStatements = StatementTable()
+  /// New nodes of the open batch whose first uploads are not queued yet.
+  let deferredUploads = DeferredUploads()
   /// How this catalog's sensitive fields are stored (see ``Options/fieldKey``).
   let fields: FieldCoding
   /// Layouts of the local users seen so far (a user's treeID never changes).
@@ -72,7 +74,8 @@ public final class Catalog: Sendable {
   ) -> CloudTransaction {
     CloudTransaction(
       db: db, layout: layout, readOnly: readOnly, failpoint: failpoint, shareLists: shareLists,
-      nodes: shared ? nodes : nil, statements: shared ? writerStatements : nil, fields: fields)
+      nodes: shared ? nodes : nil, statements: shared ? writerStatements : nil,
+      deferred: shared ? deferredUploads : nil, fields: fields)
   }
 
   /// The names of the schema migrations this build knows, in order.
@@ -115,7 +118,7 @@ public final class Catalog: Sendable {
     self.batchWindowSeconds = batchWindow
     self.path = path
     self.temporaryDirectory = temporaryDirectory
-    self.commitHooks = CommitHooks(nodes: nodes)
+    self.commitHooks = CommitHooks(nodes: nodes, deferred: deferredUploads)
     try Schema.migrator.migrate(writer)
     fields = try Self.sealFields(writer, key: fieldKey, level: sealingLevel)
     writer.add(transactionObserver: commitHooks, extent: .databaseLifetime)
@@ -293,7 +296,10 @@ public final class Catalog: Sendable {
         func unit(journaled: Bool) throws -> T {
           let layout = try known ?? CloudTransaction.layout(userID: userID, db: db)
           let tx = transaction(db, layout, failpoint: failpoint)
-          if journaled { tx.journalRecords = [] }
+          if journaled {
+            tx.journalRecords = []
+            tx.defersFirstUploads = true
+          }
           let result: T
           do { result = try body(tx) } catch {
             // Its changes are rolled back: nodes read after them may be cached.
@@ -338,15 +344,19 @@ public final class Catalog: Sendable {
         // batch as it was; one that fails after changing rows has the batch rebuilt without it.
         let result: T
         let changesBefore = db.totalChangesCount
+        deferredUploads.beginUnit()
         do {
           result = try unit(journaled: commit == .soon && journal != nil)
         } catch {
           nodes.removeAll()
           if !db.isInsideTransaction {
             // SQLite ended the transaction (it rolls back on a full disk).
+            deferredUploads.removeAll()
             batchOpen.value = false
           } else if db.totalChangesCount != changesBefore {
             rebuildBatch(db)
+          } else {
+            deferredUploads.undoUnit()
           }
           throw error
         }
@@ -355,6 +365,16 @@ public final class Catalog: Sendable {
       }
     } catch let error as DatabaseError where error.resultCode == .SQLITE_FULL {
       throw CatalogError.outOfSpace
+    }
+  }
+
+  /// How many new nodes' first uploads wait for the open batch's commit (tests).
+  @_spi(Testing) public var deferredFirstUploads: Int { deferredUploads.count }
+
+  /// The rows of the push queue as they are, deferred first uploads not queued (tests).
+  @_spi(Testing) public func queuedOperationRows() throws -> Int {
+    try writer.unsafeReentrantWrite { db in
+      try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM pushOperations") ?? 0
     }
   }
 
@@ -370,10 +390,16 @@ public final class Catalog: Sendable {
 
   private func commitBatch(_ db: Database) throws {
     guard db.isInsideTransaction else {
+      deferredUploads.removeAll()
       batchOpen.value = false
       return
     }
     do {
+      // The first uploads of new nodes that are still here go into the same commit.
+      for user in deferredUploads.users {
+        let layout = try layouts.value[user] ?? CloudTransaction.layout(userID: user, db: db)
+        try transaction(db, layout).queueDeferredUploads()
+      }
       if batchJournalSeq > committedJournalSeq {
         // The journal entries this commit makes redundant.
         try db.cachedStatement(sql: "UPDATE journalState SET seq = ? WHERE id = 1").execute(
@@ -390,6 +416,7 @@ public final class Catalog: Sendable {
       }
     } catch {
       nodes.removeAll()
+      deferredUploads.removeAll()
       if !db.isInsideTransaction {
         batchOpen.value = false
       } else {
@@ -444,6 +471,7 @@ public final class Catalog: Sendable {
       rebuiltBatches += 1
     } catch {
       nodes.removeAll()
+      deferredUploads.removeAll()
       if db.isInsideTransaction { try? control(db, "ROLLBACK TRANSACTION") }
       batchOpen.value = false
       if let journal, batchJournalSeq > committedJournalSeq {
@@ -633,6 +661,7 @@ public final class Catalog: Sendable {
     try writer.write { db in
       let layout = try CloudTransaction.layout(userID: id, db: db)
       let tx = transaction(db, layout)
+      try tx.queueDeferredUploads()
       try db.execute(
         sql: """
           DELETE FROM pushOperationDeps WHERE opID IN
@@ -700,8 +729,12 @@ final class CommitHooks: TransactionObserver, @unchecked Sendable {
   private var pending: [@Sendable () -> Void] = []
   /// Emptied on every rollback.
   let nodes: NodeCache
+  let deferred: DeferredUploads
 
-  init(nodes: NodeCache) { self.nodes = nodes }
+  init(nodes: NodeCache, deferred: DeferredUploads) {
+    self.nodes = nodes
+    self.deferred = deferred
+  }
 
   func append(_ hooks: [@Sendable () -> Void]) {
     guard !hooks.isEmpty else { return }
@@ -722,6 +755,7 @@ final class CommitHooks: TransactionObserver, @unchecked Sendable {
   func databaseDidRollback(_ db: Database) {
     lock.withLock { pending.removeAll() }
     nodes.removeAll()
+    deferred.removeAll()
   }
 }
 

@@ -29,6 +29,10 @@ public final class CloudTransaction {
   let sharedNodes: NodeCache?
   /// The writer connection's prepared statements (`nil` on a reader connection).
   let writerStatements: StatementTable?
+  /// The writer connection's deferred first uploads (`nil` on a reader connection).
+  let deferredUploads: DeferredUploads?
+  /// True when new nodes' first uploads may wait for the batch's commit (a journaled unit).
+  var defersFirstUploads = false
   lazy var encoder: JSONEncoder = {
     let e = JSONEncoder()
     e.outputFormatting = .sortedKeys
@@ -39,7 +43,7 @@ public final class CloudTransaction {
   init(
     db: Database, layout: CloudLayout, readOnly: Bool, failpoint: String?,
     shareLists: ShareListCache, nodes: NodeCache?, statements: StatementTable?,
-    fields: FieldCoding
+    deferred: DeferredUploads?, fields: FieldCoding
   ) {
     self.fields = fields
     self.db = db
@@ -50,6 +54,7 @@ public final class CloudTransaction {
     self.shareLists = shareLists
     self.sharedNodes = nodes
     self.writerStatements = statements
+    self.deferredUploads = deferred
   }
 
   /// Runs `body` once this transaction has committed (never if it rolls back), so that work
@@ -598,6 +603,8 @@ public final class CloudTransaction {
     }
     sharedNodes?.put(stored)
     try check("createNode.afterInsert")
+    // In a batch, queued when the batch commits unless the node is gone by then.
+    if deferFirstUpload(stored.id) { return stored }
     var deps: [Int64] = []
     if let parentUpload = try firstUploadOperation(of: parent) { deps.append(parentUpload) }
     _ = try insertOperation(
@@ -661,7 +668,8 @@ public final class CloudTransaction {
     try rawExecute(stmt, try attributeArguments(node) + [node.id])
     sharedNodes?.put(node)
     try check("updateNode.afterUpdate")
-    if node.trunk == nil { try enqueuePutRcrd(node) }
+    // A node whose first upload is deferred uploads what it has when that is queued.
+    if node.trunk == nil, !isDeferred(node.id) { try enqueuePutRcrd(node) }
     return node
   }
 
@@ -723,12 +731,15 @@ public final class CloudTransaction {
     let newKey = NameKey(newName)
     let sameParent = newParentID == oldParentID
     // A never-uploaded node renamed in place moves no object: where its objects would have
-    // been is not needed (see `renameJoinsFirstUpload`).
+    // been is not needed (see `renameJoinsFirstUpload`). Nor does a node whose first upload is
+    // deferred, wherever it goes: that upload waits for the parent it has when it is queued.
+    let deferred = isDeferred(id)
     let ops =
-      Self.renameMayJoinFirstUpload(node, sameParent: sameParent)
+      !deferred && Self.renameMayJoinFirstUpload(node, sameParent: sameParent)
       ? try outstandingOperations(ofNode: id) : nil
     let joinsFirstUpload =
-      ops.map { Self.renameJoinsFirstUpload(node, sameParent: sameParent, ops: $0) } ?? false
+      deferred
+      || ops.map { Self.renameJoinsFirstUpload(node, sameParent: sameParent, ops: $0) } ?? false
     let old = joinsFirstUpload ? nil : try objectLocation(of: id)!
     let newCloudName = try CloudName.compute(name: newName, parentDirSalt: newParent.dirSalt)
     do {
@@ -849,6 +860,7 @@ public final class CloudTransaction {
       try rawExecute(links, [e.id])
       try rawExecute(stmt, [e.id])
       rowChanged(e.id)
+      dropDeferred(e.id)
     }
   }
 

@@ -49,6 +49,7 @@ extension CloudTransaction {
   static let firstUpload = CatalogSQL(firstUploadSQL)
 
   func outstandingOperations(ofNode id: NodeID) throws -> [NodeOp] {
+    try queueDeferredUpload(id)
     var out: [NodeOp] = []
     try rawQuery(Self.nodeOperations, [id, userID]) { s in
       let opID = RawColumn.int(s, 0)
@@ -131,6 +132,7 @@ extension CloudTransaction {
   /// outstanding `putRcrd`. `nil` for trunks and uploaded nodes.
   func firstUploadOperation(of node: Node) throws -> Int64? {
     guard node.trunk == nil, node.eTagRcrd == nil else { return nil }
+    try queueDeferredUpload(node.id)
     return try rawInt(Self.firstUpload, [node.id])
   }
 
@@ -187,8 +189,10 @@ extension CloudTransaction {
     try requireWritable()
     var node = try existingNode(id: nodeID)
     guard node.trunk == nil else { throw CatalogError.invalidOperation("trunks have no data") }
+    // A new node whose first upload waits for the batch: its DATA upload goes with it.
+    let deferred = isDeferred(nodeID)
     // Read once for both enqueue rules.
-    var ops = try outstandingOperations(ofNode: nodeID)
+    var ops = deferred ? [] : try outstandingOperations(ofNode: nodeID)
     if node.dataSize != size || (mtime != nil && mtime != node.mtime) {
       node.dataSize = size
       if let mtime { node.mtime = mtime }
@@ -196,9 +200,13 @@ extension CloudTransaction {
         Self.commitDataSQL, [Int64(bitPattern: size), node.mtime.totalNanoseconds, nodeID])
       sharedNodes?.put(node)
       try check("updateNode.afterUpdate")
-      try enqueuePutRcrd(node, ops: &ops)
+      if !deferred { try enqueuePutRcrd(node, ops: &ops) }
     }
-    _ = try queueDataUpload(node, ops: ops)
+    if deferred {
+      deferDataUpload(nodeID)
+    } else {
+      _ = try queueDataUpload(node, ops: ops)
+    }
     return node
   }
 
@@ -329,7 +337,8 @@ extension CloudTransaction {
   func planDelete(_ entries: [SubtreeEntry]) throws -> DeletePlan {
     var plan = DeletePlan()
     var seenKeys = Set<String>()
-    for e in entries {
+    // A node whose first upload was deferred has no operation (`deleteRows` forgets it).
+    for e in entries where !isDeferred(e.id) {
       let ops = try outstandingOperations(ofNode: e.id)
       let inFlight = ops.filter { $0.state == .inFlight }
       plan.waitFor += inFlight.map(\.id)
@@ -372,6 +381,7 @@ extension CloudTransaction {
   public func readyOperations(limit: Int, now: Date = Date(), settledBefore: Date? = nil) throws
     -> [PushOperation]
   {
+    try queueDeferredUploads()
     let stmt = try db.cachedStatement(
       sql: """
         SELECT \(Self.operationColumns) FROM pushOperations o
@@ -425,6 +435,7 @@ extension CloudTransaction {
 
   /// The outstanding (pending or in-flight) operations of a node, oldest first.
   public func pendingOperations(forNodeID nodeID: NodeID) throws -> [PushOperation] {
+    try queueDeferredUpload(nodeID)
     let stmt = try db.cachedStatement(
       sql: """
         SELECT \(Self.operationColumns) FROM pushOperations
@@ -435,6 +446,7 @@ extension CloudTransaction {
 
   /// Every outstanding operation of the user, oldest first.
   public func allOperations() throws -> [PushOperation] {
+    try queueDeferredUploads()
     let stmt = try db.cachedStatement(
       sql: "SELECT \(Self.operationColumns) FROM pushOperations WHERE localUserID = ? ORDER BY id")
     return try Row.fetchAll(stmt, arguments: [userID]).map(decodeOperation)
@@ -442,6 +454,7 @@ extension CloudTransaction {
 
   /// The number of outstanding operations of the user.
   public func operationCount() throws -> Int {
+    try queueDeferredUploads()
     let stmt = try db.cachedStatement(
       sql: "SELECT COUNT(*) FROM pushOperations WHERE localUserID = ?")
     return try Int.fetchOne(stmt, arguments: [userID]) ?? 0
@@ -463,6 +476,7 @@ extension CloudTransaction {
 
   /// True when the node has local changes not yet in the cloud (any outstanding operation).
   public func isDirty(nodeID: NodeID) throws -> Bool {
+    try queueDeferredUpload(nodeID)
     let stmt = try db.cachedStatement(
       sql: "SELECT EXISTS (SELECT 1 FROM pushOperations WHERE nodeID = ? AND +localUserID = ?)")
     return try Bool.fetchOne(stmt, arguments: [nodeID, userID]) ?? false

@@ -25,10 +25,9 @@ import ZDCCrypto
     var tags: [String]
   }
 
-  /// Every node of the home tree, the push queue (kind and node of each operation, in order) and
-  /// the tags.
+  /// Every node of the home tree, the push queue (see `queueSummary`) and the tags.
   func snapshot(_ catalog: Catalog) throws -> Snapshot {
-    try catalog.read(user) { tx in
+    let (nodes, tags) = try catalog.read(user) { tx -> ([Node], [String]) in
       var nodes: [Node] = []
       var stack = [try #require(try tx.trunkNode(.home)).id]
       while let id = stack.popLast() {
@@ -44,9 +43,11 @@ import ZDCCrypto
           tags.append("\(n.id) \(k) \(v)")
         }
       }
-      let ops = try tx.allOperations().map { "\($0.kind) \($0.nodeID ?? -1) \($0.state)" }
-      return Snapshot(nodes: nodes, operations: ops, tags: tags)
+      return (nodes, tags)
     }
+    // The operations as a set with their dependencies: the ids of operations that new nodes
+    // queue when their batch commits (see `DeferredUploadTests`) follow the ones queued later.
+    return Snapshot(nodes: nodes, operations: try queueSummary(catalog, user), tags: tags)
   }
 
   /// Creates a file under home in a `.soon` write.

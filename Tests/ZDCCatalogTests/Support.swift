@@ -38,6 +38,21 @@ func crashCopy(_ dir: URL) throws -> URL {
   return copy
 }
 
+/// Each operation of a user's push queue as its kind, node and state, with the kinds and nodes of the
+/// operations it waits for: what does not depend on operation ids and times.
+func queueSummary(_ catalog: Catalog, _ user: String) throws -> [String] {
+  try catalog.read(user) { tx in
+    let ops = try tx.allOperations()
+    let byID = Dictionary(uniqueKeysWithValues: ops.map { ($0.id, $0) })
+    return try ops.map { op in
+      let deps = try tx.dependencies(ofOperation: op.id).map { id in
+        byID[id].map { "\($0.kind) \($0.nodeID ?? -1)" } ?? "gone"
+      }.sorted()
+      return "\(op.kind) \(op.nodeID ?? -1) \(op.state) after [\(deps.joined(separator: ", "))]"
+    }.sorted()
+  }
+}
+
 /// A home path from its components.
 func p(_ components: String...) -> TreesystemPath {
   try! TreesystemPath(components)

@@ -1,0 +1,277 @@
+import Foundation
+import Testing
+@_spi(Testing) import ZDCCatalog
+import ZDCCore
+import ZDCTestSupport
+
+/// New nodes created by `.soon` writes queue their first uploads when their batch commits (or
+/// when something asks for their operations): a file that lives a moment queues nothing, and
+/// what is queued in the end is what queuing at once would have queued.
+@Suite struct DeferredUploadTests {
+  let user = "alice"
+
+  /// A catalog on disk whose batches only an explicit commit ends.
+  func open(_ dir: URL) throws -> Catalog {
+    try Catalog(
+      path: dir.appendingPathComponent("catalog.sqlite").path,
+      options: Catalog.Options(durability: .normal, batchWindow: 3600))
+  }
+
+  func withCatalog(_ body: (Catalog, URL) throws -> Void) throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let catalog = try open(dir)
+    try catalog.createLocalUser(makeUser(user))
+    try body(catalog, dir)
+  }
+
+  func home(_ catalog: Catalog) throws -> NodeID {
+    try catalog.read(user) { tx in try #require(try tx.trunkNode(.home)).id }
+  }
+
+  @Test func aFileThatLivesAMomentQueuesNothing() throws {
+    try withCatalog { catalog, _ in
+      let home = try home(catalog)
+      let f = try catalog.write(user, commit: .soon) { tx in
+        try tx.createNode(path: p("tmp"))
+      }
+      #expect(catalog.deferredFirstUploads == 1)
+      try catalog.write(user, commit: .soon) { tx in
+        _ = try tx.commitData(nodeID: f.id, size: 12, mtime: FileTime(seconds: 5, nanoseconds: 0))
+      }
+      try catalog.write(user, commit: .soon) { tx in
+        _ = try tx.moveNode(f.id, toParent: home, name: "tmp2")
+      }
+      #expect(try catalog.queuedOperationRows() == 0)
+      try catalog.write(user, commit: .soon) { tx in try tx.deleteNode(f.id) }
+      #expect(catalog.deferredFirstUploads == 0)
+      try catalog.commitPending()
+      #expect(try catalog.queuedOperationRows() == 0)
+      #expect(try queueSummary(catalog, user) == [])
+    }
+  }
+
+  @Test func theCommitQueuesWhatIsLeft() throws {
+    try withCatalog { catalog, _ in
+      let (d, f) = try catalog.write(user, commit: .soon) { tx in
+        let d = try tx.createNode(path: p("d"), kind: .directory)
+        let f = try tx.createNode(path: p("d", "f"))
+        _ = try tx.commitData(nodeID: f.id, size: 3, mtime: nil)
+        return (d, f)
+      }
+      #expect(catalog.deferredFirstUploads == 2)
+      #expect(try catalog.queuedOperationRows() == 0)
+      try catalog.commitPending()
+      #expect(catalog.deferredFirstUploads == 0)
+      #expect(
+        try queueSummary(catalog, user) == [
+          "putData \(f.id) pending after [putRcrd \(f.id)]",
+          "putRcrd \(d.id) pending after []",
+          "putRcrd \(f.id) pending after [putRcrd \(d.id)]",
+        ])
+    }
+  }
+
+  @Test func askingForANodesOperationsQueuesItsUploadAndItsParentsFirst() throws {
+    try withCatalog { catalog, _ in
+      let (d, f) = try catalog.write(user, commit: .soon) { tx in
+        (
+          try tx.createNode(path: p("d"), kind: .directory),
+          try tx.createNode(path: p("d", "f"))
+        )
+      }
+      let kinds = try catalog.read(user) { tx in try tx.pendingOperations(forNodeID: f.id) }
+        .map(\.kind)
+      #expect(kinds == [.putRcrd])
+      #expect(catalog.deferredFirstUploads == 0)
+      #expect(
+        try queueSummary(catalog, user) == [
+          "putRcrd \(d.id) pending after []",
+          "putRcrd \(f.id) pending after [putRcrd \(d.id)]",
+        ])
+      // A node whose first upload is deferred is dirty, and counts in the queue.
+      let g = try catalog.write(user, commit: .soon) { tx in try tx.createNode(path: p("g")) }
+      #expect(try catalog.read(user) { tx in try tx.isDirty(nodeID: g.id) })
+      let h = try catalog.write(user, commit: .soon) { tx in try tx.createNode(path: p("h")) }
+      #expect(try catalog.read(user) { tx in try tx.operationCount() } == 4)
+      #expect(try catalog.read(user) { tx in try tx.kinds(h.id) } == [.putRcrd])
+    }
+  }
+
+  @Test func aCrashBeforeTheCommitQueuesTheUploadsWhenTheJournalIsReplayed() throws {
+    try withCatalog { catalog, dir in
+      let f = try catalog.write(user, commit: .soon) { tx in
+        let f = try tx.createNode(path: p("f"))
+        _ = try tx.commitData(nodeID: f.id, size: 9, mtime: nil)
+        return f
+      }
+      #expect(try catalog.queuedOperationRows() == 0)
+      let copy = try crashCopy(dir)
+      defer { try? FileManager.default.removeItem(at: copy) }
+      let reopened = try open(copy)
+      #expect(reopened.replayedJournalEntries == 1)
+      #expect(
+        try queueSummary(reopened, user) == [
+          "putData \(f.id) pending after [putRcrd \(f.id)]",
+          "putRcrd \(f.id) pending after []",
+        ])
+    }
+  }
+
+  @Test func aFailedUnitLeavesTheDeferredUploadsAsTheyWere() throws {
+    try withCatalog { catalog, _ in
+      let f = try catalog.write(user, commit: .soon) { tx in try tx.createNode(path: p("f")) }
+      // Content committed with the size and mtime the node has (no row changes), then the unit
+      // fails: no DATA upload.
+      struct Stop: Error {}
+      #expect(throws: Stop.self) {
+        try catalog.write(user, commit: .soon) { tx in
+          let n = try tx.existingNode(id: f.id)
+          _ = try tx.commitData(nodeID: f.id, size: n.dataSize, mtime: n.mtime)
+          throw Stop()
+        }
+      }
+      #expect(catalog.deferredFirstUploads == 1)
+      try catalog.commitPending()
+      #expect(try queueSummary(catalog, user) == ["putRcrd \(f.id) pending after []"])
+      // A unit that fails after deleting a deferred node's row: the batch is made again from
+      // the journal (which queues the upload at once).
+      let g = try catalog.write(user, commit: .soon) { tx in try tx.createNode(path: p("g")) }
+      catalog.failpoint = "deleteNode.afterDelete"
+      #expect(throws: CatalogError.self) {
+        try catalog.write(user, commit: .soon) { tx in try tx.deleteNode(g.id) }
+      }
+      catalog.failpoint = nil
+      #expect(catalog.rebuiltBatches == 1)
+      #expect(catalog.deferredFirstUploads == 0)
+      #expect(try catalog.queuedOperationRows() == 2)
+      try catalog.commitPending()
+      #expect(
+        try queueSummary(catalog, user) == [
+          "putRcrd \(f.id) pending after []", "putRcrd \(g.id) pending after []",
+        ])
+    }
+  }
+
+  /// Random changes made in `.soon` writes (deferring) and in `.now` writes (queuing at once)
+  /// of two catalogs end with the same queue, uploads and all.
+  @Test(arguments: 1...12)
+  func deferredAndImmediateQueuesAgree(seed: UInt64) throws {
+    let dirA = try tempDir()
+    let dirB = try tempDir()
+    defer {
+      try? FileManager.default.removeItem(at: dirA)
+      try? FileManager.default.removeItem(at: dirB)
+    }
+    let a = try open(dirA)
+    let b = try open(dirB)
+    let u = makeUser(user)
+    try a.createLocalUser(u)
+    try b.createLocalUser(u)
+    var rng = SplitMix64(seed: seed)
+    let home = try self.home(a)
+    #expect(try self.home(b) == home)
+    var dirs: [NodeID] = [home]
+    var files: [NodeID] = []
+    var serial = 0
+    /// The same change in both catalogs: `.soon` in `a`, `.now` in `b`; both fail or neither.
+    func both<T: Equatable>(_ body: (CloudTransaction) throws -> T) {
+      let ra = Result(catching: { try a.write(user, commit: .soon, body) })
+      let rb = Result(catching: { try b.write(user, commit: .now, body) })
+      switch (ra, rb) {
+      case (.success(let x), .success(let y)): #expect(x == y, "seed \(seed)")
+      case (.failure, .failure): break
+      default: Issue.record("seed \(seed): \(ra) against \(rb)")
+      }
+    }
+    for step in 0..<120 {
+      serial += 1
+      let pick = Int.random(in: 0..<100, using: &rng)
+      switch pick {
+      case 0..<12:
+        let parent = dirs.randomElement(using: &rng)!
+        both { tx -> NodeID in
+          let n = try tx.createNode(
+            Node(
+              uuid: "", localUserID: user, parentID: parent, name: "d\(serial)", kind: .directory,
+              shareList: .owner(user), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "",
+              cloudID: "", mode: 0o755, mtime: FileTime(seconds: 1, nanoseconds: 0)))
+          return n.id
+        }
+        if let id = try a.read(user, { tx in try tx.children(of: parent).last?.id }) {
+          dirs.append(id)
+        }
+      case 12..<35:
+        let parent = dirs.randomElement(using: &rng)!
+        both { tx -> NodeID in
+          let n = try tx.createNode(
+            Node(
+              uuid: "", localUserID: user, parentID: parent, name: "f\(serial)", kind: .file,
+              shareList: .owner(user), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "",
+              cloudID: "", mode: 0o644, mtime: FileTime(seconds: 1, nanoseconds: 0)))
+          return n.id
+        }
+        if let id = try a.read(user, { tx in try tx.children(of: parent).last?.id }) {
+          files.append(id)
+        }
+      case 35..<55 where !files.isEmpty:
+        let f = files.randomElement(using: &rng)!
+        let size = UInt64.random(in: 0...3, using: &rng)
+        both { tx in
+          try tx.commitData(
+            nodeID: f, size: size, mtime: FileTime(seconds: Int64(step), nanoseconds: 0)
+          )
+          .dataSize
+        }
+      case 55..<65:
+        let all = dirs.dropFirst() + files
+        guard let n = all.randomElement(using: &rng) else { break }
+        let to = Bool.random(using: &rng) ? nil : dirs.randomElement(using: &rng)!
+        both { tx -> NodeID? in
+          let node = try tx.existingNode(id: n)
+          return try tx.moveNode(n, toParent: to ?? node.parentID!, name: "m\(serial)").parentID
+        }
+      case 65..<72:
+        let all = dirs.dropFirst() + files
+        guard let n = all.randomElement(using: &rng) else { break }
+        let mode = UInt32.random(in: 0o600...0o777, using: &rng)
+        both { tx in
+          var node = try tx.existingNode(id: n)
+          node.mode = mode
+          return try tx.updateNode(node).mode
+        }
+      case 72..<80:
+        let all = dirs.dropFirst() + files
+        guard let n = all.randomElement(using: &rng) else { break }
+        both { tx -> Bool in
+          try tx.deleteNode(n)
+          return true
+        }
+        let left = try a.read(user) { tx in
+          Set(try (dirs + files).filter { try tx.node(id: $0) != nil })
+        }
+        dirs = dirs.filter(left.contains)
+        files = files.filter(left.contains)
+      case 80..<86:
+        // Uploads: everything queued is uploaded, in both.
+        try a.write(user) { tx in try tx.drainQueue() }
+        try b.write(user) { tx in try tx.drainQueue() }
+      case 86..<93:
+        // Something asks for one node's operations (a pull, the state xattr).
+        guard let n = (dirs.dropFirst() + files).randomElement(using: &rng) else { break }
+        let ka = try a.read(user) { tx in try tx.kinds(n) }
+        let kb = try b.read(user) { tx in try tx.kinds(n) }
+        #expect(ka.sorted { $0.rawValue < $1.rawValue } == kb.sorted { $0.rawValue < $1.rawValue })
+      default:
+        try a.commitPending()
+      }
+    }
+    try a.commitPending()
+    #expect(a.deferredFirstUploads == 0)
+    #expect(try queueSummary(a, user) == queueSummary(b, user), "seed \(seed)")
+    try a.write(user) { tx in try tx.drainQueue() }
+    try b.write(user) { tx in try tx.drainQueue() }
+    #expect(try queueSummary(a, user) == [])
+    #expect(try queueSummary(b, user) == [])
+  }
+}
