@@ -743,12 +743,19 @@ public final class CloudTransaction {
     let old = joinsFirstUpload ? nil : try objectLocation(of: id)!
     let newCloudName = try CloudName.compute(name: newName, parentDirSalt: newParent.dirSalt)
     do {
-      try rawExecute(
-        Self.moveRowSQL,
-        [
-          newParentID, try fields.storedText(newName), try fields.nameKey(newKey), newCloudName,
-          id,
-        ])
+      if sameParent {
+        // Without `parentID` in the statement, SQLite leaves the index on it alone.
+        try rawExecute(
+          Self.renameRowSQL,
+          [try fields.storedText(newName), try fields.nameKey(newKey), newCloudName, id])
+      } else {
+        try rawExecute(
+          Self.moveRowSQL,
+          [
+            newParentID, try fields.storedText(newName), try fields.nameKey(newKey), newCloudName,
+            id,
+          ])
+      }
     } catch let error as DatabaseError where error.resultCode == .SQLITE_CONSTRAINT {
       // A name taken by another node is refused by the name index (see `insertNew`).
       if let existing = try existingChildID(of: newParentID, nameKey: newKey), existing != id {
@@ -771,6 +778,8 @@ public final class CloudTransaction {
     return moved
   }
 
+  private static let renameRowSQL = CatalogSQL(
+    "UPDATE nodes SET name = ?, nameKey = ?, cloudName = ?, explicitCloudName = NULL WHERE id = ?")
   private static let moveRowSQL = CatalogSQL(
     """
     UPDATE nodes SET parentID = ?, name = ?, nameKey = ?, cloudName = ?, explicitCloudName = NULL

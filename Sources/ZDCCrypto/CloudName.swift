@@ -15,15 +15,18 @@ public enum CloudName {
     guard parentDirSalt.count >= Int(crypto_generichash_KEYBYTES_MIN),
       parentDirSalt.count <= Int(crypto_generichash_KEYBYTES_MAX)
     else { throw CryptoError.invalidKey("dirSalt must be 16...64 bytes") }
-    let message = Array(NameKey(name).value.utf8)
-    var digest = [UInt8](repeating: 0, count: 20)
-    let rc = parentDirSalt.withUnsafeBytes { salt in
-      crypto_generichash(
-        &digest, 20, message, UInt64(message.count),
-        salt.bindMemory(to: UInt8.self).baseAddress, salt.count)
+    var message = NameKey(name).value
+    return try withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 20) { digest in
+      let rc = message.withUTF8 { m in
+        parentDirSalt.withUnsafeBytes { salt in
+          crypto_generichash(
+            digest.baseAddress!, 20, m.baseAddress, UInt64(m.count),
+            salt.bindMemory(to: UInt8.self).baseAddress, salt.count)
+        }
+      }
+      guard rc == 0 else { throw CryptoError.failed("crypto_generichash") }
+      return ZBase32.encode(UnsafeRawBufferPointer(digest))
     }
-    guard rc == 0 else { throw CryptoError.failed("crypto_generichash") }
-    return ZBase32.encode(Data(digest))
   }
 
   /// A random 160-bit cloudName, for objects that are not named after a node.

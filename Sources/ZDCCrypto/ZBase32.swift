@@ -14,22 +14,34 @@ public enum ZBase32 {
 
   /// Encodes bytes; 20 bytes give 32 characters.
   public static func encode(_ data: Data) -> String {
-    var out = [UInt8]()
-    out.reserveCapacity((data.count * 8 + 4) / 5)
-    var buffer: UInt32 = 0
-    var bits = 0
-    for byte in data {
-      buffer = (buffer << 8) | UInt32(byte)
-      bits += 8
-      while bits >= 5 {
-        out.append(alphabet[Int((buffer >> UInt32(bits - 5)) & 31)])
-        bits -= 5
+    data.withUnsafeBytes { encode($0) }
+  }
+
+  /// Encodes bytes; 20 bytes give 32 characters.
+  public static func encode(_ bytes: UnsafeRawBufferPointer) -> String {
+    // Written in place: every cloudName of a create or rename is encoded (appending to an
+    // array and reading `Data` byte by byte cost more than the hash before it).
+    alphabet.withUnsafeBufferPointer { abc in
+      String(unsafeUninitializedCapacity: (bytes.count * 8 + 4) / 5) { out in
+        var buffer: UInt32 = 0
+        var bits = 0
+        var n = 0
+        for byte in bytes {
+          buffer = (buffer << 8) | UInt32(byte)
+          bits += 8
+          while bits >= 5 {
+            out[n] = abc[Int((buffer >> UInt32(bits - 5)) & 31)]
+            n += 1
+            bits -= 5
+          }
+        }
+        if bits > 0 {
+          out[n] = abc[Int((buffer << UInt32(5 - bits)) & 31)]
+          n += 1
+        }
+        return n
       }
     }
-    if bits > 0 {
-      out.append(alphabet[Int((buffer << UInt32(5 - bits)) & 31)])
-    }
-    return String(decoding: out, as: UTF8.self)
   }
 
   /// Decodes a string produced by `encode`; `nil` on a character outside the alphabet or
