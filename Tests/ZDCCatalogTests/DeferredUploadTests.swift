@@ -10,12 +10,7 @@ import ZDCTestSupport
 @Suite struct DeferredUploadTests {
   let user = "alice"
 
-  /// A catalog on disk whose batches only an explicit commit ends.
-  func open(_ dir: URL) throws -> Catalog {
-    try Catalog(
-      path: dir.appendingPathComponent("catalog.sqlite").path,
-      options: Catalog.Options(durability: .normal, batchWindow: 3600))
-  }
+  func open(_ dir: URL) throws -> Catalog { try openBatching(dir) }
 
   func withCatalog(_ body: (Catalog, URL) throws -> Void) throws {
     let dir = try tempDir()
@@ -188,31 +183,21 @@ import ZDCTestSupport
       serial += 1
       let pick = Int.random(in: 0..<100, using: &rng)
       switch pick {
-      case 0..<12:
+      case 0..<35:
+        // A directory or a file.
+        let directory = pick < 12
         let parent = dirs.randomElement(using: &rng)!
         both { tx -> NodeID in
           let n = try tx.createNode(
             Node(
-              uuid: "", localUserID: user, parentID: parent, name: "d\(serial)", kind: .directory,
+              uuid: "", localUserID: user, parentID: parent,
+              name: directory ? "d\(serial)" : "f\(serial)", kind: directory ? .directory : .file,
               shareList: .owner(user), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "",
               cloudID: "", mode: 0o755, mtime: FileTime(seconds: 1, nanoseconds: 0)))
           return n.id
         }
         if let id = try a.read(user, { tx in try tx.children(of: parent).last?.id }) {
-          dirs.append(id)
-        }
-      case 12..<35:
-        let parent = dirs.randomElement(using: &rng)!
-        both { tx -> NodeID in
-          let n = try tx.createNode(
-            Node(
-              uuid: "", localUserID: user, parentID: parent, name: "f\(serial)", kind: .file,
-              shareList: .owner(user), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "",
-              cloudID: "", mode: 0o644, mtime: FileTime(seconds: 1, nanoseconds: 0)))
-          return n.id
-        }
-        if let id = try a.read(user, { tx in try tx.children(of: parent).last?.id }) {
-          files.append(id)
+          if directory { dirs.append(id) } else { files.append(id) }
         }
       case 35..<55 where !files.isEmpty:
         let f = files.randomElement(using: &rng)!

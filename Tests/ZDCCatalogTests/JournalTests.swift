@@ -12,12 +12,7 @@ import ZDCCrypto
 @Suite struct JournalTests {
   let user = "alice"
 
-  func open(_ dir: URL) throws -> Catalog {
-    // Batches that only an explicit commit ends: the copy is taken with the batch open.
-    try Catalog(
-      path: dir.appendingPathComponent("catalog.sqlite").path,
-      options: Catalog.Options(durability: .normal, batchWindow: 3600))
-  }
+  func open(_ dir: URL) throws -> Catalog { try openBatching(dir) }
 
   struct Snapshot: Equatable {
     var nodes: [Node]

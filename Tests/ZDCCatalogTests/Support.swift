@@ -17,6 +17,14 @@ func makeUser(_ id: String, treeID: String = "com.example.zdcfs") -> LocalUser {
     signPublicKey: SecureRandom.bytes(32))
 }
 
+/// The catalog in `dir` with batches that only an explicit commit ends (a copy of its files
+/// is then taken with the batch open, as a crash would leave them).
+func openBatching(_ dir: URL) throws -> Catalog {
+  try Catalog(
+    path: dir.appendingPathComponent("catalog.sqlite").path,
+    options: Catalog.Options(durability: .normal, batchWindow: 3600))
+}
+
 /// A fresh temporary directory for a catalog's files.
 func tempDir() throws -> URL {
   let dir = FileManager.default.temporaryDirectory.appendingPathComponent(
