@@ -100,7 +100,7 @@ extension ZDC {
           + "as much as the request itself. The polling thread yields to any other thread that "
           + "wants its CPU; nothing polls while the mount is idle, or on a single CPU.",
         valueName: "microseconds"))
-    var busyPoll: UInt32 = 50
+    var busyPoll: UInt32 = 200
 
     @Option(
       name: .customLong("io-uring-threads"),
