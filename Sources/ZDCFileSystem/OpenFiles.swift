@@ -149,6 +149,16 @@ final class NodeContent: @unchecked Sendable {
   }
   /// True when `writer` (or `buffer`) holds changes not yet committed.
   var dirty = false
+  /// The staging version the last commit sealed, closed after the request that committed it
+  /// (by the release, or the next commit): closing its file was about a tenth of the time a
+  /// `close(2)` of a written file took.
+  var committed: StagingFile?
+
+  /// Closes the staging version the last commit sealed. Caller holds `lock`.
+  func closeCommitted() {
+    committed?.close()
+    committed = nil
+  }
   var reader: ReadSource?
   var pendingMtime: FileTime? {
     get { infoLock.withLock { _pendingMtime } }
@@ -337,7 +347,8 @@ extension FileSystem {
     let mtime = c.pendingMtime
     defer {
       // Only now (the catalog shows the commit) may attribute readers stop using the writer.
-      w.close()
+      c.closeCommitted()
+      c.committed = w
       c.writer = nil
       c.isNew = false
       c.dirty = false
@@ -634,6 +645,7 @@ extension FileSystem {
           if gone != nil || !c.dirty { disk.discardStaging(w) } else { w.close() }
         }
         c.writer = nil
+        c.closeCommitted()
         c.resetReader()
         c.buffer = nil
       }
@@ -657,6 +669,7 @@ extension FileSystem {
         c.lock.withLock {
           if let w = c.writer { disk.discardStaging(w) }
           c.writer = nil
+          c.closeCommitted()
           c.resetReader()
         }
       }

@@ -468,4 +468,35 @@ import ZDCSync
       try fs.create(parent: 1, name: ".data", mode: 0o644, flags: O_WRONLY)
     }
   }
+
+  /// A close commits the content at once; the staging version it sealed is closed after the
+  /// request (by the release, or by the next commit of a descriptor kept open), never left open.
+  @Test func aSealedStagingVersionIsClosedByTheReleaseOrTheNextCommit() throws {
+    let w = try LazyDownloadTests.World()
+    let fs = try w.fileSystem(online: false)
+    let (attrs, h) = try fs.create(parent: 1, name: "f", mode: 0o644, flags: O_RDWR)
+    func write(_ text: String) throws {
+      _ = try Data(text.utf8).withUnsafeBytes { try fs.write(h.handle, offset: 0, bytes: $0) }
+    }
+    func readBack() throws -> Data {
+      let o = try fs.open(attrs.inode, flags: O_RDONLY)
+      defer { try? fs.release(o.handle) }
+      return try LazyDownloadTests.read(fs, o.handle, at: 0, count: 100)
+    }
+    try write("one")
+    try fs.flush(h.handle)
+    #expect(try readBack() == Data("one".utf8))
+    #expect(w.disk.usage.pinnedEntries == 1)  // the sealed version, until the release
+    for text in ["two", "six", "ten"] {
+      try write(text)
+      try fs.flush(h.handle)
+      #expect(try readBack() == Data(text.utf8))
+      // Each commit closes the version the one before sealed.
+      #expect(w.disk.usage.pinnedEntries == 1)
+    }
+    try fs.release(h.handle)
+    #expect(w.disk.usage.pinnedEntries == 0)
+    #expect(try readBack() == Data("ten".utf8))
+    #expect(w.disk.usage.pinnedEntries == 0)
+  }
 }
