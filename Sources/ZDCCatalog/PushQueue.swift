@@ -189,24 +189,24 @@ extension CloudTransaction {
     try requireWritable()
     var node = try existingNode(id: nodeID)
     guard node.trunk == nil else { throw CatalogError.invalidOperation("trunks have no data") }
-    // A new node whose first upload waits for the batch: its DATA upload goes with it.
-    let deferred = isDeferred(nodeID)
-    // Read once for both enqueue rules.
-    var ops = deferred ? [] : try outstandingOperations(ofNode: nodeID)
-    if node.dataSize != size || (mtime != nil && mtime != node.mtime) {
+    let changed = node.dataSize != size || (mtime != nil && mtime != node.mtime)
+    if changed {
       node.dataSize = size
       if let mtime { node.mtime = mtime }
       try rawExecute(
         Self.commitDataSQL, [Int64(bitPattern: size), node.mtime.totalNanoseconds, nodeID])
       sharedNodes?.put(node)
       try check("updateNode.afterUpdate")
-      if !deferred { try enqueuePutRcrd(node, ops: &ops) }
     }
-    if deferred {
+    // A new node whose first upload waits for the batch: its DATA upload goes with it.
+    if isDeferred(nodeID) {
       deferDataUpload(nodeID)
-    } else {
-      _ = try queueDataUpload(node, ops: ops)
+      return node
     }
+    // Read once for both enqueue rules.
+    var ops = try outstandingOperations(ofNode: nodeID)
+    if changed { try enqueuePutRcrd(node, ops: &ops) }
+    _ = try queueDataUpload(node, ops: ops)
     return node
   }
 
