@@ -76,4 +76,65 @@ enum MetaBench {
     }
     line("one iteration (all of the above)", perOp: total / Double(count))
   }
+
+  /// The calls a copy-in (`cp -r`) makes per file, without the kernel: a lookup of the absent
+  /// name, create, one write of `bytes`, flush, release — files left in place, `perDirectory`
+  /// to a directory (each directory made as `cp` makes it: a lookup, then mkdir). Prints µs per
+  /// call of each kind.
+  static func copy(count: Int, bytes: Int = 16 << 10, perDirectory: Int = 10) throws {
+    print(
+      "zdc-bench copy (\(count) files of \(bytes) bytes, \(perDirectory) per directory; one thread)"
+    )
+    let dir = try scratchDirectory("zdc-copybench")
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let (catalog, user) = try benchCatalog(in: dir, fieldKey: SecureRandom.bytes(32))
+    let disk = try DiskManager(
+      directory: dir.appendingPathComponent("state"), key: SecureRandom.bytes(32),
+      capBytes: 1 << 40)
+    let fs = try FileSystem(catalog: catalog, userID: user, disk: disk, downloads: nil)
+    let top = try fs.mkdir(parent: 1, name: "tree", mode: 0o755).inode
+    let kinds = ["lookup (absent name)", "mkdir", "create", "write", "flush", "release"]
+    var spent = [Double](repeating: 0, count: kinds.count)
+    var calls = [Int](repeating: 0, count: kinds.count)
+    func timed(_ k: Int, _ body: () throws -> Void) rethrows {
+      spent[k] += try time(body)
+      calls[k] += 1
+    }
+    func absent(_ parent: UInt64, _ name: String) throws {
+      try timed(0) {
+        do {
+          _ = try fs.lookup(parent: parent, name: name)
+          preconditionFailure("\(name) exists")
+        } catch FileSystemError.notFound {}
+      }
+    }
+    let content = SecureRandom.bytes(bytes)
+    var parent = top
+    let t0 = now()
+    for i in 0..<count {
+      if i % perDirectory == 0 {
+        let name = "d\(i / perDirectory)"
+        try absent(top, name)
+        try timed(1) { parent = try fs.mkdir(parent: top, name: name, mode: 0o755).inode }
+      }
+      let name = "file-\(i).h"
+      try absent(parent, name)
+      var created: (Attributes, OpenedFile)?
+      try timed(2) {
+        created = try fs.create(parent: parent, name: name, mode: 0o644, flags: O_WRONLY)
+      }
+      let (attrs, opened) = created!
+      try timed(3) {
+        _ = try content.withUnsafeBytes { try fs.write(opened.handle, offset: 0, bytes: $0) }
+      }
+      try timed(4) { try fs.flush(opened.handle) }
+      try timed(5) { try fs.release(opened.handle) }
+      fs.forget(attrs.inode, count: 1)
+    }
+    let total = now() - t0
+    for (k, what) in kinds.enumerated() where calls[k] > 0 {
+      line(what, perOp: spent[k] / Double(calls[k]))
+    }
+    line("one file (all of the above)", perOp: total / Double(count))
+  }
 }

@@ -252,6 +252,8 @@ case "catalog":
   try CatalogBench.run(count: args.count > 1 ? Int(args[args.startIndex + 1]) ?? 5000 : 5000)
 case "meta":
   try MetaBench.run(count: args.count > 1 ? Int(args[args.startIndex + 1]) ?? 10000 : 10000)
+case "copy":
+  try MetaBench.copy(count: args.count > 1 ? Int(args[args.startIndex + 1]) ?? 10000 : 10000)
 case "read":
   try ReadBench.run(
     files: args.count > 1 ? Int(args[args.startIndex + 1]) ?? 4000 : 4000,
@@ -260,6 +262,7 @@ default:
   print(
     "usage: zdc-bench cloudfile | zdc-bench cryptofile [SHIFTS] | zdc-bench sync [SIZES]"
       + " | zdc-bench push [FILES] [--new-only] | zdc-bench catalog [COUNT]"
-      + " | zdc-bench read [FILES] [BIG_MIB] | zdc-bench meta [ITERATIONS]")
+      + " | zdc-bench read [FILES] [BIG_MIB] | zdc-bench meta [ITERATIONS]"
+      + " | zdc-bench copy [FILES]")
   exit(args.isEmpty ? 0 : 2)
 }
