@@ -102,6 +102,13 @@ extension CloudTransaction {
   /// parent's first upload (queued first when it is deferred too), then its DATA upload when
   /// its content was committed — what creating it and committing its content would have queued.
   func queueDeferredUpload(_ id: NodeID) throws {
+    var parentUploads: [NodeID: Int64?] = [:]
+    try queueDeferredUpload(id, parentUploads: &parentUploads)
+  }
+
+  /// `parentUploads` remembers parents' first upload operations across the calls of one
+  /// writer turn (siblings share their parent's; nothing finishes an operation meanwhile).
+  private func queueDeferredUpload(_ id: NodeID, parentUploads: inout [NodeID: Int64?]) throws {
     guard let deferredUploads, let entry = deferredUploads.entry(id) else { return }
     guard let node = try node(id: id) else {
       // Gone without `deleteRows` (nothing of it was queued): nothing to queue.
@@ -109,16 +116,23 @@ extension CloudTransaction {
       return
     }
     var deps: [Int64] = []
-    if let parentID = node.parentID, let parent = try self.node(id: parentID),
-      let parentUpload = try firstUploadOperation(of: parent)
-    {
-      deps.append(parentUpload)
+    if let parentID = node.parentID {
+      let parentUpload: Int64?
+      if let known = parentUploads[parentID] {
+        parentUpload = known
+      } else {
+        parentUpload = try self.node(id: parentID).flatMap { try firstUploadOperation(of: $0) }
+        parentUploads[parentID] = parentUpload
+      }
+      if let parentUpload { deps.append(parentUpload) }
     }
     let rcrd = try insertOperation(
-      kind: .putRcrd, nodeID: id, cloudID: node.cloudID, payload: nil, dependsOn: deps)
+      kind: .putRcrd, nodeID: id, cloudID: node.cloudID, payload: nil, dependsOn: deps,
+      depsQueued: true)
     if entry.data {
       _ = try insertOperation(
-        kind: .putData, nodeID: id, cloudID: node.cloudID, payload: nil, dependsOn: [rcrd])
+        kind: .putData, nodeID: id, cloudID: node.cloudID, payload: nil, dependsOn: [rcrd],
+        depsQueued: true)
     }
     deferredUploads.set(id, nil)
   }
@@ -127,6 +141,9 @@ extension CloudTransaction {
   /// of its push operations).
   func queueDeferredUploads() throws {
     guard let deferredUploads, !deferredUploads.isEmpty else { return }
-    for id in deferredUploads.ids(of: userID) { try queueDeferredUpload(id) }
+    var parentUploads: [NodeID: Int64?] = [:]
+    for id in deferredUploads.ids(of: userID) {
+      try queueDeferredUpload(id, parentUploads: &parentUploads)
+    }
   }
 }

@@ -77,9 +77,11 @@ extension CloudTransaction {
     return try decodePayload(move.payload).origin
   }
 
+  /// With `depsQueued`, the caller knows every operation in `deps` is queued (it read or
+  /// inserted it in this transaction): the dependency rows go in without checking.
   func insertOperation(
     kind: PushOperationKind, nodeID: NodeID?, cloudID: String?, payload: PushPayload?,
-    dependsOn deps: [Int64]
+    dependsOn deps: [Int64], depsQueued: Bool = false
   ) throws -> Int64 {
     let now = Date().timeIntervalSinceReferenceDate
     try rawExecute(
@@ -89,9 +91,17 @@ extension CloudTransaction {
         now,
       ])
     let id = db.lastInsertedRowID
-    for dep in deps { try addDependency(id, dependsOn: dep) }
+    for dep in deps {
+      if depsQueued {
+        try rawExecute(Self.insertDependencySQL, [id, dep])
+      } else {
+        try addDependency(id, dependsOn: dep)
+      }
+    }
     return id
   }
+  private static let insertDependencySQL = CatalogSQL(
+    "INSERT OR IGNORE INTO pushOperationDeps (opID, dependsOnOpID) VALUES (?, ?)")
 
   private static let insertOperationSQL = CatalogSQL(
     """
