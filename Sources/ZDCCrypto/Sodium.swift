@@ -31,10 +31,19 @@ public enum SecureRandom {
   public static func dirSalt() -> Data { bytes(20) }
 
   /// A new dirPrefix: 128 random bits as 32 upper-case hex digits.
-  public static func dirPrefix() -> String { Hex.encode(bytes(16), uppercase: true) }
+  public static func dirPrefix() -> String { hex128(uppercase: true) }
 
   /// A new cloudID: 128 random bits as 32 lower-case hex digits.
-  public static func cloudID() -> String { Hex.encode(bytes(16)) }
+  public static func cloudID() -> String { hex128(uppercase: false) }
+
+  /// 128 random bits as 32 hex digits (no `Data` in between).
+  public static func hex128(uppercase: Bool = false) -> String {
+    var b: (UInt64, UInt64) = (0, 0)
+    return withUnsafeMutableBytes(of: &b) { raw in
+      fill(raw)
+      return Hex.encode(UnsafeRawBufferPointer(raw), uppercase: uppercase)
+    }
+  }
 
   /// A new local node uuid (RFC 4122 version 4 form, lower case), from ``RandomBytes``
   /// (Foundation's `UUID()` opens `/dev/urandom` for each one on Linux).
@@ -68,14 +77,17 @@ public enum SecureRandom {
 public enum Hex {
   /// Encodes bytes as hex digits.
   public static func encode(_ data: Data, uppercase: Bool = false) -> String {
-    data.withUnsafeBytes { src in
-      String(unsafeUninitializedCapacity: src.count * 2) { out in
-        for (i, b) in src.enumerated() {
-          out[2 * i] = digit(b >> 4, uppercase: uppercase)
-          out[2 * i + 1] = digit(b & 0x0f, uppercase: uppercase)
-        }
-        return src.count * 2
+    data.withUnsafeBytes { encode($0, uppercase: uppercase) }
+  }
+
+  /// Encodes bytes in place as hex digits.
+  public static func encode(_ src: UnsafeRawBufferPointer, uppercase: Bool = false) -> String {
+    String(unsafeUninitializedCapacity: src.count * 2) { out in
+      for (i, b) in src.enumerated() {
+        out[2 * i] = digit(b >> 4, uppercase: uppercase)
+        out[2 * i + 1] = digit(b & 0x0f, uppercase: uppercase)
       }
+      return src.count * 2
     }
   }
 

@@ -329,7 +329,7 @@ public final class DiskManager: @unchecked Sendable {
   }
 
   private static func randomName() -> String {
-    Hex.encode(SecureRandom.bytes(16))
+    SecureRandom.hex128()
   }
 
   /// The name a staging file took when its version was committed, before the commit log:
@@ -1275,7 +1275,7 @@ final class SpareStagingFiles: @unchecked Sendable {
   /// Makes one spare file unless enough are ready (or the pool was discarded); false when done.
   private func makeOne() -> Bool {
     guard lock.withLock({ !closed && files.count < Self.target }) else { return false }
-    let name = Hex.encode(SecureRandom.bytes(16))
+    let name = SecureRandom.hex128()
     let path = directory + "/" + name
     do {
       let file = try CryptoFile.create(

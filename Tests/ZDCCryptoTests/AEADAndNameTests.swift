@@ -136,6 +136,24 @@ import ZDCCore
     #expect(seen.count == 2000)
   }
 
+  /// cloudIDs are 32 lower-case hex digits, dirPrefixes 32 upper-case ones (the store's key
+  /// layout), all different.
+  @Test func cloudIDsAndDirPrefixesAre128BitsOfHex() throws {
+    var seen = Set<String>()
+    for _ in 0..<1000 {
+      let id = SecureRandom.cloudID()
+      let prefix = SecureRandom.dirPrefix()
+      #expect(id.utf8.count == 32 && id.allSatisfy { "0123456789abcdef".contains($0) }, "\(id)")
+      #expect(
+        prefix.utf8.count == 32 && prefix.allSatisfy { "0123456789ABCDEF".contains($0) },
+        "\(prefix)")
+      #expect(Hex.decode(id)?.count == 16)
+      seen.insert(id)
+      seen.insert(prefix.lowercased())
+    }
+    #expect(seen.count == 2000)
+  }
+
   // The bytes themselves: `RandomBytesTests` (ZDCCore), where the pool lives.
 }
 
@@ -149,6 +167,11 @@ import ZDCCore
     #expect(Hex.decode(lower) == all)
     #expect(Hex.decode(Hex.encode(all, uppercase: true)) == all)
     #expect(Hex.encode(Data()) == "")
+    // In place, the same digits.
+    all.withUnsafeBytes { raw in
+      #expect(Hex.encode(raw) == lower)
+      #expect(Hex.encode(raw, uppercase: true) == lower.uppercased())
+    }
   }
 }
 
