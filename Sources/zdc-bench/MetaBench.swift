@@ -17,13 +17,8 @@ enum MetaBench {
   static func run(count: Int) throws {
     print(
       "zdc-bench meta (\(count) iterations of create/write/close/stat/rename/unlink; one thread)")
-    let dir = try scratchDirectory("zdc-metabench")
+    let (fs, dir) = try scratchFileSystem("zdc-metabench")
     defer { try? FileManager.default.removeItem(at: dir) }
-    let (catalog, user) = try benchCatalog(in: dir, fieldKey: SecureRandom.bytes(32))
-    let disk = try DiskManager(
-      directory: dir.appendingPathComponent("state"), key: SecureRandom.bytes(32),
-      capBytes: 1 << 40)
-    let fs = try FileSystem(catalog: catalog, userID: user, disk: disk, downloads: nil)
     let parent = try fs.mkdir(parent: 1, name: "meta", mode: 0o755).inode
 
     let kinds = [
@@ -36,32 +31,13 @@ enum MetaBench {
     let t0 = now()
     for i in 0..<count {
       let name = "f\(i)"
-      try timed(0) {
-        do {
-          _ = try fs.lookup(parent: parent, name: name)
-          preconditionFailure("\(name) exists")
-        } catch FileSystemError.notFound {}
-      }
-      var created: (Attributes, OpenedFile)?
-      try timed(1) {
-        created = try fs.create(parent: parent, name: name, mode: 0o644, flags: O_WRONLY)
-      }
-      let (attrs, opened) = created!
-      try timed(2) {
-        _ = try byte.withUnsafeBytes { try fs.write(opened.handle, offset: 0, bytes: $0) }
-      }
-      try timed(3) { try fs.flush(opened.handle) }
-      try timed(4) { try fs.release(opened.handle) }
+      try timed(0) { try lookUpAbsent(fs, parent, name) }
+      let attrs = try writeNewFile(fs, parent, name, byte, timing: timed, from: 1)
       try timed(5) {
         let size = try fs.getattr(attrs.inode).size
         precondition(size == 1)
       }
-      try timed(0) {
-        do {
-          _ = try fs.lookup(parent: parent, name: name + ".r")
-          preconditionFailure("\(name).r exists")
-        } catch FileSystemError.notFound {}
-      }
+      try timed(0) { try lookUpAbsent(fs, parent, name + ".r") }
       try timed(6) {
         try fs.rename(
           parent: parent, name: name, newParent: parent, newName: name + ".r", flags: [])
@@ -85,13 +61,8 @@ enum MetaBench {
     print(
       "zdc-bench copy (\(count) files of \(bytes) bytes, \(perDirectory) per directory; one thread)"
     )
-    let dir = try scratchDirectory("zdc-copybench")
+    let (fs, dir) = try scratchFileSystem("zdc-copybench")
     defer { try? FileManager.default.removeItem(at: dir) }
-    let (catalog, user) = try benchCatalog(in: dir, fieldKey: SecureRandom.bytes(32))
-    let disk = try DiskManager(
-      directory: dir.appendingPathComponent("state"), key: SecureRandom.bytes(32),
-      capBytes: 1 << 40)
-    let fs = try FileSystem(catalog: catalog, userID: user, disk: disk, downloads: nil)
     let top = try fs.mkdir(parent: 1, name: "tree", mode: 0o755).inode
     let kinds = ["lookup (absent name)", "mkdir", "create", "write", "flush", "release"]
     var spent = [Double](repeating: 0, count: kinds.count)
@@ -101,12 +72,7 @@ enum MetaBench {
       calls[k] += 1
     }
     func absent(_ parent: UInt64, _ name: String) throws {
-      try timed(0) {
-        do {
-          _ = try fs.lookup(parent: parent, name: name)
-          preconditionFailure("\(name) exists")
-        } catch FileSystemError.notFound {}
-      }
+      try timed(0) { try lookUpAbsent(fs, parent, name) }
     }
     let content = SecureRandom.bytes(bytes)
     var parent = top
@@ -119,16 +85,7 @@ enum MetaBench {
       }
       let name = "file-\(i).h"
       try absent(parent, name)
-      var created: (Attributes, OpenedFile)?
-      try timed(2) {
-        created = try fs.create(parent: parent, name: name, mode: 0o644, flags: O_WRONLY)
-      }
-      let (attrs, opened) = created!
-      try timed(3) {
-        _ = try content.withUnsafeBytes { try fs.write(opened.handle, offset: 0, bytes: $0) }
-      }
-      try timed(4) { try fs.flush(opened.handle) }
-      try timed(5) { try fs.release(opened.handle) }
+      let attrs = try writeNewFile(fs, parent, name, content, timing: timed, from: 2)
       fs.forget(attrs.inode, count: 1)
     }
     let total = now() - t0
@@ -136,5 +93,43 @@ enum MetaBench {
       line(what, perOp: spent[k] / Double(calls[k]))
     }
     line("one file (all of the above)", perOp: total / Double(count))
+  }
+
+  /// The filesystem engine on a sealed catalog and a disk cache in a fresh scratch directory
+  /// laid out like the mount's state directory; the caller removes the directory.
+  private static func scratchFileSystem(_ prefix: String) throws -> (FileSystem, URL) {
+    let dir = try scratchDirectory(prefix)
+    let (catalog, user) = try benchCatalog(in: dir, fieldKey: SecureRandom.bytes(32))
+    let disk = try DiskManager(
+      directory: dir.appendingPathComponent("state"), key: SecureRandom.bytes(32),
+      capBytes: 1 << 40)
+    return (try FileSystem(catalog: catalog, userID: user, disk: disk, downloads: nil), dir)
+  }
+
+  /// Looks up a name the benchmark has not made (the lookup the kernel sends before a create).
+  private static func lookUpAbsent(_ fs: FileSystem, _ parent: UInt64, _ name: String) throws {
+    do {
+      _ = try fs.lookup(parent: parent, name: name)
+      preconditionFailure("\(name) exists")
+    } catch FileSystemError.notFound {}
+  }
+
+  /// Creates `name` in `parent` and writes `bytes` to it as a program does (create, one write,
+  /// close: flush and release), timing the four calls as kinds `first` to `first + 3`.
+  private static func writeNewFile(
+    _ fs: FileSystem, _ parent: UInt64, _ name: String, _ bytes: some ContiguousBytes,
+    timing timed: (Int, () throws -> Void) throws -> Void, from first: Int
+  ) throws -> Attributes {
+    var created: (Attributes, OpenedFile)?
+    try timed(first) {
+      created = try fs.create(parent: parent, name: name, mode: 0o644, flags: O_WRONLY)
+    }
+    let (attrs, opened) = created!
+    try timed(first + 1) {
+      _ = try bytes.withUnsafeBytes { try fs.write(opened.handle, offset: 0, bytes: $0) }
+    }
+    try timed(first + 2) { try fs.flush(opened.handle) }
+    try timed(first + 3) { try fs.release(opened.handle) }
+    return attrs
   }
 }
