@@ -47,8 +47,14 @@ final class DeferredUploads: Sendable {
 
   func set(_ id: NodeID, _ entry: Entry?) {
     state.withLock { s in
-      s.undo.append((id, s.entries[id]))
-      s.entries[id] = entry
+      // One lookup: the entry before comes back from the change.
+      let before: Entry?
+      if let entry {
+        before = s.entries.updateValue(entry, forKey: id)
+      } else {
+        before = s.entries.removeValue(forKey: id)
+      }
+      s.undo.append((id, before))
     }
   }
 

@@ -203,17 +203,40 @@ public final class DiskManager: @unchecked Sendable {
         cacheByCloudID[c, default: []].append(e)
       }
       if let n = e.row.nodeID { cacheByNode[n, default: []].append(e) }
-      totals.cacheBytes += e.row.diskBytes
-      totals.cacheEntries += 1
     case .staging:
       if let n = e.row.nodeID {
-        stagingEntries[n, default: []].append(e)
-        stagingEntries[n]!.sort { $0.row.version < $1.row.version }
+        // In version order, with one lookup of the node's list.
+        let version = e.row.version
+        stagingEntries[n, default: []].insertSorted(e) { $0.row.version <= version }
       }
-      if e.row.dirty { totals.dirtyBytes += e.row.diskBytes }
     }
-    totals.bytes += e.row.diskBytes
+    count(e.row)
+  }
+
+  /// Adds a row's entry and bytes to the totals (under `stateLock`).
+  private func count(_ row: IndexRow) {
+    switch row.pool {
+    case .cache:
+      totals.cacheBytes += row.diskBytes
+      totals.cacheEntries += 1
+    case .staging:
+      if row.dirty { totals.dirtyBytes += row.diskBytes }
+    }
+    totals.bytes += row.diskBytes
     totals.entries += 1
+  }
+
+  /// Takes a row's entry and bytes out of the totals (under `stateLock`).
+  private func uncount(_ row: IndexRow) {
+    switch row.pool {
+    case .cache:
+      totals.cacheBytes -= row.diskBytes
+      totals.cacheEntries -= 1
+    case .staging:
+      if row.dirty { totals.dirtyBytes -= row.diskBytes }
+    }
+    totals.bytes -= row.diskBytes
+    totals.entries -= 1
   }
 
   private func detach(_ e: Entry) {
@@ -230,17 +253,13 @@ public final class DiskManager: @unchecked Sendable {
         cacheByNode[n]?.removeAll { $0 === e }
         if cacheByNode[n]?.isEmpty == true { cacheByNode[n] = nil }
       }
-      totals.cacheBytes -= e.row.diskBytes
-      totals.cacheEntries -= 1
     case .staging:
       if let n = e.row.nodeID {
         stagingEntries[n]?.removeAll { $0 === e }
         if stagingEntries[n]?.isEmpty == true { stagingEntries[n] = nil }
       }
-      if e.row.dirty { totals.dirtyBytes -= e.row.diskBytes }
     }
-    totals.bytes -= e.row.diskBytes
-    totals.entries -= 1
+    uncount(e.row)
   }
 
   /// Takes an entry out of `cacheByCloudID` (under `stateLock`).
@@ -254,10 +273,29 @@ public final class DiskManager: @unchecked Sendable {
 
   /// Replaces an attached entry's row (the maps and totals follow).
   private func replaceRow(_ e: Entry, _ row: IndexRow) {
-    let attached = byID[e.id] === e
-    if attached { detach(e) }
+    let old = e.row
+    guard byID[old.id] === e else {
+      e.row = row
+      return
+    }
+    if old.pool == row.pool, old.nodeID == row.nodeID, old.version == row.version,
+      old.cloudID == row.cloudID, old.eTag == row.eTag
+    {
+      // Where it was in every map but `byID` (a commit, the index's id for a committed
+      // version): the totals and, with a new id, `byID` change; detaching and adding again
+      // rebuilt the node's list of versions.
+      if old.id != row.id {
+        byID[old.id] = nil
+        byID[row.id] = e
+      }
+      uncount(old)
+      e.row = row
+      count(row)
+      return
+    }
+    detach(e)
     e.row = row
-    if attached { add(e) }
+    add(e)
   }
 
   private func nextTick() -> Int64 {
@@ -1378,5 +1416,15 @@ final class StagingCommitLog: @unchecked Sendable {
       throw DiskError.io("cannot empty the staging commit log: errno \(errno)")
     }
     empty = true
+  }
+}
+
+extension Array {
+  /// Inserts `element` after the last element for which `before` holds, looking from the end
+  /// (in a list kept in order, `before` tells the elements that go before it: usually all).
+  fileprivate mutating func insertSorted(_ element: Element, before: (Element) -> Bool) {
+    var i = endIndex
+    while i > startIndex, !before(self[i - 1]) { i -= 1 }
+    insert(element, at: i)
   }
 }

@@ -215,6 +215,50 @@ func flipByte(at offset: UInt64, of url: URL) throws {
   /// `write(2)`, no rename): a crash in between loses nothing, and an uncommitted version is
   /// still dropped. A version committed by an older build (its file renamed to a committed
   /// name) is adopted too.
+  /// Committing staging versions and giving them their index rows keeps every entry findable
+  /// by node and the totals what a fresh start computes from the index.
+  @Test func committedVersionsKeepTheirPlaceAndTotalsThroughIndexing() throws {
+    let tmp = try TemporaryDirectory("disk")
+    var before: DiskUsage
+    do {
+      let disk = try DiskManager(
+        directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
+        insertFlushDelay: 3600)
+      for node in Int64(1)...5 {
+        for version in 1...2 {
+          let s = try disk.stagingFile(forNode: node)
+          try s.write(marked("n\(node)v\(version)", count: 5_000 * Int(node) + version), at: 0)
+          try disk.commitStaging(s)
+          s.close()
+        }
+      }
+      let committed = disk.usage
+      #expect(committed.entries == 5)
+      #expect(committed.dirtyBytes == committed.bytes)
+      disk.flush()  // the rows go into the index: each entry gets its id
+      #expect(disk.usage == committed)
+      for node in Int64(1)...5 {
+        let staged = try #require(try disk.openStaged(forNode: node))
+        #expect(staged.size == UInt64(5_000 * Int(node) + 2))
+        staged.close()
+        #expect(disk.isDirty(nodeID: node))
+      }
+      // A third version of one node, from its indexed second.
+      let s = try disk.stagingFile(forNode: 3)
+      try s.write(marked("n3v3", count: 100), at: 15_002)
+      try disk.commitStaging(s)
+      s.close()
+      disk.flush()
+      before = disk.usage
+      #expect(before.entries == 5)
+    }
+    let reopened = try makeDisk(tmp, key: key)
+    #expect(reopened.usage == before)
+    let staged = try #require(try reopened.openStaged(forNode: 3))
+    #expect(staged.size == 15_102)
+    staged.close()
+  }
+
   @Test func committedVersionsSurviveACrashBeforeTheirRows() throws {
     let tmp = try TemporaryDirectory("disk")
     let crashed = try TemporaryDirectory("disk-crashed")
