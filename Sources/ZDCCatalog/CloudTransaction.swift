@@ -743,19 +743,13 @@ public final class CloudTransaction {
     let old = joinsFirstUpload ? nil : try objectLocation(of: id)!
     let newCloudName = try CloudName.compute(name: newName, parentDirSalt: newParent.dirSalt)
     do {
-      if sameParent {
-        // Without `parentID` in the statement, SQLite leaves the index on it alone.
-        try rawExecute(
-          Self.renameRowSQL,
-          [try fields.storedText(newName), try fields.nameKey(newKey), newCloudName, id])
-      } else {
-        try rawExecute(
-          Self.moveRowSQL,
-          [
-            newParentID, try fields.storedText(newName), try fields.nameKey(newKey), newCloudName,
-            id,
-          ])
-      }
+      let named: [(any DatabaseValueConvertible)?] = [
+        try fields.storedText(newName), try fields.nameKey(newKey), newCloudName, id,
+      ]
+      // Without `parentID` in the statement, SQLite leaves the index on it alone.
+      try rawExecute(
+        sameParent ? Self.renameRowSQL : Self.moveRowSQL,
+        sameParent ? named : [newParentID] + named)
     } catch let error as DatabaseError where error.resultCode == .SQLITE_CONSTRAINT {
       // A name taken by another node is refused by the name index (see `insertNew`).
       if let existing = try existingChildID(of: newParentID, nameKey: newKey), existing != id {
