@@ -534,6 +534,9 @@ public final class Catalog: Sendable {
         "catalog journal: \(pending.count) uncommitted changes made again after a crash")
     }
     try journal.truncate()
+    // Entries are numbered on from the database's mark, or a crash would find this process's
+    // entries numbered as if committed (from 1, when the journal was found empty).
+    journal.continueAfter(UInt64(bitPattern: applied))
     batchJournalSeq = max(journal.lastSeq, UInt64(bitPattern: applied))
     committedJournalSeq = batchJournalSeq
   }

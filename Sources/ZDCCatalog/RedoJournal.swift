@@ -120,6 +120,10 @@ final class RedoJournal: @unchecked Sendable {
     return seq
   }
 
+  /// Numbers the next entries after `seq` (the last one the database holds): an emptied
+  /// journal found at open says nothing of the numbers used before it was emptied.
+  func continueAfter(_ seq: UInt64) { lastSeq = max(lastSeq, seq) }
+
   /// Empties the journal (every entry is in the database, or given up).
   func truncate() throws {
     guard size > 0 else { return }

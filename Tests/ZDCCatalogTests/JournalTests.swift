@@ -138,6 +138,33 @@ import ZDCCrypto
     #expect(try snapshot(again) == expected)
   }
 
+  /// A process that starts on a catalog whose batches were committed (the journal emptied)
+  /// numbers its journal entries after the last committed one: a crash then makes them again
+  /// (they were numbered from 1 again, which the replay took for committed, and dropped).
+  @Test func writesOfALaterProcessSurviveACrash() throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    do {
+      let first = try open(dir)
+      try first.createLocalUser(makeUser(user))
+      for i in 0..<3 {
+        try first.write(user, commit: .soon) { tx in _ = try tx.createNode(path: p("old\(i)")) }
+      }
+      try first.commitPending()
+    }
+    // As a commit leaves it once the journal has grown past its threshold: empty.
+    let redo = dir.appendingPathComponent("catalog.sqlite.redo").path
+    #expect(truncate(redo, 0) == 0)
+    let second = try open(dir)
+    #expect(second.replayedJournalEntries == 0)
+    let f = try second.write(user, commit: .soon) { tx in try tx.createNode(path: p("new")) }
+    let copy = try crashCopy(dir)
+    defer { try? FileManager.default.removeItem(at: copy) }
+    let reopened = try open(copy)
+    #expect(reopened.replayedJournalEntries == 1)
+    #expect(try reopened.read(user) { tx in try tx.node(path: p("new"))?.id } == f.id)
+  }
+
   /// Removing a tag a node does not have changes nothing and is not journaled (a rename of a
   /// file removes its conflict tag every time); removing one it has is, and survives a crash.
   @Test func removingAnAbsentTagJournalsNothing() throws {
