@@ -59,7 +59,8 @@ public final class Catalog: Sendable {
   let nodes = NodeCache()
   /// The writer connection's prepared statements of ``CatalogSQL`` texts.
   let writerStatements = StatementTable()
-  /// New nodes of the open batch whose first uploads are not queued yet.
+  /// New nodes whose first uploads are not queued yet (held by the process that holds the
+  /// journal; see ``DeferredUploads``).
   let deferredUploads = DeferredUploads()
   /// How this catalog's sensitive fields are stored (see ``Options/fieldKey``).
   let fields: FieldCoding
@@ -75,7 +76,7 @@ public final class Catalog: Sendable {
     CloudTransaction(
       db: db, layout: layout, readOnly: readOnly, failpoint: failpoint, shareLists: shareLists,
       nodes: shared ? nodes : nil, statements: shared ? writerStatements : nil,
-      deferred: shared ? deferredUploads : nil, fields: fields)
+      deferred: shared && batchesAllowed ? deferredUploads : nil, fields: fields)
   }
 
   /// The names of the schema migrations this build knows, in order.
@@ -130,6 +131,9 @@ public final class Catalog: Sendable {
         // Another process writes this catalog and holds its journal: no batches here.
         journal = nil
         batchesAllowed = false
+      }
+      if batchesAllowed {
+        deferredUploads.load(try writer.read { try CloudTransaction.storedDeferredUploads($0) })
       }
       try replayJournal()
     } else {
@@ -327,6 +331,7 @@ public final class Catalog: Sendable {
             try control(db, "BEGIN IMMEDIATE TRANSACTION")
             do {
               let result = try unit(journaled: false)
+              try CloudTransaction.storeDeferredUploads(deferredUploads, db)
               try control(db, "COMMIT TRANSACTION")
               return result
             } catch {
@@ -351,7 +356,7 @@ public final class Catalog: Sendable {
           nodes.removeAll()
           if !db.isInsideTransaction {
             // SQLite ended the transaction (it rolls back on a full disk).
-            deferredUploads.removeAll()
+            deferredUploads.didRollback()
             batchOpen.value = false
           } else if db.totalChangesCount != changesBefore {
             rebuildBatch(db)
@@ -368,7 +373,7 @@ public final class Catalog: Sendable {
     }
   }
 
-  /// How many new nodes' first uploads wait for the open batch's commit (tests).
+  /// How many new nodes' first uploads are not queued yet (tests).
   @_spi(Testing) public var deferredFirstUploads: Int { deferredUploads.count }
 
   /// The rows of the push queue as they are, deferred first uploads not queued (tests).
@@ -390,16 +395,13 @@ public final class Catalog: Sendable {
 
   private func commitBatch(_ db: Database) throws {
     guard db.isInsideTransaction else {
-      deferredUploads.removeAll()
+      deferredUploads.didRollback()
       batchOpen.value = false
       return
     }
     do {
-      // The first uploads of new nodes that are still here go into the same commit.
-      for user in deferredUploads.users {
-        let layout = try layouts.value[user] ?? CloudTransaction.layout(userID: user, db: db)
-        try transaction(db, layout).queueDeferredUploads()
-      }
+      // The new nodes' first uploads wait, stored with the nodes.
+      try CloudTransaction.storeDeferredUploads(deferredUploads, db)
       if batchJournalSeq > committedJournalSeq {
         // The journal entries this commit makes redundant.
         try db.cachedStatement(sql: "UPDATE journalState SET seq = ? WHERE id = 1").execute(
@@ -416,7 +418,7 @@ public final class Catalog: Sendable {
       }
     } catch {
       nodes.removeAll()
-      deferredUploads.removeAll()
+      deferredUploads.didRollback()
       if !db.isInsideTransaction {
         batchOpen.value = false
       } else {
@@ -471,7 +473,7 @@ public final class Catalog: Sendable {
       rebuiltBatches += 1
     } catch {
       nodes.removeAll()
-      deferredUploads.removeAll()
+      deferredUploads.didRollback()
       if db.isInsideTransaction { try? control(db, "ROLLBACK TRANSACTION") }
       batchOpen.value = false
       if let journal, batchJournalSeq > committedJournalSeq {
@@ -748,6 +750,7 @@ final class CommitHooks: TransactionObserver, @unchecked Sendable {
   func databaseDidChange(with event: DatabaseEvent) {}
 
   func databaseDidCommit(_ db: Database) {
+    deferred.didCommit()
     let hooks = lock.withLock { () -> [@Sendable () -> Void] in
       defer { pending.removeAll() }
       return pending
@@ -758,7 +761,7 @@ final class CommitHooks: TransactionObserver, @unchecked Sendable {
   func databaseDidRollback(_ db: Database) {
     lock.withLock { pending.removeAll() }
     nodes.removeAll()
-    deferred.removeAll()
+    deferred.didRollback()
   }
 }
 

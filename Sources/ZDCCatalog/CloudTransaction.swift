@@ -863,7 +863,7 @@ public final class CloudTransaction {
       try rawExecute(links, [e.id])
       try rawExecute(stmt, [e.id])
       rowChanged(e.id)
-      dropDeferred(e.id)
+      try dropDeferred(e.id)
     }
   }
 

@@ -1,28 +1,43 @@
+import Foundation
+import GRDB
 import Synchronization
 import ZDCCore
 
-/// New nodes whose first upload operations are not queued yet: nodes created by the
-/// ``Catalog/Commit/soon`` units of the open batch, which queue them when the batch commits, or
-/// earlier when anything asks for a push operation of theirs.
+/// New nodes whose first upload operations are not queued yet. They are queued when anything
+/// asks for a push operation of theirs or reads the whole queue (a status count, a sync), and
+/// by the push manager once the user's activity has been quiet for a while (see
+/// ``CloudTransaction/readyOperations(limit:now:settledBefore:)``) — not while a burst of file
+/// operations runs, which then costs no upload operations, dependency rows or their indexes.
 ///
 /// A file that lives a moment — a temporary file, an editor's swap file, `configure`'s test
-/// programs — is created, written, renamed and removed within one batch: it then costs its own
-/// rows only, instead of queuing an RCRD and a DATA upload, rereading them at each change and
+/// programs — is created, written, renamed and removed before then: it costs its own rows
+/// only, instead of queuing an RCRD and a DATA upload, rereading them at each change and
 /// dropping them with their dependencies at the end.
 ///
-/// The set describes rows of the writer connection's open transaction: a rollback empties it
-/// (the redo journal then makes its units again, which queue the uploads at once), and a unit
-/// that fails without changing a row undoes what it changed in the set. Touched only on the
-/// writer connection.
+/// The entries of committed nodes are kept in the `deferredUploads` table, so that they
+/// survive the process: a batch's commit inserts the entries its units made, and a change of
+/// an entry already in the table (its content committed, its uploads queued, its node
+/// deleted) changes the row in the unit that makes it. The table is loaded at open by the
+/// process that holds the catalog's journal; other connections count its rows as queued
+/// uploads (``CloudTransaction/operationCount()``).
+///
+/// Touched only on the writer connection. A rollback brings the entries back to what the last
+/// commit left, and a unit that fails without changing a row undoes what it changed here.
 final class DeferredUploads: Sendable {
-  struct Entry: Sendable {
+  struct Entry: Sendable, Equatable {
     var userID: String
     /// The node's content was committed (`commitData`): a DATA upload follows its RCRD.
     var data: Bool
+    /// When the node was created (seconds since the reference date).
+    var since: Double
   }
 
   private struct State {
     var entries: [NodeID: Entry] = [:]
+    /// The entries as the last commit left them (the table's rows).
+    var committed: [NodeID: Entry] = [:]
+    /// The ids changed since the last commit or rollback.
+    var changed: Set<NodeID> = []
     /// What the current unit changed, oldest first: each id with its entry before.
     var undo: [(NodeID, Entry?)] = []
   }
@@ -37,9 +52,16 @@ final class DeferredUploads: Sendable {
 
   func contains(_ id: NodeID) -> Bool { state.withLock { $0.entries[id] != nil } }
 
-  /// The ids of a user's entries, oldest node first.
-  func ids(of userID: String) -> [NodeID] {
-    state.withLock { s in s.entries.filter { $0.value.userID == userID }.keys.sorted() }
+  /// True when `id`'s entry has a row in the table (it was committed and not removed since).
+  func isStored(_ id: NodeID) -> Bool { state.withLock { $0.committed[id] != nil } }
+
+  /// The ids of a user's entries made no later than `before` (all with `nil`), oldest node
+  /// first.
+  func ids(of userID: String, madeBefore before: Double? = nil) -> [NodeID] {
+    state.withLock { s in
+      s.entries.filter { id, e in e.userID == userID && e.since <= (before ?? .infinity) }
+        .keys.sorted()
+    }
   }
 
   /// The users with entries.
@@ -55,13 +77,24 @@ final class DeferredUploads: Sendable {
         before = s.entries.removeValue(forKey: id)
       }
       s.undo.append((id, before))
+      s.changed.insert(id)
+    }
+  }
+
+  /// The entries made since the last commit, which the commit inserts into the table.
+  func uncommittedEntries() -> [(NodeID, Entry)] {
+    state.withLock { s in
+      s.changed.sorted().compactMap { id in
+        guard s.committed[id] == nil, let e = s.entries[id] else { return nil }
+        return (id, e)
+      }
     }
   }
 
   /// A unit of work starts: what earlier units changed stays.
   func beginUnit() { state.withLock { $0.undo.removeAll(keepingCapacity: true) } }
 
-  /// A unit failed without changing a row: the set is as it was before the unit.
+  /// A unit failed without changing a row: the entries are as they were before the unit.
   func undoUnit() {
     state.withLock { s in
       for (id, entry) in s.undo.reversed() { s.entries[id] = entry }
@@ -69,10 +102,30 @@ final class DeferredUploads: Sendable {
     }
   }
 
-  /// The transaction rolled back: the rows the entries describe are gone.
-  func removeAll() {
+  /// The writer committed: the table holds the entries.
+  func didCommit() {
     state.withLock { s in
-      s.entries.removeAll()
+      for id in s.changed { s.committed[id] = s.entries[id] }
+      s.changed.removeAll(keepingCapacity: true)
+      s.undo.removeAll(keepingCapacity: true)
+    }
+  }
+
+  /// The transaction rolled back: the entries are the committed ones again.
+  func didRollback() {
+    state.withLock { s in
+      for id in s.changed { s.entries[id] = s.committed[id] }
+      s.changed.removeAll()
+      s.undo.removeAll()
+    }
+  }
+
+  /// Starts over from the table's rows (at open).
+  func load(_ rows: [NodeID: Entry]) {
+    state.withLock { s in
+      s.entries = rows
+      s.committed = rows
+      s.changed.removeAll()
       s.undo.removeAll()
     }
   }
@@ -86,21 +139,30 @@ extension CloudTransaction {
   /// asked for), if this unit may defer it; returns false when it must be queued now.
   func deferFirstUpload(_ id: NodeID) -> Bool {
     guard defersFirstUploads, let deferredUploads else { return false }
-    deferredUploads.set(id, .init(userID: userID, data: false))
+    deferredUploads.set(
+      id, .init(userID: userID, data: false, since: Date().timeIntervalSinceReferenceDate))
     return true
   }
 
   /// Notes that a deferred node's content was committed: its DATA upload is queued with its
   /// RCRD's.
-  func deferDataUpload(_ id: NodeID) {
+  func deferDataUpload(_ id: NodeID) throws {
     guard let deferredUploads, var entry = deferredUploads.entry(id), !entry.data else { return }
     entry.data = true
+    if deferredUploads.isStored(id) { try rawExecute(Self.storeDeferredDataSQL, [id]) }
     deferredUploads.set(id, entry)
   }
 
   /// Forgets a deferred node whose row is deleted (nothing of it was queued).
-  func dropDeferred(_ id: NodeID) {
+  func dropDeferred(_ id: NodeID) throws {
     guard let deferredUploads, deferredUploads.contains(id) else { return }
+    try forgetDeferred(id)
+  }
+
+  /// Removes `id`'s entry, and its row when it has one.
+  private func forgetDeferred(_ id: NodeID) throws {
+    guard let deferredUploads else { return }
+    if deferredUploads.isStored(id) { try rawExecute(Self.deleteDeferredSQL, [id]) }
     deferredUploads.set(id, nil)
   }
 
@@ -108,8 +170,19 @@ extension CloudTransaction {
   /// parent's first upload (queued first when it is deferred too), then its DATA upload when
   /// its content was committed — what creating it and committing its content would have queued.
   func queueDeferredUpload(_ id: NodeID) throws {
+    guard let deferredUploads, deferredUploads.contains(id) else { return }
     var parentUploads: [NodeID: Int64?] = [:]
-    try queueDeferredUpload(id, parentUploads: &parentUploads)
+    try atomically { try queueDeferredUpload(id, parentUploads: &parentUploads) }
+  }
+
+  /// Runs `body` in the open transaction, or in one of its own (a read between batches): the
+  /// operations queued and the stored entry removed commit together.
+  private func atomically(_ body: () throws -> Void) throws {
+    if db.isInsideTransaction { return try body() }
+    try db.inTransaction(.immediate) {
+      try body()
+      return .commit
+    }
   }
 
   /// `parentUploads` remembers parents' first upload operations across the calls of one
@@ -118,7 +191,7 @@ extension CloudTransaction {
     guard let deferredUploads, let entry = deferredUploads.entry(id) else { return }
     guard let node = try node(id: id) else {
       // Gone without `deleteRows` (nothing of it was queued): nothing to queue.
-      deferredUploads.set(id, nil)
+      try forgetDeferred(id)
       return
     }
     var deps: [Int64] = []
@@ -140,16 +213,64 @@ extension CloudTransaction {
         kind: .putData, nodeID: id, cloudID: node.cloudID, payload: nil, dependsOn: [rcrd],
         depsQueued: true)
     }
-    deferredUploads.set(id, nil)
+    try forgetDeferred(id)
   }
 
   /// Queues every deferred first upload of this transaction's user (before a query over all
-  /// of its push operations).
-  func queueDeferredUploads() throws {
+  /// of its push operations), or those of nodes made no later than `madeBefore`.
+  func queueDeferredUploads(madeBefore: Date? = nil) throws {
     guard let deferredUploads, !deferredUploads.isEmpty else { return }
     var parentUploads: [NodeID: Int64?] = [:]
-    for id in deferredUploads.ids(of: userID) {
-      try queueDeferredUpload(id, parentUploads: &parentUploads)
+    let ids = deferredUploads.ids(
+      of: userID, madeBefore: madeBefore?.timeIntervalSinceReferenceDate)
+    guard !ids.isEmpty else { return }
+    try atomically {
+      for id in ids { try queueDeferredUpload(id, parentUploads: &parentUploads) }
     }
   }
+
+  /// How many upload operations the stored deferred first uploads of this user stand for (an
+  /// RCRD each, and a DATA for those whose content was committed).
+  func storedDeferredOperationCount() throws -> Int {
+    Int(try rawInt(Self.storedDeferredCountSQL, [userID]) ?? 0)
+  }
+
+  /// Whether `id` has a stored deferred first upload.
+  func hasStoredDeferredUpload(_ id: NodeID) throws -> Bool {
+    try rawInt(Self.storedDeferredExistsSQL, [id, userID]) != nil
+  }
+
+  /// Inserts the entries made since the last commit into the table (before the commit).
+  static func storeDeferredUploads(_ deferred: DeferredUploads, _ db: Database) throws {
+    let entries = deferred.uncommittedEntries()
+    guard !entries.isEmpty else { return }
+    let stmt = try db.cachedStatement(
+      sql: """
+        INSERT OR REPLACE INTO deferredUploads (nodeID, localUserID, data, since)
+        VALUES (?, ?, ?, ?)
+        """)
+    for (id, e) in entries {
+      try stmt.execute(arguments: [id, e.userID, e.data, e.since])
+    }
+  }
+
+  /// The table's rows, by node.
+  static func storedDeferredUploads(_ db: Database) throws -> [NodeID: DeferredUploads.Entry] {
+    var out: [NodeID: DeferredUploads.Entry] = [:]
+    for row in try Row.fetchAll(
+      db, sql: "SELECT nodeID, localUserID, data, since FROM deferredUploads")
+    {
+      out[row[0]] = .init(userID: row[1], data: row[2], since: row[3])
+    }
+    return out
+  }
+
+  private static let storeDeferredDataSQL = CatalogSQL(
+    "UPDATE deferredUploads SET data = 1 WHERE nodeID = ?")
+  private static let deleteDeferredSQL = CatalogSQL(
+    "DELETE FROM deferredUploads WHERE nodeID = ?")
+  private static let storedDeferredCountSQL = CatalogSQL(
+    "SELECT COUNT(*) + COALESCE(SUM(data), 0) FROM deferredUploads WHERE localUserID = ?")
+  private static let storedDeferredExistsSQL = CatalogSQL(
+    "SELECT 1 FROM deferredUploads WHERE nodeID = ? AND localUserID = ?")
 }

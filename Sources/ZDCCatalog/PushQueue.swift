@@ -210,7 +210,7 @@ extension CloudTransaction {
     }
     // A new node whose first upload waits for the batch: its DATA upload goes with it.
     if isDeferred(nodeID) {
-      deferDataUpload(nodeID)
+      try deferDataUpload(nodeID)
       return node
     }
     // Read once for both enqueue rules.
@@ -391,7 +391,8 @@ extension CloudTransaction {
   public func readyOperations(limit: Int, now: Date = Date(), settledBefore: Date? = nil) throws
     -> [PushOperation]
   {
-    try queueDeferredUploads()
+    // New nodes' first uploads are queued once they are as settled as the operations asked for.
+    try queueDeferredUploads(madeBefore: settledBefore)
     let stmt = try db.cachedStatement(
       sql: """
         SELECT \(Self.operationColumns) FROM pushOperations o
@@ -462,12 +463,14 @@ extension CloudTransaction {
     return try Row.fetchAll(stmt, arguments: [userID]).map(decodeOperation)
   }
 
-  /// The number of outstanding operations of the user.
+  /// The number of outstanding operations of the user, the uploads of new nodes not queued
+  /// yet included.
   public func operationCount() throws -> Int {
     try queueDeferredUploads()
     let stmt = try db.cachedStatement(
       sql: "SELECT COUNT(*) FROM pushOperations WHERE localUserID = ?")
-    return try Int.fetchOne(stmt, arguments: [userID]) ?? 0
+    // A connection that does not hold the deferred entries (a reader) counts their rows.
+    return try (Int.fetchOne(stmt, arguments: [userID]) ?? 0) + storedDeferredOperationCount()
   }
 
   /// How many operations have failed at least once (and wait to be retried).
@@ -490,6 +493,7 @@ extension CloudTransaction {
     let stmt = try db.cachedStatement(
       sql: "SELECT EXISTS (SELECT 1 FROM pushOperations WHERE nodeID = ? AND +localUserID = ?)")
     return try Bool.fetchOne(stmt, arguments: [nodeID, userID]) ?? false
+      || hasStoredDeferredUpload(nodeID)
   }
 
   /// Marks a pending operation as taken by the push manager.

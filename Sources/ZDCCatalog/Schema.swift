@@ -11,7 +11,23 @@ enum Schema {
     m.registerMigration("v5") { db in try v5(db) }
     m.registerMigration("v6") { db in try v6(db) }
     m.registerMigration("v7") { db in try v7(db) }
+    m.registerMigration("v8") { db in try v8(db) }
     return m
+  }
+
+  /// New nodes whose first uploads are not queued yet (see `DeferredUploads`): the node, its
+  /// user, whether its content was committed (a DATA upload follows the RCRD) and when it was
+  /// made (seconds since the reference date).
+  private static func v8(_ db: Database) throws {
+    try db.execute(
+      sql: """
+        CREATE TABLE deferredUploads (
+          nodeID INTEGER PRIMARY KEY NOT NULL,
+          localUserID TEXT NOT NULL,
+          data INTEGER NOT NULL,
+          since REAL NOT NULL
+        );
+        """)
   }
 
   /// Whether the sensitive fields are sealed (see `Catalog.Options.fieldKey`); a catalog from

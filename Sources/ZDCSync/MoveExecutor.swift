@@ -167,7 +167,8 @@ final class MoveRun {
   /// new: two RCRDs of one node; randomized seed 17833). The move now waits for that upload.
   private func deferUntilTargetDirectoryUploaded() throws {
     guard target.rcrdKey != origin.rcrdKey else { return }
-    let upload = try context.catalog.read(context.userID) { tx -> Int64? in
+    // On the writer: a new directory's first upload not queued yet is queued by the asking.
+    let upload = try context.catalog.read(context.userID, onWriter: true) { tx -> Int64? in
       guard let parent = try tx.node(dirPrefix: target.dirPrefix), parent.trunk == nil,
         parent.eTagRcrd == nil
       else { return nil }

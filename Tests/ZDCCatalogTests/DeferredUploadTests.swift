@@ -4,9 +4,10 @@ import Testing
 import ZDCCore
 import ZDCTestSupport
 
-/// New nodes created by `.soon` writes queue their first uploads when their batch commits (or
-/// when something asks for their operations): a file that lives a moment queues nothing, and
-/// what is queued in the end is what queuing at once would have queued.
+/// New nodes created by `.soon` writes queue their first uploads when something asks for their
+/// operations or the push takes settled work, not when their batch commits (which stores them):
+/// a file that lives a moment queues nothing, and what is queued in the end is what queuing at
+/// once would have queued, across commits, reopenings and crashes.
 @Suite struct DeferredUploadTests {
   let user = "alice"
 
@@ -46,7 +47,7 @@ import ZDCTestSupport
     }
   }
 
-  @Test func theCommitQueuesWhatIsLeft() throws {
+  @Test func theCommitStoresWhatIsLeftForThePushToQueue() throws {
     try withCatalog { catalog, _ in
       let (d, f) = try catalog.write(user, commit: .soon) { tx in
         let d = try tx.createNode(path: p("d"), kind: .directory)
@@ -57,7 +58,25 @@ import ZDCTestSupport
       #expect(catalog.deferredFirstUploads == 2)
       #expect(try catalog.queuedOperationRows() == 0)
       try catalog.commitPending()
+      // Stored, not queued: a reader counts them (an RCRD each, a DATA for f) as dirty work.
+      #expect(catalog.deferredFirstUploads == 2)
+      #expect(try catalog.queuedOperationRows() == 0)
+      #expect(try catalog.read(user) { tx in try tx.operationCount() } == 3)
+      #expect(try catalog.read(user) { tx in try tx.isDirty(nodeID: f.id) })
+      // The push, busy user: nothing has settled for five minutes, nothing is queued.
+      let busy = try catalog.write(user) { tx in
+        try tx.readyOperations(limit: 10, settledBefore: Date().addingTimeInterval(-300))
+      }
+      #expect(busy.isEmpty)
+      #expect(try catalog.queuedOperationRows() == 0)
+      // Quiet: the push's query queues them (parents first) and then finds the directory's.
+      let ready = try catalog.write(user) { tx in
+        try tx.readyOperations(
+          limit: 10, now: Date.distantFuture, settledBefore: Date.distantFuture)
+      }
+      #expect(ready.map(\.nodeID) == [d.id])
       #expect(catalog.deferredFirstUploads == 0)
+      #expect(try catalog.read(user) { tx in try tx.operationCount() } == 3)
       #expect(
         try queueSummary(catalog, user) == [
           "putData \(f.id) pending after [putRcrd \(f.id)]",
@@ -152,13 +171,13 @@ import ZDCTestSupport
   /// of two catalogs end with the same queue, uploads and all.
   @Test(arguments: 1...12)
   func deferredAndImmediateQueuesAgree(seed: UInt64) throws {
-    let dirA = try tempDir()
+    var dirA = try tempDir()
     let dirB = try tempDir()
     defer {
       try? FileManager.default.removeItem(at: dirA)
       try? FileManager.default.removeItem(at: dirB)
     }
-    let a = try open(dirA)
+    var a: Catalog! = try open(dirA)
     let b = try open(dirB)
     let u = makeUser(user)
     try a.createLocalUser(u)
@@ -244,16 +263,31 @@ import ZDCTestSupport
       case 86..<93:
         // Something asks for one node's operations (a pull, the state xattr).
         guard let n = (dirs.dropFirst() + files).randomElement(using: &rng) else { break }
-        let ka = try a.read(user) { tx in try tx.kinds(n) }
-        let kb = try b.read(user) { tx in try tx.kinds(n) }
+        let ka = try a.read(user, onWriter: true) { tx in try tx.kinds(n) }
+        let kb = try b.read(user, onWriter: true) { tx in try tx.kinds(n) }
         #expect(ka.sorted { $0.rawValue < $1.rawValue } == kb.sorted { $0.rawValue < $1.rawValue })
+      case 93..<96:
+        // The process ends and starts again: what was deferred is stored.
+        a = nil
+        a = try open(dirA)
+      case 96..<98:
+        // A crash: the open batch comes back from the journal, the rest from the table.
+        let copy = try crashCopy(dirA)
+        a = nil
+        try? FileManager.default.removeItem(at: dirA)
+        dirA = copy
+        a = try open(dirA)
       default:
         try a.commitPending()
       }
     }
     try a.commitPending()
-    #expect(a.deferredFirstUploads == 0)
+    // Through a reader: the count includes the stored deferred uploads.
+    #expect(
+      try a.read(user) { tx in try tx.operationCount() }
+        == b.read(user) { tx in try tx.operationCount() }, "seed \(seed)")
     #expect(try queueSummary(a, user) == queueSummary(b, user), "seed \(seed)")
+    #expect(a.deferredFirstUploads == 0)
     try a.write(user) { tx in try tx.drainQueue() }
     try b.write(user) { tx in try tx.drainQueue() }
     #expect(try queueSummary(a, user) == [])

@@ -11,11 +11,11 @@ import ZDCCore
     defer { try? FileManager.default.removeItem(at: dir) }
     let path = dir.appendingPathComponent("catalog.sqlite").path
 
-    #expect(Catalog.knownMigrations == ["v1", "v2", "v3", "v4", "v5", "v6", "v7"])
+    #expect(Catalog.knownMigrations == ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"])
     var nodeID: NodeID = 0
     do {
       let catalog = try Catalog(path: path)
-      #expect(try catalog.appliedMigrations() == ["v1", "v2", "v3", "v4", "v5", "v6", "v7"])
+      #expect(try catalog.appliedMigrations() == ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"])
       #expect(try catalog.pragma("journal_mode") == "wal")
       #expect(try catalog.pragma("synchronous") == "2")  // FULL
       // The catalog keeps references consistent itself (see `referencesStayConsistent`).
@@ -24,7 +24,7 @@ import ZDCCore
       nodeID = try catalog.write("alice") { try $0.createNode(path: p("a")).id }
     }
     let reopened = try Catalog(path: path)
-    #expect(try reopened.appliedMigrations() == ["v1", "v2", "v3", "v4", "v5", "v6", "v7"])
+    #expect(try reopened.appliedMigrations() == ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"])
     let node = try reopened.read("alice") { try $0.node(path: p("a")) }
     #expect(node?.id == nodeID)
     #expect(try reopened.read("alice") { try $0.operationCount() } == 1)

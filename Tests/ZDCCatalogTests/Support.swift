@@ -49,7 +49,8 @@ func crashCopy(_ dir: URL) throws -> URL {
 /// Each operation of a user's push queue as its kind, node and state, with the kinds and nodes of the
 /// operations it waits for: what does not depend on operation ids and times.
 func queueSummary(_ catalog: Catalog, _ user: String) throws -> [String] {
-  try catalog.read(user) { tx in
+  // On the writer, as the push reads it: new nodes' deferred first uploads are queued first.
+  try catalog.read(user, onWriter: true) { tx in
     let ops = try tx.allOperations()
     let byID = Dictionary(uniqueKeysWithValues: ops.map { ($0.id, $0) })
     return try ops.map { op in
