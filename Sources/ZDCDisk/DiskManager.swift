@@ -69,9 +69,17 @@ public final class DiskManager: @unchecked Sendable {
   /// them meanwhile); inserted in batches.
   private var pendingInserts: [Entry] = []
   private var insertFlushScheduled = false
-  /// The longest a committed staging version waits for its index row (the commit log records
+  /// When the last staging version was committed (`DispatchTime` nanoseconds).
+  private var lastCommitNanos: UInt64 = 0
+  /// The shortest a committed staging version waits for its index row (the commit log records
   /// the commit meanwhile).
   public let insertFlushDelay: Double
+  /// While commits keep coming less than this many seconds apart (a copy of many files),
+  /// their rows wait for the index — up to ``maxPendingInserts`` of them —, and go in once
+  /// the commits pause: the index's work stays out of the burst.
+  public let insertFlushQuiet: Double
+  /// The most committed versions whose rows wait for the index (and records in the commit log).
+  public static let maxPendingInserts = 2_048
   /// The commits of staging versions whose rows the index does not hold yet, one record
   /// appended per commit: what start-up adopts after a crash. Emptied once the index holds
   /// them.
@@ -97,7 +105,8 @@ public final class DiskManager: @unchecked Sendable {
   /// ``CryptoFile/chunkShifts``).
   public init(
     directory: URL, key: Data, capBytes: UInt64? = nil, automaticEviction: Bool = true,
-    insertFlushDelay: Double = 0.05, chunkShift: UInt8 = CryptoFile.defaultChunkShift
+    insertFlushDelay: Double = 0.05, insertFlushQuiet: Double = 1,
+    chunkShift: UInt8 = CryptoFile.defaultChunkShift
   ) throws {
     guard key.count == 32 else { throw DiskError.invalidKey }
     guard CryptoFile.chunkShifts.contains(chunkShift) else {
@@ -106,6 +115,7 @@ public final class DiskManager: @unchecked Sendable {
     self.chunkShift = chunkShift
     self.directory = directory
     self.insertFlushDelay = insertFlushDelay
+    self.insertFlushQuiet = insertFlushQuiet
     self.key = key
     self.automaticEviction = automaticEviction
     cacheDirectory = directory.appendingPathComponent("cache", isDirectory: true)
@@ -1089,6 +1099,7 @@ public final class DiskManager: @unchecked Sendable {
         stateLock.withLock {
           replaceRow(e, row)
           pendingInserts.append(e)
+          lastCommitNanos = DispatchTime.now().uptimeNanoseconds
         }
         deferred = true
       } else {
@@ -1107,18 +1118,43 @@ public final class DiskManager: @unchecked Sendable {
   }
 
   private func scheduleInsertFlush() {
-    let go = stateLock.withLock { () -> Bool in
+    let (go, full) = stateLock.withLock { () -> (Bool, Bool) in
       defer { insertFlushScheduled = true }
-      return !insertFlushScheduled
+      return (!insertFlushScheduled, pendingInserts.count >= Self.maxPendingInserts)
+    }
+    if full {
+      background.async { [weak self] in self?.flushInserts() }
     }
     guard go else { return }
-    background.asyncAfter(deadline: .now() + insertFlushDelay) { [weak self] in
+    scheduleInsertFlush(after: insertFlushDelay)
+  }
+
+  private func scheduleInsertFlush(after seconds: Double) {
+    background.asyncAfter(deadline: .now() + seconds) { [weak self] in
       guard let self else { return }
-      self.mutationLock.withLock {
-        self.stateLock.withLock { self.insertFlushScheduled = false }
-        do { try self.flushInsertsLocked() } catch {
-          self.logger.error("could not record committed staging versions: \(error)")
+      // Commits still coming: the rows wait until they pause.
+      let wait = self.stateLock.withLock { () -> Double? in
+        let quiet = Double(DispatchTime.now().uptimeNanoseconds &- self.lastCommitNanos) / 1e9
+        if quiet < self.insertFlushQuiet, !self.pendingInserts.isEmpty,
+          self.pendingInserts.count < Self.maxPendingInserts
+        {
+          return self.insertFlushQuiet - quiet
         }
+        self.insertFlushScheduled = false
+        return nil
+      }
+      if let wait {
+        self.scheduleInsertFlush(after: max(wait, self.insertFlushDelay))
+      } else {
+        self.flushInserts()
+      }
+    }
+  }
+
+  private func flushInserts() {
+    mutationLock.withLock {
+      do { try flushInsertsLocked() } catch {
+        logger.error("could not record committed staging versions: \(error)")
       }
     }
   }

@@ -259,6 +259,39 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     staged.close()
   }
 
+  /// While commits keep coming (a copy of many files), their rows wait for the index — the
+  /// commit log holds them — and go in once the commits pause.
+  @Test func committedVersionsWaitForTheIndexWhileCommitsKeepComing() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let log = tmp.path("state").appendingPathComponent("staging.log").path
+    func logBytes() -> Int {
+      ((try? FileManager.default.attributesOfItem(atPath: log))?[.size] as? Int) ?? -1
+    }
+    do {
+      let disk = try DiskManager(
+        directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
+        insertFlushDelay: 0.01, insertFlushQuiet: 0.6)
+      var logged = 0
+      for node in Int64(1)...6 {
+        let s = try disk.stagingFile(forNode: node)
+        try s.write(marked("n\(node)", count: 1_000), at: 0)
+        try disk.commitStaging(s)
+        s.close()
+        Thread.sleep(forTimeInterval: 0.1)
+        // Every commit so far is still in the log: none went into the index.
+        #expect(logBytes() > logged)
+        logged = logBytes()
+      }
+      let deadline = Date().addingTimeInterval(5)
+      while logBytes() != 0 && Date() < deadline { Thread.sleep(forTimeInterval: 0.05) }
+      #expect(logBytes() == 0)
+      #expect(disk.usage.entries == 6)
+    }
+    let reopened = try makeDisk(tmp, key: key)
+    #expect(reopened.usage.entries == 6)
+    for node in Int64(1)...6 { #expect(reopened.isDirty(nodeID: node)) }
+  }
+
   @Test func committedVersionsSurviveACrashBeforeTheirRows() throws {
     let tmp = try TemporaryDirectory("disk")
     let crashed = try TemporaryDirectory("disk-crashed")
