@@ -324,19 +324,24 @@ public final class DiskManager: @unchecked Sendable {
     if !flushScheduled {
       flushScheduled = true
       background.asyncAfter(deadline: .now() + Self.accessFlushInterval) { [weak self] in
-        self?.flush()
+        // Committed versions still waiting for the index wait on (see `insertFlushQuiet`).
+        self?.flush(inserts: false)
       }
     }
   }
 
   /// Deletes the files of removed entries still waiting, and writes pending access times,
   /// filled chunks and committed staging versions to the index, now.
-  public func flush() {
+  public func flush() { flush(inserts: true) }
+
+  private func flush(inserts: Bool) {
     unlinkPending()
     persistFills()
     mutationLock.withLock {
-      do { try flushInsertsLocked() } catch {
-        logger.warning("could not record committed staging versions: \(error)")
+      if inserts || !stateLock.withLock({ commitsComingLocked() }) {
+        do { try flushInsertsLocked() } catch {
+          logger.warning("could not record committed staging versions: \(error)")
+        }
       }
       let ticks = stateLock.withLock { () -> [(Int64, Int64)] in
         flushScheduled = false
@@ -1134,10 +1139,8 @@ public final class DiskManager: @unchecked Sendable {
       guard let self else { return }
       // Commits still coming: the rows wait until they pause.
       let wait = self.stateLock.withLock { () -> Double? in
-        let quiet = Double(DispatchTime.now().uptimeNanoseconds &- self.lastCommitNanos) / 1e9
-        if quiet < self.insertFlushQuiet, !self.pendingInserts.isEmpty,
-          self.pendingInserts.count < Self.maxPendingInserts
-        {
+        if self.commitsComingLocked() {
+          let quiet = Double(DispatchTime.now().uptimeNanoseconds &- self.lastCommitNanos) / 1e9
           return self.insertFlushQuiet - quiet
         }
         self.insertFlushScheduled = false
@@ -1149,6 +1152,14 @@ public final class DiskManager: @unchecked Sendable {
         self.flushInserts()
       }
     }
+  }
+
+  /// True while staging commits keep coming and the rows waiting for the index may wait on.
+  /// Caller holds `stateLock`.
+  private func commitsComingLocked() -> Bool {
+    let quiet = Double(DispatchTime.now().uptimeNanoseconds &- lastCommitNanos) / 1e9
+    return quiet < insertFlushQuiet && !pendingInserts.isEmpty
+      && pendingInserts.count < Self.maxPendingInserts
   }
 
   private func flushInserts() {
