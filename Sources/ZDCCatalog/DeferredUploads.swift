@@ -28,7 +28,8 @@ final class DeferredUploads: Sendable {
     var userID: String
     /// The node's content was committed (`commitData`): a DATA upload follows its RCRD.
     var data: Bool
-    /// When the node was created (seconds since the reference date).
+    /// When the node was created or its content last committed (seconds since the reference
+    /// date): its operations count as queued then.
     var since: Double
   }
 
@@ -144,12 +145,15 @@ extension CloudTransaction {
     return true
   }
 
-  /// Notes that a deferred node's content was committed: its DATA upload is queued with its
-  /// RCRD's.
+  /// Notes that a deferred node's content was committed (now): its DATA upload is queued with
+  /// its RCRD's, once settled from then.
   func deferDataUpload(_ id: NodeID) throws {
-    guard let deferredUploads, var entry = deferredUploads.entry(id), !entry.data else { return }
+    guard let deferredUploads, var entry = deferredUploads.entry(id) else { return }
     entry.data = true
-    if deferredUploads.isStored(id) { try rawExecute(Self.storeDeferredDataSQL, [id]) }
+    entry.since = Date().timeIntervalSinceReferenceDate
+    if deferredUploads.isStored(id) {
+      try rawExecute(Self.storeDeferredDataSQL, [entry.since, id])
+    }
     deferredUploads.set(id, entry)
   }
 
@@ -205,13 +209,14 @@ extension CloudTransaction {
       }
       if let parentUpload { deps.append(parentUpload) }
     }
+    // Queued, as far as settling goes, when the node last changed (as at that batch's commit).
     let rcrd = try insertOperation(
       kind: .putRcrd, nodeID: id, cloudID: node.cloudID, payload: nil, dependsOn: deps,
-      depsQueued: true)
+      depsQueued: true, createdAt: entry.since)
     if entry.data {
       _ = try insertOperation(
         kind: .putData, nodeID: id, cloudID: node.cloudID, payload: nil, dependsOn: [rcrd],
-        depsQueued: true)
+        depsQueued: true, createdAt: entry.since)
     }
     try forgetDeferred(id)
   }
@@ -266,7 +271,7 @@ extension CloudTransaction {
   }
 
   private static let storeDeferredDataSQL = CatalogSQL(
-    "UPDATE deferredUploads SET data = 1 WHERE nodeID = ?")
+    "UPDATE deferredUploads SET data = 1, since = ? WHERE nodeID = ?")
   private static let deleteDeferredSQL = CatalogSQL(
     "DELETE FROM deferredUploads WHERE nodeID = ?")
   private static let storedDeferredCountSQL = CatalogSQL(

@@ -81,14 +81,14 @@ extension CloudTransaction {
   /// inserted it in this transaction): the dependency rows go in without checking.
   func insertOperation(
     kind: PushOperationKind, nodeID: NodeID?, cloudID: String?, payload: PushPayload?,
-    dependsOn deps: [Int64], depsQueued: Bool = false
+    dependsOn deps: [Int64], depsQueued: Bool = false, createdAt: Double? = nil
   ) throws -> Int64 {
     let now = Date().timeIntervalSinceReferenceDate
     try rawExecute(
       Self.insertOperationSQL,
       [
         userID, kind.rawValue, nodeID, cloudID, payload.map(PushPayloadJSON.encode) ?? "{}", now,
-        now,
+        createdAt ?? now,
       ])
     let id = db.lastInsertedRowID
     for dep in deps {

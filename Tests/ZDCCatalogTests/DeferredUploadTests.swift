@@ -55,6 +55,7 @@ import ZDCTestSupport
         _ = try tx.commitData(nodeID: f.id, size: 3, mtime: nil)
         return (d, f)
       }
+      let made = Date()
       #expect(catalog.deferredFirstUploads == 2)
       #expect(try catalog.queuedOperationRows() == 0)
       try catalog.commitPending()
@@ -69,10 +70,11 @@ import ZDCTestSupport
       }
       #expect(busy.isEmpty)
       #expect(try catalog.queuedOperationRows() == 0)
-      // Quiet: the push's query queues them (parents first) and then finds the directory's.
+      // Quiet: the push's query queues them (parents first), as queued when the nodes last
+      // changed — settled as of then, as at their batch's commit —, and finds the directory's.
+      Thread.sleep(forTimeInterval: 0.01)
       let ready = try catalog.write(user) { tx in
-        try tx.readyOperations(
-          limit: 10, now: Date.distantFuture, settledBefore: Date.distantFuture)
+        try tx.readyOperations(limit: 10, now: Date.distantFuture, settledBefore: made)
       }
       #expect(ready.map(\.nodeID) == [d.id])
       #expect(catalog.deferredFirstUploads == 0)
