@@ -24,7 +24,7 @@ import ZDCCore
 /// Touched only on the writer connection. A rollback brings the entries back to what the last
 /// commit left, and a unit that fails without changing a row undoes what it changed here.
 final class DeferredUploads: Sendable {
-  struct Entry: Sendable, Equatable {
+  struct Entry: Sendable {
     var userID: String
     /// The node's content was committed (`commitData`): a DATA upload follows its RCRD.
     var data: Bool
@@ -57,16 +57,14 @@ final class DeferredUploads: Sendable {
   func isStored(_ id: NodeID) -> Bool { state.withLock { $0.committed[id] != nil } }
 
   /// The ids of a user's entries made no later than `before` (all with `nil`), oldest node
-  /// first.
-  func ids(of userID: String, madeBefore before: Double? = nil) -> [NodeID] {
+  /// first, at most `limit`.
+  func ids(of userID: String, madeBefore before: Double? = nil, limit: Int = .max) -> [NodeID] {
     state.withLock { s in
-      s.entries.filter { id, e in e.userID == userID && e.since <= (before ?? .infinity) }
-        .keys.sorted()
+      Array(
+        s.entries.filter { id, e in e.userID == userID && e.since <= (before ?? .infinity) }
+          .keys.sorted().prefix(limit))
     }
   }
-
-  /// The users with entries.
-  var users: Set<String> { state.withLock { Set($0.entries.values.map(\.userID)) } }
 
   func set(_ id: NodeID, _ entry: Entry?) {
     state.withLock { s in
@@ -222,12 +220,13 @@ extension CloudTransaction {
   }
 
   /// Queues every deferred first upload of this transaction's user (before a query over all
-  /// of its push operations), or those of nodes made no later than `madeBefore`.
-  func queueDeferredUploads(madeBefore: Date? = nil) throws {
+  /// of its push operations), or, oldest node first, at most `limit` of those of nodes made no
+  /// later than `madeBefore`.
+  func queueDeferredUploads(madeBefore: Date? = nil, limit: Int = .max) throws {
     guard let deferredUploads, !deferredUploads.isEmpty else { return }
     var parentUploads: [NodeID: Int64?] = [:]
     let ids = deferredUploads.ids(
-      of: userID, madeBefore: madeBefore?.timeIntervalSinceReferenceDate)
+      of: userID, madeBefore: madeBefore?.timeIntervalSinceReferenceDate, limit: limit)
     guard !ids.isEmpty else { return }
     try atomically {
       for id in ids { try queueDeferredUpload(id, parentUploads: &parentUploads) }

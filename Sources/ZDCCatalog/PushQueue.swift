@@ -391,8 +391,9 @@ extension CloudTransaction {
   public func readyOperations(limit: Int, now: Date = Date(), settledBefore: Date? = nil) throws
     -> [PushOperation]
   {
-    // New nodes' first uploads are queued once they are as settled as the operations asked for.
-    try queueDeferredUploads(madeBefore: settledBefore)
+    // New nodes' first uploads are queued once they are as settled as the operations asked
+    // for, a slice at a time: after a copy of many files the writer is not held for seconds.
+    try queueDeferredUploads(madeBefore: settledBefore, limit: Self.deferredUploadsPerRead)
     let stmt = try db.cachedStatement(
       sql: """
         SELECT \(Self.operationColumns) FROM pushOperations o
@@ -410,6 +411,9 @@ extension CloudTransaction {
     while let row = try cursor.next() { out.append(try decodeOperation(row)) }
     return out
   }
+
+  /// The most deferred first uploads one ``readyOperations(limit:now:settledBefore:)`` queues.
+  static let deferredUploadsPerRead = 1_024
 
   /// One operation, or `nil`.
   public func operation(id: Int64) throws -> PushOperation? {

@@ -16,8 +16,8 @@ enum Schema {
   }
 
   /// New nodes whose first uploads are not queued yet (see `DeferredUploads`): the node, its
-  /// user, whether its content was committed (a DATA upload follows the RCRD) and when it was
-  /// made (seconds since the reference date).
+  /// user, whether its content was committed (a DATA upload follows the RCRD) and when it last
+  /// changed — made, or its content committed — (seconds since the reference date).
   private static func v8(_ db: Database) throws {
     try db.execute(
       sql: """

@@ -88,6 +88,28 @@ import ZDCTestSupport
     }
   }
 
+  /// The push's query queues deferred uploads a slice at a time, oldest nodes first (after a
+  /// copy of many files, the writer is not held for seconds); a count queues them all.
+  @Test func thePushQueuesDeferredUploadsASliceAtATime() throws {
+    try withCatalog { catalog, _ in
+      let n = 1_100
+      let ids = try catalog.write(user, commit: .soon) { tx in
+        try (0..<n).map { try tx.createNode(path: p("f\($0)")).id }
+      }
+      try catalog.commitPending()
+      let first = try catalog.write(user) { tx in
+        try tx.readyOperations(limit: 5, now: Date.distantFuture, settledBefore: Date())
+      }
+      #expect(first.map(\.nodeID) == Array(ids.prefix(5)))
+      #expect(catalog.deferredFirstUploads == n - 1_024)
+      #expect(try catalog.queuedOperationRows() == 1_024)
+      // A reader counts the queued and the stored alike.
+      #expect(try catalog.read(user) { tx in try tx.operationCount() } == n)
+      #expect(try catalog.read(user, onWriter: true) { tx in try tx.operationCount() } == n)
+      #expect(catalog.deferredFirstUploads == 0)
+    }
+  }
+
   @Test func askingForANodesOperationsQueuesItsUploadAndItsParentsFirst() throws {
     try withCatalog { catalog, _ in
       let (d, f) = try catalog.write(user, commit: .soon) { tx in
