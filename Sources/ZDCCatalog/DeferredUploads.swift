@@ -155,15 +155,10 @@ extension CloudTransaction {
     deferredUploads.set(id, entry)
   }
 
-  /// Forgets a deferred node whose row is deleted (nothing of it was queued).
+  /// Removes `id`'s entry, if it has one, and its row when it has one (its uploads are queued,
+  /// or its node's row is deleted with nothing of it queued).
   func dropDeferred(_ id: NodeID) throws {
     guard let deferredUploads, deferredUploads.contains(id) else { return }
-    try forgetDeferred(id)
-  }
-
-  /// Removes `id`'s entry, and its row when it has one.
-  private func forgetDeferred(_ id: NodeID) throws {
-    guard let deferredUploads else { return }
     if deferredUploads.isStored(id) { try rawExecute(Self.deleteDeferredSQL, [id]) }
     deferredUploads.set(id, nil)
   }
@@ -193,7 +188,7 @@ extension CloudTransaction {
     guard let deferredUploads, let entry = deferredUploads.entry(id) else { return }
     guard let node = try node(id: id) else {
       // Gone without `deleteRows` (nothing of it was queued): nothing to queue.
-      try forgetDeferred(id)
+      try dropDeferred(id)
       return
     }
     var deps: [Int64] = []
@@ -216,7 +211,7 @@ extension CloudTransaction {
         kind: .putData, nodeID: id, cloudID: node.cloudID, payload: nil, dependsOn: [rcrd],
         depsQueued: true, createdAt: entry.since)
     }
-    try forgetDeferred(id)
+    try dropDeferred(id)
   }
 
   /// Queues every deferred first upload of this transaction's user (before a query over all
@@ -234,14 +229,19 @@ extension CloudTransaction {
   }
 
   /// How many upload operations the stored deferred first uploads of this user stand for (an
-  /// RCRD each, and a DATA for those whose content was committed).
+  /// RCRD each, and a DATA for those whose content was committed), on a connection that does
+  /// not hold the entries (a reader); 0 on one that does: every row there is an entry, and
+  /// the entries are queued before a count.
   func storedDeferredOperationCount() throws -> Int {
-    Int(try rawInt(Self.storedDeferredCountSQL, [userID]) ?? 0)
+    guard deferredUploads == nil else { return 0 }
+    return Int(try rawInt(Self.storedDeferredCountSQL, [userID]) ?? 0)
   }
 
-  /// Whether `id` has a stored deferred first upload.
+  /// Whether `id` has a stored deferred first upload, on a connection that does not hold the
+  /// entries (see ``storedDeferredOperationCount()``).
   func hasStoredDeferredUpload(_ id: NodeID) throws -> Bool {
-    try rawInt(Self.storedDeferredExistsSQL, [id, userID]) != nil
+    guard deferredUploads == nil else { return false }
+    return try rawInt(Self.storedDeferredExistsSQL, [id, userID]) != nil
   }
 
   /// Inserts the entries made since the last commit into the table (before the commit).

@@ -338,7 +338,7 @@ public final class DiskManager: @unchecked Sendable {
     unlinkPending()
     persistFills()
     mutationLock.withLock {
-      if inserts || !stateLock.withLock({ commitsComingLocked() }) {
+      if inserts || stateLock.withLock({ insertWaitLocked() }) == nil {
         do { try flushInsertsLocked() } catch {
           logger.warning("could not record committed staging versions: \(error)")
         }
@@ -1139,12 +1139,9 @@ public final class DiskManager: @unchecked Sendable {
       guard let self else { return }
       // Commits still coming: the rows wait until they pause.
       let wait = self.stateLock.withLock { () -> Double? in
-        if self.commitsComingLocked() {
-          let quiet = Double(DispatchTime.now().uptimeNanoseconds &- self.lastCommitNanos) / 1e9
-          return self.insertFlushQuiet - quiet
-        }
-        self.insertFlushScheduled = false
-        return nil
+        let wait = self.insertWaitLocked()
+        if wait == nil { self.insertFlushScheduled = false }
+        return wait
       }
       if let wait {
         self.scheduleInsertFlush(after: max(wait, self.insertFlushDelay))
@@ -1154,12 +1151,14 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
-  /// True while staging commits keep coming and the rows waiting for the index may wait on.
-  /// Caller holds `stateLock`.
-  private func commitsComingLocked() -> Bool {
+  /// How much longer the rows waiting for the index may wait (staging commits keep coming), or
+  /// `nil` when they go in now. Caller holds `stateLock`.
+  private func insertWaitLocked() -> Double? {
     let quiet = Double(DispatchTime.now().uptimeNanoseconds &- lastCommitNanos) / 1e9
-    return quiet < insertFlushQuiet && !pendingInserts.isEmpty
-      && pendingInserts.count < Self.maxPendingInserts
+    guard quiet < insertFlushQuiet, !pendingInserts.isEmpty,
+      pendingInserts.count < Self.maxPendingInserts
+    else { return nil }
+    return insertFlushQuiet - quiet
   }
 
   private func flushInserts() {
