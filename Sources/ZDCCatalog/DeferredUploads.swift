@@ -4,8 +4,8 @@ import Synchronization
 import ZDCCore
 
 /// New nodes whose first upload operations are not queued yet. They are queued when anything
-/// asks for a push operation of theirs or reads the whole queue (a status count, a sync), and
-/// by the push manager once the user's activity has been quiet for a while (see
+/// asks for a push operation of theirs or reads the whole queue (the push's start, a full
+/// scan), and by the push manager once the user's activity has been quiet for a while (see
 /// ``CloudTransaction/readyOperations(limit:now:settledBefore:)``) — not while a burst of file
 /// operations runs, which then costs no upload operations, dependency rows or their indexes.
 ///
@@ -18,8 +18,9 @@ import ZDCCore
 /// survive the process: a batch's commit inserts the entries its units made, and a change of
 /// an entry already in the table (its content committed, its uploads queued, its node
 /// deleted) changes the row in the unit that makes it. The table is loaded at open by the
-/// process that holds the catalog's journal; other connections count its rows as queued
-/// uploads (``CloudTransaction/operationCount()``).
+/// process that holds the catalog's journal. A count of the queue (progress, status, a sync's
+/// wait: ``CloudTransaction/operationCount()``) takes the entries, or on other connections
+/// the table's rows, for the uploads they stand for, and queues nothing.
 ///
 /// Touched only on the writer connection. A rollback brings the entries back to what the last
 /// commit left, and a unit that fails without changing a row undoes what it changed here.
@@ -63,6 +64,14 @@ final class DeferredUploads: Sendable {
       Array(
         s.entries.filter { id, e in e.userID == userID && e.since <= (before ?? .infinity) }
           .keys.sorted().prefix(limit))
+    }
+  }
+
+  /// How many upload operations a user's entries stand for: an RCRD each, and a DATA for those
+  /// whose content was committed.
+  func operationCount(of userID: String) -> Int {
+    state.withLock { s in
+      s.entries.values.reduce(0) { n, e in e.userID == userID ? n + (e.data ? 2 : 1) : n }
     }
   }
 
@@ -228,17 +237,18 @@ extension CloudTransaction {
     }
   }
 
-  /// How many upload operations the stored deferred first uploads of this user stand for (an
-  /// RCRD each, and a DATA for those whose content was committed), on a connection that does
-  /// not hold the entries (a reader); 0 on one that does: every row there is an entry, and
-  /// the entries are queued before a count.
-  func storedDeferredOperationCount() throws -> Int {
-    guard deferredUploads == nil else { return 0 }
+  /// How many upload operations the deferred first uploads of this user stand for (an RCRD
+  /// each, and a DATA for those whose content was committed): the entries', on the connection
+  /// that holds them (every stored row is an entry there), or the stored rows', on one that
+  /// does not (a reader). Counting queues nothing: a progress count during a burst of file
+  /// operations would otherwise queue the burst's first uploads as it goes.
+  func deferredOperationCount() throws -> Int {
+    if let deferredUploads { return deferredUploads.operationCount(of: userID) }
     return Int(try rawInt(Self.storedDeferredCountSQL, [userID]) ?? 0)
   }
 
   /// Whether `id` has a stored deferred first upload, on a connection that does not hold the
-  /// entries (see ``storedDeferredOperationCount()``).
+  /// entries (see ``deferredOperationCount()``).
   func hasStoredDeferredUpload(_ id: NodeID) throws -> Bool {
     guard deferredUploads == nil else { return false }
     return try rawInt(Self.storedDeferredExistsSQL, [id, userID]) != nil

@@ -470,11 +470,9 @@ extension CloudTransaction {
   /// The number of outstanding operations of the user, the uploads of new nodes not queued
   /// yet included.
   public func operationCount() throws -> Int {
-    try queueDeferredUploads()
     let stmt = try db.cachedStatement(
       sql: "SELECT COUNT(*) FROM pushOperations WHERE localUserID = ?")
-    // A connection that does not hold the deferred entries (a reader) counts their rows.
-    return try (Int.fetchOne(stmt, arguments: [userID]) ?? 0) + storedDeferredOperationCount()
+    return try (Int.fetchOne(stmt, arguments: [userID]) ?? 0) + deferredOperationCount()
   }
 
   /// How many operations have failed at least once (and wait to be retried).

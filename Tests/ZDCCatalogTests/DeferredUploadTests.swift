@@ -47,6 +47,34 @@ import ZDCTestSupport
     }
   }
 
+  /// The push counts the queue for its progress every 0.2 s, while a copy runs: the count
+  /// takes the deferred first uploads for the operations they stand for and queues none.
+  @Test func aCountOfTheQueueQueuesNothing() throws {
+    try withCatalog { catalog, _ in
+      let (d, f) = try catalog.write(user, commit: .soon) { tx in
+        let d = try tx.createNode(path: p("d"), kind: .directory)
+        let f = try tx.createNode(path: p("d", "f"))
+        _ = try tx.commitData(nodeID: f.id, size: 3, mtime: nil)
+        return (d, f)
+      }
+      // On the writer (the batch is open), then after the commit, and from a reader.
+      #expect(try catalog.read(user) { tx in try tx.operationCount() } == 3)
+      try catalog.commitPending()
+      #expect(try catalog.read(user, onWriter: true) { tx in try tx.operationCount() } == 3)
+      #expect(try catalog.read(user) { tx in try tx.operationCount() } == 3)
+      #expect(catalog.deferredFirstUploads == 2)
+      #expect(try catalog.queuedOperationRows() == 0)
+      // Another user's count leaves them out.
+      try catalog.createLocalUser(makeUser("bob"))
+      #expect(try catalog.read("bob") { tx in try tx.operationCount() } == 0)
+      // Queued, they count the same.
+      let all = try catalog.write(user) { tx in try tx.allOperations() }
+      #expect(Set(all.map(\.nodeID)) == [d.id, f.id])
+      #expect(catalog.deferredFirstUploads == 0)
+      #expect(try catalog.read(user) { tx in try tx.operationCount() } == 3)
+    }
+  }
+
   @Test func theCommitStoresWhatIsLeftForThePushToQueue() throws {
     try withCatalog { catalog, _ in
       let (d, f) = try catalog.write(user, commit: .soon) { tx in
@@ -89,7 +117,8 @@ import ZDCTestSupport
   }
 
   /// The push's query queues deferred uploads a slice at a time, oldest nodes first (after a
-  /// copy of many files, the writer is not held for seconds); a count queues them all.
+  /// copy of many files, the writer is not held for seconds); a count counts the rest, and a
+  /// read of the whole queue queues them all.
   @Test func thePushQueuesDeferredUploadsASliceAtATime() throws {
     try withCatalog { catalog, _ in
       let n = 1_100
@@ -106,6 +135,8 @@ import ZDCTestSupport
       // A reader counts the queued and the stored alike.
       #expect(try catalog.read(user) { tx in try tx.operationCount() } == n)
       #expect(try catalog.read(user, onWriter: true) { tx in try tx.operationCount() } == n)
+      #expect(catalog.deferredFirstUploads == n - 1_024)
+      #expect(try catalog.write(user) { tx in try tx.allOperations() }.count == n)
       #expect(catalog.deferredFirstUploads == 0)
     }
   }
