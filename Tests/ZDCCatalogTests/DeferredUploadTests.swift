@@ -47,16 +47,21 @@ import ZDCTestSupport
     }
   }
 
+  /// A directory `d` and a file `d/f` with committed content, made by one `.soon` write.
+  func makeDirectoryWithFile(_ catalog: Catalog) throws -> (Node, Node) {
+    try catalog.write(user, commit: .soon) { tx in
+      let d = try tx.createNode(path: p("d"), kind: .directory)
+      let f = try tx.createNode(path: p("d", "f"))
+      _ = try tx.commitData(nodeID: f.id, size: 3, mtime: nil)
+      return (d, f)
+    }
+  }
+
   /// The push counts the queue for its progress every 0.2 s, while a copy runs: the count
   /// takes the deferred first uploads for the operations they stand for and queues none.
   @Test func aCountOfTheQueueQueuesNothing() throws {
     try withCatalog { catalog, _ in
-      let (d, f) = try catalog.write(user, commit: .soon) { tx in
-        let d = try tx.createNode(path: p("d"), kind: .directory)
-        let f = try tx.createNode(path: p("d", "f"))
-        _ = try tx.commitData(nodeID: f.id, size: 3, mtime: nil)
-        return (d, f)
-      }
+      let (d, f) = try makeDirectoryWithFile(catalog)
       // On the writer (the batch is open), then after the commit, and from a reader.
       #expect(try catalog.read(user) { tx in try tx.operationCount() } == 3)
       try catalog.commitPending()
@@ -77,12 +82,7 @@ import ZDCTestSupport
 
   @Test func theCommitStoresWhatIsLeftForThePushToQueue() throws {
     try withCatalog { catalog, _ in
-      let (d, f) = try catalog.write(user, commit: .soon) { tx in
-        let d = try tx.createNode(path: p("d"), kind: .directory)
-        let f = try tx.createNode(path: p("d", "f"))
-        _ = try tx.commitData(nodeID: f.id, size: 3, mtime: nil)
-        return (d, f)
-      }
+      let (d, f) = try makeDirectoryWithFile(catalog)
       let made = Date()
       #expect(catalog.deferredFirstUploads == 2)
       #expect(try catalog.queuedOperationRows() == 0)
