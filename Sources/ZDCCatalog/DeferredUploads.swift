@@ -4,8 +4,8 @@ import Synchronization
 import ZDCCore
 
 /// New nodes whose first upload operations are not queued yet. They are queued when anything
-/// asks for a push operation of theirs or reads the whole queue (the push's start, a full
-/// scan), and by the push manager once the user's activity has been quiet for a while (see
+/// asks for a push operation of theirs or reads the whole queue (the push's start), and by
+/// the push manager once the user's activity has been quiet for a while (see
 /// ``CloudTransaction/readyOperations(limit:now:settledBefore:)``) — not while a burst of file
 /// operations runs, which then costs no upload operations, dependency rows or their indexes.
 ///

@@ -467,6 +467,19 @@ extension CloudTransaction {
     return try Row.fetchAll(stmt, arguments: [userID]).map(decodeOperation)
   }
 
+  /// The outstanding move operations of the user, oldest first. The deferred first uploads
+  /// stay deferred: a node whose first upload waits has no move (a full scan reads these
+  /// while a copy may be running).
+  public func moveOperations() throws -> [PushOperation] {
+    let stmt = try db.cachedStatement(
+      sql: """
+        SELECT \(Self.operationColumns) FROM pushOperations
+        WHERE localUserID = ? AND kind = ? ORDER BY id
+        """)
+    return try Row.fetchAll(stmt, arguments: [userID, PushOperationKind.move.rawValue]).map(
+      decodeOperation)
+  }
+
   /// The number of outstanding operations of the user, the uploads of new nodes not queued
   /// yet included.
   public func operationCount() throws -> Int {

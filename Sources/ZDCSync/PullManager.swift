@@ -376,7 +376,7 @@ public final class PullManager: @unchecked Sendable {
     let (index, moves) = try context.catalog.read(context.userID) { tx in
       (
         try tx.syncIndex(),
-        try tx.allOperations().filter { $0.kind == .move && $0.payload.origin != nil }
+        try tx.moveOperations().filter { $0.payload.origin != nil }
       )
     }
     var byKey: [String: SyncIndexEntry] = [:]

@@ -69,6 +69,9 @@ import ZDCTestSupport
       #expect(try catalog.read(user) { tx in try tx.operationCount() } == 3)
       #expect(catalog.deferredFirstUploads == 2)
       #expect(try catalog.queuedOperationRows() == 0)
+      // Nor does a full scan's read of the moves (a node whose first upload waits has none).
+      #expect(try catalog.read(user) { tx in try tx.moveOperations() }.isEmpty)
+      #expect(catalog.deferredFirstUploads == 2)
       // Another user's count leaves them out.
       try catalog.createLocalUser(makeUser("bob"))
       #expect(try catalog.read("bob") { tx in try tx.operationCount() } == 0)

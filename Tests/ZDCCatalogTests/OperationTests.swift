@@ -188,6 +188,7 @@ import ZDCCore
       #expect(try tx.operationKinds(ofNodeID: f.id).map(\.id) == ops.map(\.id))
       #expect(try tx.operationKinds(ofNodeID: f.id).map(\.kind) == ops.map(\.kind))
       #expect(try tx.queuedMoveOrigin(ofNodeID: f.id) == origin)
+      #expect(try tx.moveOperations().map(\.id) == [move.id])
       #expect(try tx.outstandingKinds(ofNodeID: f.id) == [.move, .putData, .putRcrd])
       #expect(try tx.dependencies(ofOperation: ops[1].id) == [move.id])
       #expect(try tx.dependencies(ofOperation: ops[2].id) == [move.id])
