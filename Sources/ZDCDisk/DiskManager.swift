@@ -1425,11 +1425,7 @@ final class StagingCommitLog: @unchecked Sendable {
     var name = name
     let (n, count) = name.withUTF8 { utf8 in
       withUnsafeTemporaryAllocation(of: UInt8.self, capacity: utf8.count + 44) { buffer in
-        var at = 0
-        for byte in utf8 {
-          buffer[at] = byte
-          at += 1
-        }
+        var at = buffer.initialize(fromContentsOf: utf8)
         buffer[at] = UInt8(ascii: " ")
         at += 1
         at = Self.putDecimal(nodeID, into: buffer, at: at)
