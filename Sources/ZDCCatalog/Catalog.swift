@@ -2,6 +2,7 @@ import CSQLiteTuning
 public import Foundation
 import GRDB
 import Logging
+import Synchronization
 public import ZDCCore
 import ZDCCrypto
 
@@ -371,6 +372,11 @@ public final class Catalog: Sendable {
     } catch let error as DatabaseError where error.resultCode == .SQLITE_FULL {
       throw CatalogError.outOfSpace
     }
+  }
+
+  /// How many lookups of a name found it absent without a query (tests).
+  @_spi(Testing) public var absentNamesAnswered: Int {
+    nodes.absentAnswers.load(ordering: .relaxed)
   }
 
   /// How many new nodes' first uploads are not queued yet (tests).
@@ -788,6 +794,7 @@ final class NodeCache: Sendable {
   func removeAll() {
     entries.removeAll()
     childless.removeAll()
+    childNames.withLock { $0.removeAll() }
   }
 
   /// Nodes known to have no children (a file node shows as a directory once it has some, so
@@ -803,5 +810,57 @@ final class NodeCache: Sendable {
 
   func gainedChild(_ parentID: NodeID?) {
     if let parentID { childless.remove(parentID) }
+  }
+
+  /// The names of the children of directories made since the cache last started over, each
+  /// by the key it is matched by (a case variant's by the key of the name it stands for): a
+  /// directory made here starts empty and each statement that names a node (an insert, a
+  /// rename, a move, a change from the cloud) calls ``namedChild(_:_:)``, so a name missing
+  /// from its set is not taken, and the lookup of an absent name (every new file's, twice for
+  /// a rename's target) needs no query. Names leaving are not removed: a name in the set
+  /// only sends the lookup to the catalog. A rollback empties them with the nodes.
+  private let childNames = Mutex<[NodeID: Set<String>]>([:])
+  /// Past this many directories the sets start over; a set past `namesPerDirectory` is dropped.
+  static let directoriesWithNames = 4_096
+  static let namesPerDirectory = 100_000
+
+  /// A directory made in this transaction: no child yet.
+  func madeDirectory(_ id: NodeID) {
+    childNames.withLock {
+      if $0.count >= Self.directoriesWithNames { $0.removeAll() }
+      $0[id] = []
+    }
+  }
+
+  /// A node of `parentID` is now named `key`.
+  func namedChild(_ parentID: NodeID?, _ key: NameKey) {
+    guard let parentID else { return }
+    let base = Self.matchKey(key)
+    childNames.withLock {
+      guard $0[parentID] != nil else { return }
+      if $0[parentID]!.count >= Self.namesPerDirectory {
+        $0[parentID] = nil
+      } else {
+        $0[parentID]!.insert(base)
+      }
+    }
+  }
+
+  /// True when no child of `parentID` has a name that `key` matches up to case, nor a case
+  /// variant of one, as far as the names kept tell; false when they do not tell.
+  func hasNoChild(of parentID: NodeID, matching key: NameKey) -> Bool {
+    // A key of a case variant's shape matches a narrower range: the catalog answers it.
+    guard CaseVariant.splitKey(key.value) == nil else { return false }
+    let absent = childNames.withLock { $0[parentID].map { !$0.contains(key.value) } ?? false }
+    if absent { absentAnswers.add(1, ordering: .relaxed) }
+    return absent
+  }
+
+  /// How many times ``hasNoChild(of:matching:)`` answered (tests).
+  let absentAnswers = Atomic<Int>(0)
+
+  /// The key a child's name is matched by: a case variant's by the name it stands for.
+  private static func matchKey(_ key: NameKey) -> String {
+    CaseVariant.splitKey(key.value).map { String($0.base) } ?? key.value
   }
 }

@@ -241,8 +241,10 @@ public final class CloudTransaction {
     ]
     try rawExecute(Self.insertRowSQL, args)
     sharedNodes?.gainedChild(node.parentID)
+    sharedNodes?.namedChild(node.parentID, node.nameKey)
     // A new row has no children.
     sharedNodes?.noteChildless(db.lastInsertedRowID)
+    if node.kind == .directory { sharedNodes?.madeDirectory(db.lastInsertedRowID) }
     return db.lastInsertedRowID
   }
 
@@ -338,6 +340,18 @@ public final class CloudTransaction {
   /// The children of `parentID` whose name equals `name` up to case, and those kept under the
   /// case variant of such a name (see ``CaseVariant``), in ascending id order.
   public func children(of parentID: NodeID, sharingNameWith name: String) throws -> [Node] {
+    if let sharedNodes, sharedNodes.hasNoChild(of: parentID, matching: NameKey(name)) {
+      #if DEBUG
+        // Tests check that every statement naming a node told the cache.
+        let stored = try queryChildren(of: parentID, sharingNameWith: name)
+        precondition(stored.isEmpty, "stale child names of \(parentID)")
+      #endif
+      return []
+    }
+    return try queryChildren(of: parentID, sharingNameWith: name)
+  }
+
+  private func queryChildren(of parentID: NodeID, sharingNameWith name: String) throws -> [Node] {
     let (lower, upper) = try fields.nameKeyRange(of: name)
     var out: [Node] = []
     try rawQuery(Self.childrenSharingName, [parentID, lower, upper, userID]) { st in
@@ -759,6 +773,7 @@ public final class CloudTransaction {
     }
     rowChanged(id)
     if !sameParent { sharedNodes?.gainedChild(newParentID) }
+    sharedNodes?.namedChild(newParentID, newKey)
     try check("moveNode.afterUpdate")
     var moved = node
     moved.parentID = newParentID
