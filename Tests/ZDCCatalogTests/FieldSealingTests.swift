@@ -128,6 +128,35 @@ import ZDCCrypto
     try expectReadBack(recovered, w)
   }
 
+  /// The records of content commits, deletes and queued data uploads are written plain
+  /// (ids, a size, a time), beside the sealed ones of the same units, and replay.
+  @Test func plainRecordsOfASealedJournalReplay() throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let key = SecureRandom.bytes(32)
+    let catalog = try open(dir, key: key)
+    try catalog.createLocalUser(makeUser(user))
+    let name = "Kept-Marker-\(UUID().uuidString)"
+    let mtime = FileTime(seconds: 1_700_000_000, nanoseconds: 5)
+    let (kept, gone) = try catalog.write(user, commit: .soon) { tx in
+      let kept = try tx.createNode(path: p(name))
+      _ = try tx.commitData(nodeID: kept.id, size: 12_345, mtime: mtime)
+      let gone = try tx.createNode(path: p("gone"))
+      try tx.deleteNode(gone.id)
+      return (kept.id, gone.id)
+    }
+    let copy = try crashCopy(dir)
+    defer { try? FileManager.default.removeItem(at: copy) }
+    #expect(try found([Data(name.utf8)], in: copy) == [])
+    let recovered = try open(copy, key: key)
+    #expect(recovered.replayedJournalEntries > 0)
+    try recovered.read(user) { tx in
+      let n = try #require(try tx.node(path: p(name)))
+      #expect(n.id == kept && n.dataSize == 12_345 && n.mtime == mtime)
+      #expect(try tx.node(id: gone) == nil)
+    }
+  }
+
   @Test func withoutItsKeyASealedCatalogRefusesSealedFields() throws {
     let dir = try tempDir()
     defer { try? FileManager.default.removeItem(at: dir) }
