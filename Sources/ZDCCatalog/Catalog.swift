@@ -794,6 +794,7 @@ final class NodeCache: Sendable {
   func removeAll() {
     entries.removeAll()
     childless.removeAll()
+    bare.removeAll()
     childNames.withLock { $0.removeAll() }
   }
 
@@ -811,6 +812,19 @@ final class NodeCache: Sendable {
   func gainedChild(_ parentID: NodeID?) {
     if let parentID { childless.remove(parentID) }
   }
+
+  /// Nodes known to have no tag and no link: rows inserted since the cache last started over
+  /// that no tag or link has been given since (a node's rename clears its conflict tag, its
+  /// delete its tags and links: statements that find nothing to delete on a new node). Every
+  /// statement that gives a node a tag or a link calls ``clothed(_:)``; a rollback empties the
+  /// set with the nodes.
+  private let bare = BoundedMap<NodeID, Bool>(capacity: NodeCache.capacity)
+
+  func isBare(_ id: NodeID) -> Bool { bare.get(id) != nil }
+
+  func noteBare(_ id: NodeID) { bare.put(id, true) }
+
+  func clothed(_ id: NodeID) { bare.remove(id) }
 
   /// The names of the children of directories made since the cache last started over, each
   /// by the key it is matched by (a case variant's by the key of the name it stands for): a

@@ -242,8 +242,9 @@ public final class CloudTransaction {
     try rawExecute(Self.insertRowSQL, args)
     sharedNodes?.gainedChild(node.parentID)
     sharedNodes?.namedChild(node.parentID, node.nameKey)
-    // A new row has no children.
+    // A new row has no children, no tags and no links.
     sharedNodes?.noteChildless(db.lastInsertedRowID)
+    sharedNodes?.noteBare(db.lastInsertedRowID)
     if node.kind == .directory { sharedNodes?.madeDirectory(db.lastInsertedRowID) }
     return db.lastInsertedRowID
   }
@@ -292,6 +293,22 @@ public final class CloudTransaction {
 
   /// Drops a node from the shared cache: called by every statement that changes its row.
   func rowChanged(_ id: NodeID) { sharedNodes?.remove(id) }
+
+  /// True when the node is known to have no tag and no link (see `NodeCache.isBare`).
+  func isBare(_ id: NodeID) throws -> Bool {
+    guard let sharedNodes, sharedNodes.isBare(id) else { return false }
+    #if DEBUG
+      // Tests check that every statement giving a node a tag or a link told the cache.
+      let clothed = try Bool.fetchOne(
+        db,
+        sql: """
+          SELECT EXISTS (SELECT 1 FROM nodeTags WHERE nodeID = ?1)
+            OR EXISTS (SELECT 1 FROM nodeLinks WHERE nodeID = ?1)
+          """, arguments: [id])
+      precondition(clothed == false, "node \(id) has tags or links")
+    #endif
+    return true
+  }
 
   /// Drops every cached node: after a statement that may change many rows.
   func rowsChanged() { sharedNodes?.removeAll() }
@@ -874,8 +891,10 @@ public final class CloudTransaction {
     let tags = try statement(Self.deleteTagsSQL)
     let links = try statement(Self.deleteLinksSQL)
     for e in entries.reversed() {
-      try rawExecute(tags, [e.id])
-      try rawExecute(links, [e.id])
+      if try !isBare(e.id) {
+        try rawExecute(tags, [e.id])
+        try rawExecute(links, [e.id])
+      }
       try rawExecute(stmt, [e.id])
       rowChanged(e.id)
       try dropDeferred(e.id)

@@ -19,6 +19,7 @@ extension CloudTransaction {
     try requireWritable()
     _ = try existingNode(id: nodeID)
     if let value {
+      sharedNodes?.clothed(nodeID)
       let dbValue: any DatabaseValueConvertible
       switch value {
       case .string(let s): dbValue = s
@@ -27,6 +28,8 @@ extension CloudTransaction {
       }
       try rawExecute(Self.setTagSQL, [nodeID, identifier, dbValue])
     } else {
+      // A node without tags (most renames clear a conflict tag a new node never had).
+      if try isBare(nodeID) { return false }
       try rawExecute(Self.removeTagSQL, [nodeID, identifier])
     }
     try check("setTag.afterWrite")
@@ -98,6 +101,7 @@ extension CloudTransaction {
     if try linkedNodeID(forKey: key, inCollection: collection) != nil {
       throw CatalogError.alreadyLinked(nodeID: nodeID, collection: collection, key: key)
     }
+    sharedNodes?.clothed(nodeID)
     let stmt = try db.cachedStatement(
       sql: "INSERT INTO nodeLinks (nodeID, localUserID, collection, key) VALUES (?, ?, ?, ?)")
     try rawExecute(stmt, [nodeID, userID, collection, key])

@@ -30,6 +30,33 @@ import ZDCCore
     }
   }
 
+  /// A node made here has no tag or link to remove until it is given one (its removals then
+  /// take no statement); one given a tag or a link loses it as any node does.
+  @Test func aNewNodeGivenTagsAndLinksLosesThem() throws {
+    let catalog = try makeCatalog()
+    try catalog.write("alice") { tx in
+      let f = try tx.createNode(path: p("f"))
+      try tx.setTag(nil, forNodeID: f.id, identifier: "conflict")
+      try tx.setTag(.string("x"), forNodeID: f.id, identifier: "conflict")
+      try tx.setTag(nil, forNodeID: f.id, identifier: "conflict")
+      #expect(try tx.tag(forNodeID: f.id, identifier: "conflict") == nil)
+      try tx.setTag(.int(1), forNodeID: f.id, identifier: "kept")
+      try tx.linkNodeID(f.id, toKey: "k", inCollection: "c")
+      try tx.deleteNode(f.id)
+      #expect(try tx.linkedNodeID(forKey: "k", inCollection: "c") == nil)
+      let g = try tx.createNode(path: p("g"))
+      try tx.linkNodeID(g.id, toKey: "k", inCollection: "c")
+      #expect(try tx.linkedNodeID(forKey: "k", inCollection: "c") == g.id)
+    }
+    // In a later unit too (the cache outlives the transaction).
+    try catalog.write("alice") { tx in
+      let g = try #require(try tx.node(path: p("g")))
+      try tx.deleteNode(g.id)
+      #expect(try tx.linkedNodeID(forKey: "k", inCollection: "c") == nil)
+    }
+    #expect(try catalog.foreignKeyViolations().isEmpty)
+  }
+
   @Test func links() throws {
     let catalog = try makeCatalog()
     try catalog.createLocalUser(makeUser("bob"))
