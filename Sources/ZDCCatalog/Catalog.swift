@@ -5,6 +5,7 @@ import Logging
 import Synchronization
 public import ZDCCore
 import ZDCCrypto
+import ZDCSQLite
 
 /// The local catalog: every local user's treesystem metadata and push queue, in one SQLite
 /// database.
@@ -327,7 +328,7 @@ public final class Catalog: Sendable {
           if known == nil { layouts.value[userID] = layout }
           return result
         }
-        if !db.isInsideTransaction {
+        if !db.rawIsInsideTransaction {
           if commit == .now {
             try control(db, "BEGIN IMMEDIATE TRANSACTION")
             do {
@@ -336,7 +337,7 @@ public final class Catalog: Sendable {
               try control(db, "COMMIT TRANSACTION")
               return result
             } catch {
-              if db.isInsideTransaction { try? control(db, "ROLLBACK TRANSACTION") }
+              if db.rawIsInsideTransaction { try? control(db, "ROLLBACK TRANSACTION") }
               nodes.removeAll()
               throw error
             }
@@ -349,17 +350,17 @@ public final class Catalog: Sendable {
         // an eighth of a file operation). A unit that fails having changed nothing leaves the
         // batch as it was; one that fails after changing rows has the batch rebuilt without it.
         let result: T
-        let changesBefore = db.totalChangesCount
+        let changesBefore = db.rawTotalChangesCount
         deferredUploads.beginUnit()
         do {
           result = try unit(journaled: commit == .soon && journal != nil)
         } catch {
           nodes.removeAll()
-          if !db.isInsideTransaction {
+          if !db.rawIsInsideTransaction {
             // SQLite ended the transaction (it rolls back on a full disk).
             deferredUploads.didRollback()
             batchOpen.value = false
-          } else if db.totalChangesCount != changesBefore {
+          } else if db.rawTotalChangesCount != changesBefore {
             rebuildBatch(db)
           } else {
             deferredUploads.undoUnit()
@@ -400,7 +401,7 @@ public final class Catalog: Sendable {
   }
 
   private func commitBatch(_ db: Database) throws {
-    guard db.isInsideTransaction else {
+    guard db.rawIsInsideTransaction else {
       deferredUploads.didRollback()
       batchOpen.value = false
       return
@@ -425,7 +426,7 @@ public final class Catalog: Sendable {
     } catch {
       nodes.removeAll()
       deferredUploads.didRollback()
-      if !db.isInsideTransaction {
+      if !db.rawIsInsideTransaction {
         batchOpen.value = false
       } else {
         // Not committed and still open: give up on it rather than leave it half-done.
@@ -480,7 +481,7 @@ public final class Catalog: Sendable {
     } catch {
       nodes.removeAll()
       deferredUploads.didRollback()
-      if db.isInsideTransaction { try? control(db, "ROLLBACK TRANSACTION") }
+      if db.rawIsInsideTransaction { try? control(db, "ROLLBACK TRANSACTION") }
       batchOpen.value = false
       if let journal, batchJournalSeq > committedJournalSeq {
         try? journal.truncate()
@@ -590,7 +591,7 @@ public final class Catalog: Sendable {
     if batchOpen.value {
       // Uncommitted writes are visible on the writer connection only.
       return try writer.unsafeReentrantWrite { db in
-        if db.isInsideTransaction { return try unit(db, onWriter: true) }
+        if db.rawIsInsideTransaction { return try unit(db, onWriter: true) }
         var result: T?
         try db.inTransaction(.deferred) {
           result = try unit(db, onWriter: true)
@@ -662,7 +663,7 @@ public final class Catalog: Sendable {
       try db.execute(
         sql: "UPDATE localUsers SET settings = ? WHERE id = ?",
         arguments: [String(decoding: settings, as: UTF8.self), userID])
-      if db.changesCount == 0 { throw CatalogError.userNotFound(userID) }
+      if db.rawChangesCount == 0 { throw CatalogError.userNotFound(userID) }
     }
   }
 

@@ -61,7 +61,7 @@ public final class CloudTransaction {
   /// outside the catalog — moving files, notifying — never becomes visible before the catalog
   /// change it goes with. In a read-only transaction, `body` runs right away.
   public func afterCommit(_ body: @escaping @Sendable () -> Void) {
-    guard !isReadOnly, db.isInsideTransaction else {
+    guard !isReadOnly, db.rawIsInsideTransaction else {
       body()
       return
     }
@@ -225,6 +225,7 @@ public final class CloudTransaction {
 
   /// Inserts a node's row; with `id`, under that row id (journal replay), else the next one.
   func insertNodeRow(_ node: Node, cloudName: String, id: NodeID? = nil) throws -> NodeID {
+    let key = node.nameKey
     let args: [(any DatabaseValueConvertible)?] = [
       node.uuid, node.localUserID, node.parentID, try fields.storedText(node.name),
       node.kind.rawValue,
@@ -237,16 +238,19 @@ public final class CloudTransaction {
       try node.anchor.map { try json($0) }, node.pointeeID, Int64(node.mode),
       node.mtime.totalNanoseconds, try storedXattrs(node.xattrs),
       try fields.storedText(node.symlinkTarget), Int64(bitPattern: node.dataSize),
-      try fields.nameKey(node.nameKey), cloudName, id,
+      try fields.nameKey(key), cloudName, id,
     ]
     try rawExecute(Self.insertRowSQL, args)
-    sharedNodes?.gainedChild(node.parentID)
-    sharedNodes?.namedChild(node.parentID, node.nameKey)
-    // A new row has no children, no tags and no links.
-    sharedNodes?.noteChildless(db.lastInsertedRowID)
-    sharedNodes?.noteBare(db.lastInsertedRowID)
-    if node.kind == .directory { sharedNodes?.madeDirectory(db.lastInsertedRowID) }
-    return db.lastInsertedRowID
+    let inserted = db.rawLastInsertedRowID
+    if let sharedNodes {
+      sharedNodes.gainedChild(node.parentID)
+      sharedNodes.namedChild(node.parentID, key)
+      // A new row has no children, no tags and no links.
+      sharedNodes.noteChildless(inserted)
+      sharedNodes.noteBare(inserted)
+      if node.kind == .directory { sharedNodes.madeDirectory(inserted) }
+    }
+    return inserted
   }
 
   private static let insertRowSQL = CatalogSQL(
@@ -725,7 +729,7 @@ public final class CloudTransaction {
         nodeID, userID,
       ])
     rowChanged(nodeID)
-    if db.changesCount == 0 { throw CatalogError.nodeNotFound(nodeID) }
+    if db.rawChangesCount == 0 { throw CatalogError.nodeNotFound(nodeID) }
   }
 
   // MARK: Moving

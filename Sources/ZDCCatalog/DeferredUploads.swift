@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import Synchronization
 import ZDCCore
+import ZDCSQLite
 
 /// New nodes whose first upload operations are not queued yet. They are queued when anything
 /// asks for a push operation of theirs or reads the whole queue (the push's start), and by
@@ -184,7 +185,7 @@ extension CloudTransaction {
   /// Runs `body` in the open transaction, or in one of its own (a read between batches): the
   /// operations queued and the stored entry removed commit together.
   private func atomically(_ body: () throws -> Void) throws {
-    if db.isInsideTransaction { return try body() }
+    if db.rawIsInsideTransaction { return try body() }
     try db.inTransaction(.immediate) {
       try body()
       return .commit

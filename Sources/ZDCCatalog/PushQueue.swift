@@ -90,7 +90,7 @@ extension CloudTransaction {
         userID, kind.rawValue, nodeID, cloudID, payload.map(PushPayloadJSON.encode) ?? "{}", now,
         createdAt ?? now,
       ])
-    let id = db.lastInsertedRowID
+    let id = db.rawLastInsertedRowID
     for dep in deps {
       if depsQueued {
         try rawExecute(Self.insertDependencySQL, [id, dep])
@@ -520,7 +520,7 @@ extension CloudTransaction {
         WHERE id = ? AND +localUserID = ? AND state = 'pending'
         """)
     try rawExecute(stmt, [id, userID])
-    if db.changesCount == 0 { throw CatalogError.operationNotFound(id) }
+    if db.rawChangesCount == 0 { throw CatalogError.operationNotFound(id) }
   }
 
   /// Removes a finished operation, releasing the operations that wait for it.
@@ -529,7 +529,7 @@ extension CloudTransaction {
     let stmt = try db.cachedStatement(
       sql: "DELETE FROM pushOperations WHERE id = ? AND +localUserID = ?")
     try rawExecute(stmt, [id, userID])
-    if db.changesCount == 0 { throw CatalogError.operationNotFound(id) }
+    if db.rawChangesCount == 0 { throw CatalogError.operationNotFound(id) }
     try deleteDependencies(of: id)
   }
 
@@ -579,7 +579,7 @@ extension CloudTransaction {
     let stmt = try db.cachedStatement(
       sql: "UPDATE pushOperations SET multipartState = ? WHERE id = ? AND +localUserID = ?")
     try rawExecute(stmt, [state.map { String(decoding: $0, as: UTF8.self) }, id, userID])
-    if db.changesCount == 0 { throw CatalogError.operationNotFound(id) }
+    if db.rawChangesCount == 0 { throw CatalogError.operationNotFound(id) }
   }
 
   private func isOrphan(_ op: PushOperation) throws -> Bool {

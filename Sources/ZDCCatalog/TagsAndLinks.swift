@@ -1,5 +1,6 @@
 import GRDB
 public import ZDCCore
+import ZDCSQLite
 
 /// Tags (small values attached to a node) and links (a node ↔ one of the app's keys).
 /// Both disappear with their node.
@@ -33,7 +34,7 @@ extension CloudTransaction {
       try rawExecute(Self.removeTagSQL, [nodeID, identifier])
     }
     try check("setTag.afterWrite")
-    return value != nil || db.changesCount > 0
+    return value != nil || db.rawChangesCount > 0
   }
   private static let setTagSQL = CatalogSQL(
     "INSERT OR REPLACE INTO nodeTags (nodeID, identifier, value) VALUES (?, ?, ?)")

@@ -84,3 +84,31 @@ public func columnText(_ s: SQLiteStatement, _ index: CInt) -> String? {
   let count = Int(sqlite3_column_bytes(s, index))
   return String(decoding: UnsafeBufferPointer(start: p, count: count), as: UTF8.self)
 }
+
+extension Database {
+  /// ``Database/isInsideTransaction``, read from SQLite directly: GRDB's accessors check the
+  /// calling queue first, which cost more than the answer on every file operation. For code
+  /// already running on the connection's queue.
+  public var rawIsInsideTransaction: Bool {
+    guard let c = sqliteConnection else { return false }
+    return sqlite3_get_autocommit(c) == 0
+  }
+
+  /// ``Database/lastInsertedRowID`` (see ``rawIsInsideTransaction``).
+  public var rawLastInsertedRowID: Int64 {
+    guard let c = sqliteConnection else { return 0 }
+    return sqlite3_last_insert_rowid(c)
+  }
+
+  /// ``Database/changesCount`` (see ``rawIsInsideTransaction``).
+  public var rawChangesCount: Int {
+    guard let c = sqliteConnection else { return 0 }
+    return Int(sqlite3_changes64(c))
+  }
+
+  /// ``Database/totalChangesCount`` (see ``rawIsInsideTransaction``).
+  public var rawTotalChangesCount: Int {
+    guard let c = sqliteConnection else { return 0 }
+    return Int(sqlite3_total_changes64(c))
+  }
+}
