@@ -293,6 +293,37 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     for node in Int64(1)...26 { #expect(reopened.isDirty(nodeID: node)) }
   }
 
+  /// Versions removed while their rows wait for the index (the last one committed, and one
+  /// before it) never reach it, and the others do.
+  @Test func versionsRemovedBeforeTheirRowsNeverReachTheIndex() throws {
+    let tmp = try TemporaryDirectory("disk")
+    do {
+      let disk = try DiskManager(
+        directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
+        insertFlushDelay: 0.01, insertFlushQuiet: 0.3)
+      for node in Int64(1)...4 {
+        let s = try disk.stagingFile(forNode: node)
+        try s.write(marked("n\(node)", count: 1_000), at: 0)
+        try disk.commitStaging(s)
+        s.close()
+      }
+      disk.remove(nodeID: 4)
+      disk.remove(nodeID: 2)
+      let rows = { try DiskIndex(path: tmp.path("state/disk.sqlite").path).allRows().count }
+      let deadline = Date().addingTimeInterval(10)
+      while try rows() != 2, Date() < deadline { Thread.sleep(forTimeInterval: 0.02) }
+      Thread.sleep(forTimeInterval: 0.4)
+      #expect(try rows() == 2)
+      #expect(disk.usage.entries == 2)
+      #expect(disk.stagedData(forNode: 2) == nil && disk.stagedData(forNode: 4) == nil)
+    }
+    let reopened = try makeDisk(tmp, key: key)
+    #expect(reopened.usage.entries == 2)
+    #expect(reopened.lostStagedNodes.isEmpty)
+    for node in [Int64(1), 3] { #expect(reopened.isDirty(nodeID: node)) }
+    for node in [Int64(2), 4] { #expect(!reopened.isDirty(nodeID: node)) }
+  }
+
   @Test func committedVersionsSurviveACrashBeforeTheirRows() throws {
     let tmp = try TemporaryDirectory("disk")
     let crashed = try TemporaryDirectory("disk-crashed")
