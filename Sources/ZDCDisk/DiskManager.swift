@@ -583,10 +583,10 @@ public final class DiskManager: @unchecked Sendable {
     index.deleteSoon(ids: entries.map(\.id).filter { $0 > 0 })
     scheduleDeleteFlush()
     let unpinned = stateLock.withLock { () -> [String] in
-      // Only a version whose row waits for the index is there; it is usually the last one
-      // committed (a file deleted after its close), so the search starts from the end (a scan
-      // of every waiting row per deleted file was a tenth of an `unlink`).
-      for e in entries where e.id < 0 && !pendingInserts.isEmpty {
+      // Only a committed version whose row waits for the index is there, usually the last one
+      // committed (a file deleted after its close): the search starts from the end (a scan of
+      // every waiting row per deleted file was a tenth of an `unlink`).
+      for e in entries where e.id < 0 && e.row.committed && !pendingInserts.isEmpty {
         if let i = pendingInserts.lastIndex(where: { $0 === e }) { pendingInserts.remove(at: i) }
       }
       var out: [String] = []
