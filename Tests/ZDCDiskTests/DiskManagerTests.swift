@@ -174,6 +174,14 @@ func flipByte(at offset: UInt64, of url: URL) throws {
 
   /// Rows of removed entries leave the index in batches: shortly after, and at the latest when
   /// the manager goes; a restart then finds neither them nor anything lost.
+  /// Stages 1,000 bytes marked with `text` for `node` and commits them.
+  func commitVersion(_ disk: DiskManager, _ node: NodeID, _ text: String) throws {
+    let s = try disk.stagingFile(forNode: node)
+    try s.write(marked(text, count: 1_000), at: 0)
+    try disk.commitStaging(s)
+    s.close()
+  }
+
   @Test func removedEntriesLeaveTheIndex() throws {
     let tmp = try TemporaryDirectory("disk")
     func rows() throws -> Int {
@@ -181,12 +189,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     }
     do {
       let disk = try makeDisk(tmp, key: key)
-      for node in [NodeID(1), 2] {
-        let s = try disk.stagingFile(forNode: node)
-        try s.write(marked("gone \(node)", count: 1000), at: 0)
-        try disk.commitStaging(s)
-        s.close()
-      }
+      for node in [NodeID(1), 2] { try commitVersion(disk, node, "gone \(node)") }
       // Committed versions reach the index shortly after (in one batch).
       var deadline = Date().addingTimeInterval(10)
       while try rows() != 2, Date() < deadline { Thread.sleep(forTimeInterval: 0.01) }
@@ -273,10 +276,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
         insertFlushDelay: 0.01, insertFlushQuiet: 0.6)
       var logged = 0
       for node in Int64(1)...26 {
-        let s = try disk.stagingFile(forNode: node)
-        try s.write(marked("n\(node)", count: 1_000), at: 0)
-        try disk.commitStaging(s)
-        s.close()
+        try commitVersion(disk, node, "n\(node)")
         Thread.sleep(forTimeInterval: 0.1)
         // Every commit so far is still in the log: none went into the index (nor with the
         // access times written 2 s after the first pin).
@@ -301,12 +301,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
       let disk = try DiskManager(
         directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
         insertFlushDelay: 0.01, insertFlushQuiet: 0.3)
-      for node in Int64(1)...4 {
-        let s = try disk.stagingFile(forNode: node)
-        try s.write(marked("n\(node)", count: 1_000), at: 0)
-        try disk.commitStaging(s)
-        s.close()
-      }
+      for node in Int64(1)...4 { try commitVersion(disk, node, "n\(node)") }
       disk.remove(nodeID: 4)
       disk.remove(nodeID: 2)
       let rows = { try DiskIndex(path: tmp.path("state/disk.sqlite").path).allRows().count }
