@@ -361,19 +361,20 @@ public final class CloudTransaction {
   /// The children of `parentID` whose name equals `name` up to case, and those kept under the
   /// case variant of such a name (see ``CaseVariant``), in ascending id order.
   public func children(of parentID: NodeID, sharingNameWith name: String) throws -> [Node] {
-    if let sharedNodes, sharedNodes.hasNoChild(of: parentID, matching: NameKey(name)) {
+    let key = NameKey(name)
+    if let sharedNodes, sharedNodes.hasNoChild(of: parentID, matching: key) {
       #if DEBUG
         // Tests check that every statement naming a node told the cache.
-        let stored = try queryChildren(of: parentID, sharingNameWith: name)
+        let stored = try queryChildren(of: parentID, sharingKey: key)
         precondition(stored.isEmpty, "stale child names of \(parentID)")
       #endif
       return []
     }
-    return try queryChildren(of: parentID, sharingNameWith: name)
+    return try queryChildren(of: parentID, sharingKey: key)
   }
 
-  private func queryChildren(of parentID: NodeID, sharingNameWith name: String) throws -> [Node] {
-    let (lower, upper) = try fields.nameKeyRange(of: name)
+  private func queryChildren(of parentID: NodeID, sharingKey key: NameKey) throws -> [Node] {
+    let (lower, upper) = try fields.nameKeyRange(of: key)
     var out: [Node] = []
     try rawQuery(Self.childrenSharingName, [parentID, lower, upper, userID]) { st in
       out.append(try cachedOrDecodedNode(st))

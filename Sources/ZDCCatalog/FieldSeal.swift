@@ -52,12 +52,12 @@ enum FieldCoding: Sendable {
     }
   }
 
-  /// The range of stored index keys `[lower, upper)` that holds the key of `name` and the keys of
-  /// its case variants.
-  func nameKeyRange(of name: String) throws -> (
+  /// The range of stored index keys `[lower, upper)` that holds `nameKey` and the keys of the
+  /// case variants of its name.
+  func nameKeyRange(of nameKey: NameKey) throws -> (
     lower: any DatabaseValueConvertible, upper: any DatabaseValueConvertible
   ) {
-    let key = NameKey(name).value
+    let key = nameKey.value
     switch self {
     case .plain: return (key, key + "\u{1}")
     case .sealed(let s):
