@@ -380,6 +380,9 @@ public final class Catalog: Sendable {
     nodes.absentAnswers.load(ordering: .relaxed)
   }
 
+  /// How many directories the node cache keeps the child names of (tests).
+  @_spi(Testing) public var directoriesWithChildNames: Int { nodes.directoriesWithNames }
+
   /// How many new nodes' first uploads are not queued yet (tests).
   @_spi(Testing) public var deferredFirstUploads: Int { deferredUploads.count }
 
@@ -799,9 +802,38 @@ final class NodeCache: Sendable {
     childNames.withLock { $0.removeAll() }
   }
 
+  // Every statement that changes the rows tells the cache through one of the three calls below
+  // (``inserted(_:kind:under:named:)``, ``placed(under:named:)``, ``deleted(_:)``), which keep
+  // every set at once; only tags and links have calls of their own (``clothed(_:)``).
+
+  /// A row inserted: it has no children, tags or links (nor, a directory, named children), and
+  /// sits under `parentID` named `key`.
+  func inserted(_ id: NodeID, kind: NodeKind, under parentID: NodeID?, named key: NameKey) {
+    placed(under: parentID, named: key)
+    childless.put(id, true)
+    bare.put(id, true)
+    if kind == .directory { madeDirectory(id) }
+  }
+
+  /// A row now sits under `parentID` named `key` (an insert, a rename, a move, a change from
+  /// the cloud): the parent has a child, and one of that name.
+  func placed(under parentID: NodeID?, named key: NameKey) {
+    guard let parentID else { return }
+    childless.remove(parentID)
+    namedChild(parentID, key)
+  }
+
+  /// A row deleted: it leaves the cache and its sets.
+  func deleted(_ id: NodeID) {
+    entries.remove(id)
+    childless.remove(id)
+    bare.remove(id)
+    childNames.withLock { _ = $0.removeValue(forKey: id) }
+  }
+
   /// Nodes known to have no children (a file node shows as a directory once it has some, so
   /// every `stat` of a file asks). Every statement that gives a node a child (an insert, a
-  /// move) calls ``gainedChild(_:)``; a rollback empties the set with the nodes.
+  /// move) calls ``placed(under:named:)``; a rollback empties the set with the nodes.
   private let childless = BoundedMap<NodeID, Bool>(capacity: NodeCache.capacity)
 
   func isChildless(_ id: NodeID) -> Bool { childless.get(id) != nil }
@@ -809,10 +841,6 @@ final class NodeCache: Sendable {
   func noteChildless(_ id: NodeID) { childless.put(id, true) }
 
   func noteChildless(_ ids: [NodeID]) { childless.put(contentsOf: ids.map { ($0, true) }) }
-
-  func gainedChild(_ parentID: NodeID?) {
-    if let parentID { childless.remove(parentID) }
-  }
 
   /// Nodes known to have no tag and no link: rows inserted since the cache last started over
   /// that no tag or link has been given since (a node's rename clears its conflict tag, its
@@ -823,14 +851,12 @@ final class NodeCache: Sendable {
 
   func isBare(_ id: NodeID) -> Bool { bare.get(id) != nil }
 
-  func noteBare(_ id: NodeID) { bare.put(id, true) }
-
   func clothed(_ id: NodeID) { bare.remove(id) }
 
   /// The names of the children of directories made since the cache last started over, each
   /// by the key it is matched by (a case variant's by the key of the name it stands for): a
   /// directory made here starts empty and each statement that names a node (an insert, a
-  /// rename, a move, a change from the cloud) calls ``namedChild(_:_:)``, so a name missing
+  /// rename, a move, a change from the cloud) calls ``placed(under:named:)``, so a name missing
   /// from its set is not taken, and the lookup of an absent name (every new file's, twice for
   /// a rename's target) needs no query. Names leaving are not removed: a name in the set
   /// only sends the lookup to the catalog. A rollback empties them with the nodes.
@@ -840,7 +866,7 @@ final class NodeCache: Sendable {
   static let namesPerDirectory = 100_000
 
   /// A directory made in this transaction: no child yet.
-  func madeDirectory(_ id: NodeID) {
+  private func madeDirectory(_ id: NodeID) {
     childNames.withLock {
       if $0.count >= Self.directoriesWithNames { $0.removeAll() }
       $0[id] = []
@@ -848,8 +874,7 @@ final class NodeCache: Sendable {
   }
 
   /// A node of `parentID` is now named `key`.
-  func namedChild(_ parentID: NodeID?, _ key: NameKey) {
-    guard let parentID else { return }
+  private func namedChild(_ parentID: NodeID, _ key: NameKey) {
     let base = Self.matchKey(key)
     childNames.withLock {
       guard $0[parentID] != nil else { return }
@@ -870,6 +895,9 @@ final class NodeCache: Sendable {
     if absent { absentAnswers.add(1, ordering: .relaxed) }
     return absent
   }
+
+  /// How many directories have their child names kept (tests).
+  var directoriesWithNames: Int { childNames.withLock { $0.count } }
 
   /// How many times ``hasNoChild(of:matching:)`` answered (tests).
   let absentAnswers = Atomic<Int>(0)

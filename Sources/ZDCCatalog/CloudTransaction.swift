@@ -242,14 +242,7 @@ public final class CloudTransaction {
     ]
     try rawExecute(Self.insertRowSQL, args)
     let inserted = db.rawLastInsertedRowID
-    if let sharedNodes {
-      sharedNodes.gainedChild(node.parentID)
-      sharedNodes.namedChild(node.parentID, key)
-      // A new row has no children, no tags and no links.
-      sharedNodes.noteChildless(inserted)
-      sharedNodes.noteBare(inserted)
-      if node.kind == .directory { sharedNodes.madeDirectory(inserted) }
-    }
+    sharedNodes?.inserted(inserted, kind: node.kind, under: node.parentID, named: key)
     return inserted
   }
 
@@ -794,8 +787,7 @@ public final class CloudTransaction {
       throw error
     }
     rowChanged(id)
-    if !sameParent { sharedNodes?.gainedChild(newParentID) }
-    sharedNodes?.namedChild(newParentID, newKey)
+    sharedNodes?.placed(under: newParentID, named: newKey)
     try check("moveNode.afterUpdate")
     var moved = node
     moved.parentID = newParentID
@@ -901,7 +893,7 @@ public final class CloudTransaction {
         try rawExecute(links, [e.id])
       }
       try rawExecute(stmt, [e.id])
-      rowChanged(e.id)
+      sharedNodes?.deleted(e.id)
       try dropDeferred(e.id)
     }
   }

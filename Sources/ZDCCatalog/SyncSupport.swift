@@ -228,8 +228,7 @@ extension CloudTransaction {
     ]
     try rawExecute(stmt, args)
     rowChanged(node.id)
-    sharedNodes?.gainedChild(parentID)
-    sharedNodes?.namedChild(parentID, node.nameKey)
+    sharedNodes?.placed(under: parentID, named: node.nameKey)
   }
 
   /// Renames a node in place without enqueueing a move: for a node whose objects are not (yet)
@@ -256,7 +255,7 @@ extension CloudTransaction {
     try rawExecute(
       stmt, [try fields.storedText(newName), try fields.nameKey(of: newName), cloudName, id])
     rowChanged(id)
-    sharedNodes?.namedChild(parentID, NameKey(newName))
+    sharedNodes?.placed(under: parentID, named: NameKey(newName))
     node.name = newName
     node.explicitCloudName = nil
     return node

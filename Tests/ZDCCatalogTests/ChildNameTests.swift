@@ -94,4 +94,26 @@ import ZDCCrypto
     _ = try catalog.write("alice") { tx in try tx.createNode(path: p("d", "c")) }
     #expect(try names(catalog, d, "c") == ["c"])
   }
+
+  @Test func aDeletedDirectoryTakesItsNamesAlong() throws {
+    let catalog = try makeCatalog()
+    let before = catalog.directoriesWithChildNames
+    let (d, e) = try catalog.write("alice") { tx in
+      let d = try tx.createNode(path: p("d"), kind: .directory)
+      let e = try tx.createNode(path: p("d", "e"), kind: .directory)
+      _ = try tx.createNode(path: p("d", "e", "f"))
+      return (d.id, e.id)
+    }
+    #expect(catalog.directoriesWithChildNames == before + 2)
+    #expect(try names(catalog, e, "g").isEmpty)
+    try catalog.write("alice") { tx in try tx.deleteNode(d) }
+    #expect(catalog.directoriesWithChildNames == before)
+    // A directory made again under the same name starts with no names.
+    let d2 = try catalog.write("alice") { tx in
+      try tx.createNode(path: p("d"), kind: .directory).id
+    }
+    #expect(d2 != d)
+    #expect(try names(catalog, d2, "e").isEmpty)
+    #expect(catalog.directoriesWithChildNames == before + 1)
+  }
 }
