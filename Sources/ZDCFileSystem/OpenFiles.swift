@@ -591,6 +591,75 @@ extension FileSystem {
     return bytes.count
   }
 
+  /// What `fallocate(2)` is asked to do (its `mode` flags).
+  public struct AllocationMode: OptionSet, Sendable {
+    public let rawValue: Int32
+    public init(rawValue: Int32) { self.rawValue = rawValue }
+    /// `FALLOC_FL_KEEP_SIZE`: the file's size stays.
+    public static let keepSize = AllocationMode(rawValue: 0x01)
+    /// `FALLOC_FL_PUNCH_HOLE` (always with `keepSize`): the range reads as zeros.
+    public static let punchHole = AllocationMode(rawValue: 0x02)
+    /// `FALLOC_FL_ZERO_RANGE`: the range reads as zeros (and extends the file unless
+    /// `keepSize`).
+    public static let zeroRange = AllocationMode(rawValue: 0x10)
+  }
+
+  /// `fallocate(2)` through a descriptor open for writing. Mode 0 extends the file to
+  /// `offset + length` when it is shorter (the bytes read as zeros; no local space is set
+  /// aside: the staged file stays sparse, as the store's copy is not preallocated either);
+  /// `keepSize` alone changes nothing; `punchHole` and `zeroRange` make the range read as zeros
+  /// (`zeroRange` without `keepSize` also extends the file). Other modes are not supported.
+  /// Like `write(2)`, a change commits at `close`/`fsync` and clears the set-user-ID and
+  /// set-group-ID bits when the caller is not the superuser.
+  public func fallocate(
+    _ h: FileHandleID, mode: AllocationMode, offset: UInt64, length: UInt64
+  ) throws {
+    let known: AllocationMode = [.keepSize, .punchHole, .zeroRange]
+    guard mode.isSubset(of: known), !mode.contains([.punchHole, .zeroRange]),
+      !mode.contains(.punchHole) || mode.contains(.keepSize)
+    else { throw FileSystemError.notSupported }
+    let (end, overflow) = offset.addingReportingOverflow(length)
+    guard length > 0, !overflow, end <= UInt64(Int64.max) else {
+      throw FileSystemError.invalidArgument
+    }
+    let oh = try handle(h)
+    guard oh.writable else { throw FileSystemError.badHandle }
+    let c = oh.content
+    guard c.key.section == .data else { throw FileSystemError.notSupported }
+    if mode == .keepSize { return }
+    let zeroes = mode.contains(.punchHole) || mode.contains(.zeroRange)
+    try c.lock.withLock {
+      do {
+        let w = try ensureWriterLocked(c, truncate: false)
+        let size = w.size
+        let grows = !mode.contains(.keepSize) && end > size
+        guard grows || (zeroes && offset < size) else { return }
+        if oh.clearsPrivileges {
+          try clearPrivilegeBits(c.key.nodeID)
+          oh.clearsPrivileges = false
+        }
+        if zeroes && offset < size {
+          // Whole chunks of zeros, written in pieces of at most 1 MiB.
+          let zeroEnd = min(end, size)
+          let piece = Int(min(zeroEnd - offset, 1 << 20))
+          let buf = UnsafeMutableRawBufferPointer.allocate(byteCount: piece, alignment: 16)
+          defer { buf.deallocate() }
+          buf.initializeMemory(as: UInt8.self, repeating: 0)
+          var at = offset
+          while at < zeroEnd {
+            let n = Int(min(zeroEnd - at, UInt64(piece)))
+            try w.write(UnsafeRawBufferPointer(rebasing: buf[0..<n]), at: at)
+            at += UInt64(n)
+          }
+        }
+        if grows { try w.truncate(to: end) }
+      } catch { throw Self.map(error) }
+      c.dirty = true
+      c.pendingMtime = FileTime(Date())
+    }
+    if oh.flushed.load(ordering: .relaxed) { oh.flushed.store(false, ordering: .relaxed) }
+  }
+
   /// `close(2)` of a descriptor: commits the file's pending writes, so that a close that
   /// returned means the content survives a crash of the daemon (the kernel sends `release`
   /// only later, after `close(2)` has returned).

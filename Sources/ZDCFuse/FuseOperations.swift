@@ -364,6 +364,16 @@ enum FuseOperations {
         fuse_reply_write(req, n)
       } catch { FuseOperations.fail(req, error) }
     }
+    ops.fallocate = { req, _, mode, off, length, fi in
+      let h = fi.map { FileHandleID($0.pointee.fh) } ?? 0
+      // (Never ENOSYS: the kernel would stop sending any mode.)
+      FuseOperations.replyOK(req) {
+        guard off >= 0, length >= 0 else { throw FileSystemError.invalidArgument }
+        try $0.fallocate(
+          h, mode: FileSystem.AllocationMode(rawValue: mode), offset: UInt64(off),
+          length: UInt64(length))
+      }
+    }
     ops.flush = { req, _, fi in
       let h = fi.map { FileHandleID($0.pointee.fh) } ?? 0
       FuseOperations.replyOK(req) { try $0.flush(h) }

@@ -499,4 +499,52 @@ import ZDCSync
     #expect(try readBack() == Data("ten".utf8))
     #expect(w.disk.usage.pinnedEntries == 0)
   }
+
+  @Test func fallocateExtendsZeroesAndRefusesWhatItCannotDo() throws {
+    let w = try LazyDownloadTests.World()
+    let fs = try w.fileSystem(online: false)
+    let (attrs, h) = try fs.create(parent: 1, name: "f", mode: 0o644, flags: O_RDWR)
+    _ = try Data("abcdefghij".utf8).withUnsafeBytes { try fs.write(h.handle, offset: 0, bytes: $0) }
+    typealias Mode = FileSystem.AllocationMode
+    func content() throws -> Data {
+      try LazyDownloadTests.read(fs, h.handle, at: 0, count: 1 << 20)
+    }
+    // Keeping the size changes nothing, within the file or past its end.
+    try fs.fallocate(h.handle, mode: .keepSize, offset: 4, length: 100)
+    #expect(try content() == Data("abcdefghij".utf8))
+    // A hole punched reads as zeros; the size stays.
+    try fs.fallocate(h.handle, mode: [.punchHole, .keepSize], offset: 2, length: 3)
+    #expect(try content() == Data("ab\0\0\0fghij".utf8))
+    // A zeroed range past the end extends the file unless the size is kept.
+    try fs.fallocate(h.handle, mode: [.zeroRange, .keepSize], offset: 8, length: 10)
+    #expect(try content() == Data("ab\0\0\0fgh\0\0".utf8))
+    try fs.fallocate(h.handle, mode: .zeroRange, offset: 9, length: 3)
+    #expect(try content() == Data("ab\0\0\0fgh\0\0\0\0".utf8))
+    // Mode 0 extends with zeros, across chunks; it never shrinks.
+    try fs.fallocate(h.handle, mode: [], offset: 0, length: 100_000)
+    try fs.fallocate(h.handle, mode: [], offset: 0, length: 5)
+    let extended = try content()
+    #expect(extended.count == 100_000)
+    #expect(extended.prefix(12) == Data("ab\0\0\0fgh\0\0\0\0".utf8))
+    #expect(extended.dropFirst(12).allSatisfy { $0 == 0 })
+    #expect(try fs.getattr(attrs.inode).size == 100_000)
+    // What it cannot do is refused with EOPNOTSUPP (`notSupported`), never ENOSYS.
+    for mode: Int32 in [0x08 /* collapse */, 0x20 /* insert */, 0x02 /* punch alone */, 0x40] {
+      #expect(throws: FileSystemError.notSupported) {
+        try fs.fallocate(h.handle, mode: Mode(rawValue: mode), offset: 0, length: 4096)
+      }
+    }
+    #expect(throws: FileSystemError.invalidArgument) {
+      try fs.fallocate(h.handle, mode: [], offset: 1, length: 0)
+    }
+    // Committed at close like a write: the content survives a reopen.
+    try fs.flush(h.handle)
+    try fs.release(h.handle)
+    let o = try fs.open(attrs.inode, flags: O_RDONLY)
+    defer { try? fs.release(o.handle) }
+    #expect(try LazyDownloadTests.read(fs, o.handle, at: 0, count: 1 << 20) == extended)
+    #expect(throws: FileSystemError.badHandle) {
+      try fs.fallocate(o.handle, mode: [], offset: 0, length: 1)
+    }
+  }
 }

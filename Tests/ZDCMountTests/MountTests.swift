@@ -199,6 +199,30 @@ import ZDCTestSupport
         == "README\nread.me\nreadme\n1\n0\n2\n")
   }
 
+  @Test func fallocateThroughTheMount() throws {
+    let m = try MountFixture()
+    // The fallocate(1) tool: mode 0, --keep-size, --punch-hole, --zero-range.
+    try m.sh("fallocate -l 3000000 big && printf abcdefghij > small")
+    try m.sh("fallocate -n -o 0 -l 9000000 big && fallocate -p -o 2 -l 3 small")
+    try m.sh("fallocate -z -o 8 -l 6 small")
+    #expect(try m.sh("stat -c %s big small").stdout == "3000000\n14\n")
+    #expect(try m.sh("cmp big /dev/zero 2>&1 | grep -c EOF").stdout == "1\n")
+    #expect(
+      try m.sh("od -An -c small | tr -s ' '").stdout
+        == " a b \\0 \\0 \\0 f g h \\0 \\0 \\0 \\0 \\0 \\0\n")
+    // Collapse is refused as not supported, and the file is untouched.
+    #expect(try m.sh("fallocate -c -o 0 -l 4096 big 2>&1 || true").stdout.contains("not supported"))
+    #expect(try m.sh("stat -c %s big").stdout == "3000000\n")
+    try m.python(
+      """
+      import os
+      fd = os.open('pre', os.O_CREAT | os.O_RDWR, 0o644)
+      os.posix_fallocate(fd, 0, 1 << 20)
+      os.close(fd)
+      assert os.stat('pre').st_size == 1 << 20 and open('pre', 'rb').read() == bytes(1 << 20)
+      """)
+  }
+
   @Test func symlinksSparseAppendAndOpenUnlinked() throws {
     let m = try MountFixture()
     try m.sh(
