@@ -639,7 +639,8 @@ extension FileSystem {
           oh.clearsPrivileges = false
         }
         if zeroes && offset < size {
-          // Whole chunks of zeros, written in pieces of at most 1 MiB.
+          // Zeros written through the staged file like any write (its chunks sealed again),
+          // at most 1 MiB per call.
           let zeroEnd = min(end, size)
           let piece = Int(min(zeroEnd - offset, 1 << 20))
           let buf = UnsafeMutableRawBufferPointer.allocate(byteCount: piece, alignment: 16)
