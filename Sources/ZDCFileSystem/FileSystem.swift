@@ -616,6 +616,16 @@ public final class FileSystem: @unchecked Sendable {
     }
   }
 
+  /// `mknod(2)`: a regular file (type `S_IFREG`, or none) is made empty, as `create` makes it,
+  /// without opening it. Devices, FIFOs and sockets are refused with `notPermitted` (`EPERM`,
+  /// what mknod(2) answers for a type the file system does not support): a treesystem holds
+  /// files, directories and symbolic links.
+  public func mknod(parent: Inode, name: String, mode: UInt32) throws -> Attributes {
+    let type = mode & UInt32(S_IFMT)
+    guard type == 0 || type == UInt32(S_IFREG) else { throw FileSystemError.notPermitted }
+    return try makeNode(parent: parent, name: name, kind: .file, mode: mode, target: nil)
+  }
+
   /// Hard links are refused: a treesystem is a tree.
   public func link(_ ino: Inode, newParent: Inode, newName: String) throws -> Attributes {
     throw FileSystemError.notPermitted

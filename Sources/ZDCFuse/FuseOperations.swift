@@ -239,6 +239,13 @@ enum FuseOperations {
         return try $0.mkdir(parent: Inode(parent), name: n, mode: UInt32(mode))
       }
     }
+    ops.mknod = { req, parent, name, mode, _ in
+      let n = FuseOperations.name(name)
+      FuseOperations.replyEntry(req) {
+        try FuseOperations.requireEntryChange(req, parent)
+        return try $0.mknod(parent: Inode(parent), name: n, mode: UInt32(mode))
+      }
+    }
     ops.symlink = { req, link, parent, name in
       let n = FuseOperations.name(name)
       let target = FuseOperations.name(link)

@@ -547,4 +547,23 @@ import ZDCSync
       try fs.fallocate(o.handle, mode: [], offset: 0, length: 1)
     }
   }
+
+  @Test func mknodMakesRegularFilesAndRefusesOtherTypes() throws {
+    let w = try LazyDownloadTests.World()
+    let fs = try w.fileSystem(online: false)
+    let a = try fs.mknod(parent: 1, name: "plain", mode: UInt32(S_IFREG) | 0o640)
+    #expect(a.type == .regular && a.size == 0 && a.mode == 0o640)
+    #expect(try fs.lookup(parent: 1, name: "plain").inode == a.inode)
+    // No type bits means a regular file too; a name taken is EEXIST.
+    _ = try fs.mknod(parent: 1, name: "untyped", mode: 0o600)
+    #expect(throws: FileSystemError.exists) {
+      try fs.mknod(parent: 1, name: "plain", mode: UInt32(S_IFREG) | 0o600)
+    }
+    for type in [S_IFIFO, S_IFSOCK, S_IFCHR, S_IFBLK] {
+      #expect(throws: FileSystemError.notPermitted) {
+        try fs.mknod(parent: 1, name: "special", mode: UInt32(type) | 0o600)
+      }
+    }
+    #expect(throws: FileSystemError.notFound) { try fs.lookup(parent: 1, name: "special") }
+  }
 }

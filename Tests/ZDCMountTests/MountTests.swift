@@ -223,6 +223,32 @@ import ZDCTestSupport
       """)
   }
 
+  @Test func mknodThroughTheMount() throws {
+    let m = try MountFixture()
+    try m.python(
+      """
+      import errno, os, socket, stat
+      os.mknod('reg', 0o640 | stat.S_IFREG)
+      st = os.stat('reg')
+      assert stat.S_ISREG(st.st_mode) and st.st_size == 0, st
+      open('reg', 'a').write('made by mknod')
+      assert open('reg').read() == 'made by mknod'
+      for make in (lambda: os.mkfifo('fifo'), lambda: os.mknod('dev', 0o600 | stat.S_IFCHR, 0)):
+          try:
+              make()
+              raise AssertionError('special file made')
+          except PermissionError:
+              pass
+      s = socket.socket(socket.AF_UNIX)
+      try:
+          s.bind('sock')
+          raise AssertionError('socket bound')
+      except OSError as e:
+          assert e.errno == errno.EPERM, e
+      assert sorted(os.listdir('.')) == ['reg'], os.listdir('.')
+      """)
+  }
+
   @Test func symlinksSparseAppendAndOpenUnlinked() throws {
     let m = try MountFixture()
     try m.sh(
