@@ -576,19 +576,30 @@ extension FileSystem {
         c.dirty = true
         return
       }
-      if oh.clearsPrivileges && !fromPageCache {
-        try clearPrivilegeBits(c.key.nodeID)
-        oh.clearsPrivileges = false
-      }
+      if !fromPageCache { try clearArmedPrivilegesLocked(oh) }
       do {
         let w = try ensureWriterLocked(c, truncate: false)
         try w.write(bytes, at: oh.append ? w.size : offset)
       } catch { throw Self.map(error) }
-      c.dirty = true
-      c.pendingMtime = FileTime(Date())
+      changedLocked(c)
     }
     if oh.flushed.load(ordering: .relaxed) { oh.flushed.store(false, ordering: .relaxed) }
     return bytes.count
+  }
+
+  /// The staged data of `c` changed (caller holds `c.lock`): it commits at the next close, with
+  /// the time of this change as its mtime.
+  private func changedLocked(_ c: NodeContent) {
+    c.dirty = true
+    c.pendingMtime = FileTime(Date())
+  }
+
+  /// Clears the file's set-user-ID and set-group-ID bits if a change through `oh` is to clear
+  /// them (see `OpenHandle.clearsPrivileges`; caller holds the content's lock).
+  private func clearArmedPrivilegesLocked(_ oh: OpenHandle) throws {
+    guard oh.clearsPrivileges else { return }
+    try clearPrivilegeBits(oh.content.key.nodeID)
+    oh.clearsPrivileges = false
   }
 
   /// What `fallocate(2)` is asked to do (its `mode` flags).
@@ -634,10 +645,7 @@ extension FileSystem {
         let size = w.size
         let grows = !mode.contains(.keepSize) && end > size
         guard grows || (zeroes && offset < size) else { return }
-        if oh.clearsPrivileges {
-          try clearPrivilegeBits(c.key.nodeID)
-          oh.clearsPrivileges = false
-        }
+        try clearArmedPrivilegesLocked(oh)
         if zeroes && offset < size {
           // Zeros written through the staged file like any write (its chunks sealed again),
           // at most 1 MiB per call.
@@ -655,8 +663,7 @@ extension FileSystem {
         }
         if grows { try w.truncate(to: end) }
       } catch { throw Self.map(error) }
-      c.dirty = true
-      c.pendingMtime = FileTime(Date())
+      changedLocked(c)
     }
     if oh.flushed.load(ordering: .relaxed) { oh.flushed.store(false, ordering: .relaxed) }
   }
@@ -749,8 +756,7 @@ extension FileSystem {
         let w = try ensureWriterLocked(c, truncate: size == 0)
         if w.size != size { try w.truncate(to: size) }
       } catch { throw Self.map(error) }
-      c.dirty = true
-      c.pendingMtime = FileTime(Date())
+      changedLocked(c)
       if lock.withLock({ c.writableCount == 0 }) { try commitLocked(c) }
     }
   }
