@@ -64,6 +64,8 @@ public final class Catalog: Sendable {
   /// New nodes whose first uploads are not queued yet (held by the process that holds the
   /// journal; see ``DeferredUploads``).
   let deferredUploads = DeferredUploads()
+  /// New file nodes of the open batch whose rows are not inserted yet (see ``HeldRows``).
+  let heldRows = HeldRows()
   /// How this catalog's sensitive fields are stored (see ``Options/fieldKey``).
   let fields: FieldCoding
   /// Layouts of the local users seen so far (a user's treeID never changes).
@@ -78,7 +80,8 @@ public final class Catalog: Sendable {
     CloudTransaction(
       db: db, layout: layout, readOnly: readOnly, failpoint: failpoint, shareLists: shareLists,
       nodes: shared ? nodes : nil, statements: shared ? writerStatements : nil,
-      deferred: shared && batchesAllowed ? deferredUploads : nil, fields: fields)
+      deferred: shared && batchesAllowed ? deferredUploads : nil,
+      held: shared && batchesAllowed ? heldRows : nil, fields: fields)
   }
 
   /// The names of the schema migrations this build knows, in order.
@@ -121,7 +124,7 @@ public final class Catalog: Sendable {
     self.batchWindowSeconds = batchWindow
     self.path = path
     self.temporaryDirectory = temporaryDirectory
-    self.commitHooks = CommitHooks(nodes: nodes, deferred: deferredUploads)
+    self.commitHooks = CommitHooks(nodes: nodes, deferred: deferredUploads, held: heldRows)
     try Schema.migrator.migrate(writer)
     fields = try Self.sealFields(writer, key: fieldKey, level: sealingLevel)
     writer.add(transactionObserver: commitHooks, extent: .databaseLifetime)
@@ -352,6 +355,7 @@ public final class Catalog: Sendable {
         let result: T
         let changesBefore = db.rawTotalChangesCount
         deferredUploads.beginUnit()
+        heldRows.beginUnit()
         do {
           result = try unit(journaled: commit == .soon && journal != nil)
         } catch {
@@ -359,11 +363,13 @@ public final class Catalog: Sendable {
           if !db.rawIsInsideTransaction {
             // SQLite ended the transaction (it rolls back on a full disk).
             deferredUploads.didRollback()
+            heldRows.didRollback()
             batchOpen.value = false
           } else if db.rawTotalChangesCount != changesBefore {
             rebuildBatch(db)
           } else {
             deferredUploads.undoUnit()
+            heldRows.undoUnit()
           }
           throw error
         }
@@ -386,6 +392,16 @@ public final class Catalog: Sendable {
   /// How many new nodes' first uploads are not queued yet (tests).
   @_spi(Testing) public var deferredFirstUploads: Int { deferredUploads.count }
 
+  /// How many new files are held without a row (tests; see ``HeldRows``).
+  @_spi(Testing) public var heldNodes: Int { heldRows.count }
+
+  /// The rows of `nodes` as they are, held nodes not inserted (tests).
+  @_spi(Testing) public func nodeRows() throws -> Int {
+    try writer.unsafeReentrantWrite { db in
+      try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM nodes") ?? 0
+    }
+  }
+
   /// The rows of the push queue as they are, deferred first uploads not queued (tests).
   @_spi(Testing) public func queuedOperationRows() throws -> Int {
     try writer.unsafeReentrantWrite { db in
@@ -406,10 +422,13 @@ public final class Catalog: Sendable {
   private func commitBatch(_ db: Database) throws {
     guard db.rawIsInsideTransaction else {
       deferredUploads.didRollback()
+      heldRows.didRollback()
       batchOpen.value = false
       return
     }
     do {
+      // The held nodes' rows go in first (the deferred uploads' rows refer to them).
+      try insertHeldRows(db)
       // The new nodes' first uploads wait, stored with the nodes.
       try CloudTransaction.storeDeferredUploads(deferredUploads, db)
       if batchJournalSeq > committedJournalSeq {
@@ -429,6 +448,7 @@ public final class Catalog: Sendable {
     } catch {
       nodes.removeAll()
       deferredUploads.didRollback()
+      heldRows.didRollback()
       if !db.rawIsInsideTransaction {
         batchOpen.value = false
       } else {
@@ -447,6 +467,13 @@ public final class Catalog: Sendable {
         "catalog commit failed; metadata changes of the last moments are lost: \(error)")
       throw error
     }
+  }
+
+  /// Inserts the rows of the nodes held for the open batch (see ``HeldRows``).
+  private func insertHeldRows(_ db: Database) throws {
+    guard heldRows.mustInsert, let userID = heldRows.anyUserID else { return }
+    let layout = try layouts.value[userID] ?? CloudTransaction.layout(userID: userID, db: db)
+    try transaction(db, layout).insertHeldRows()
   }
 
   /// Undoes a batch that a failed unit left half-done and makes its journaled units again, in
@@ -484,6 +511,7 @@ public final class Catalog: Sendable {
     } catch {
       nodes.removeAll()
       deferredUploads.didRollback()
+      heldRows.didRollback()
       if db.rawIsInsideTransaction { try? control(db, "ROLLBACK TRANSACTION") }
       batchOpen.value = false
       if let journal, batchJournalSeq > committedJournalSeq {
@@ -745,10 +773,12 @@ final class CommitHooks: TransactionObserver, @unchecked Sendable {
   /// Emptied on every rollback.
   let nodes: NodeCache
   let deferred: DeferredUploads
+  let held: HeldRows
 
-  init(nodes: NodeCache, deferred: DeferredUploads) {
+  init(nodes: NodeCache, deferred: DeferredUploads, held: HeldRows) {
     self.nodes = nodes
     self.deferred = deferred
+    self.held = held
   }
 
   func append(_ hooks: [@Sendable () -> Void]) {
@@ -772,6 +802,7 @@ final class CommitHooks: TransactionObserver, @unchecked Sendable {
     lock.withLock { pending.removeAll() }
     nodes.removeAll()
     deferred.didRollback()
+    held.didRollback()
   }
 }
 

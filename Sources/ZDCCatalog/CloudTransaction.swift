@@ -14,7 +14,16 @@ import ZDCSQLite
 /// Names compare as `NameKey` does: Unicode `lowercased()`, then NFC. So `Foo`/`foo` and the NFC
 /// and NFD spellings of `é` collide, while `ß` and `SS` do not (`"SS".lowercased()` is `"ss"`).
 public final class CloudTransaction {
-  let db: Database
+  /// The connection, as it is: statements get it through ``db``.
+  let connection: Database
+  /// The connection, with the held new nodes inserted first (see ``HeldRows``): every
+  /// statement gets the database through here, so none misses a held node.
+  var db: Database {
+    get throws {
+      if let heldRows, heldRows.mustInsert { try insertHeldRows() }
+      return connection
+    }
+  }
   /// The local user whose treesystem this transaction sees.
   public let userID: String
   /// Where that user's objects live in a store.
@@ -33,6 +42,8 @@ public final class CloudTransaction {
   let deferredUploads: DeferredUploads?
   /// True when new nodes' first uploads may wait for the batch's commit (a journaled unit).
   var defersFirstUploads = false
+  /// The writer connection's held new nodes (`nil` on a reader connection).
+  let heldRows: HeldRows?
   lazy var encoder: JSONEncoder = {
     let e = JSONEncoder()
     e.outputFormatting = .sortedKeys
@@ -43,10 +54,11 @@ public final class CloudTransaction {
   init(
     db: Database, layout: CloudLayout, readOnly: Bool, failpoint: String?,
     shareLists: ShareListCache, nodes: NodeCache?, statements: StatementTable?,
-    deferred: DeferredUploads?, fields: FieldCoding
+    deferred: DeferredUploads?, held: HeldRows?, fields: FieldCoding
   ) {
     self.fields = fields
-    self.db = db
+    self.connection = db
+    self.heldRows = held
     self.userID = layout.userID
     self.layout = layout
     self.isReadOnly = readOnly
@@ -61,7 +73,7 @@ public final class CloudTransaction {
   /// outside the catalog — moving files, notifying — never becomes visible before the catalog
   /// change it goes with. In a read-only transaction, `body` runs right away.
   public func afterCommit(_ body: @escaping @Sendable () -> Void) {
-    guard !isReadOnly, db.rawIsInsideTransaction else {
+    guard !isReadOnly, connection.rawIsInsideTransaction else {
       body()
       return
     }
@@ -223,8 +235,12 @@ public final class CloudTransaction {
     return try fields.seal(Data(encoded.utf8))
   }
 
-  /// Inserts a node's row; with `id`, under that row id (journal replay), else the next one.
-  func insertNodeRow(_ node: Node, cloudName: String, id: NodeID? = nil) throws -> NodeID {
+  /// Inserts a node's row; with `id`, under that row id (journal replay, a held node), else the
+  /// next one. With `cached`, the node cache's sets are left alone: they know the node already
+  /// (a held node's, as it is now).
+  func insertNodeRow(_ node: Node, cloudName: String, id: NodeID? = nil, cached: Bool = false)
+    throws -> NodeID
+  {
     let key = node.nameKey
     let args: [(any DatabaseValueConvertible)?] = [
       node.uuid, node.localUserID, node.parentID, try fields.storedText(node.name),
@@ -241,8 +257,10 @@ public final class CloudTransaction {
       try fields.nameKey(key), cloudName, id,
     ]
     try rawExecute(Self.insertRowSQL, args)
-    let inserted = db.rawLastInsertedRowID
-    sharedNodes?.inserted(inserted, kind: node.kind, under: node.parentID, named: key)
+    let inserted = connection.rawLastInsertedRowID
+    if !cached {
+      sharedNodes?.inserted(inserted, kind: node.kind, under: node.parentID, named: key)
+    }
     return inserted
   }
 
@@ -269,13 +287,16 @@ public final class CloudTransaction {
 
   /// The node with this id, or `nil`.
   public func node(id: NodeID) throws -> Node? {
+    if let held = heldNode(id) { return held }
     if let sharedNodes, let cached = sharedNodes.get(id), cached.localUserID == userID {
       #if DEBUG
         // Tests check that every change of a row dropped its cached node.
         var stored: Node?
-        try statement(Self.nodeByID).runRaw([id, userID]) { s in
-          stored = try decodeNode(s)
-          return false
+        try debugCheck {
+          try statement(Self.nodeByID).runRaw([id, userID]) { s in
+            stored = try decodeNode(s)
+            return false
+          }
         }
         precondition(stored == cached, "stale cached node \(id)")
       #endif
@@ -288,6 +309,13 @@ public final class CloudTransaction {
     return node
   }
 
+  /// Runs a debug build's check of a cache against the rows alone: the held nodes stay held
+  /// (they are in the caches; inserting them for a check would change what the tests test).
+  func debugCheck<T>(_ body: () throws -> T) throws -> T {
+    guard let heldRows else { return try body() }
+    return try heldRows.suspended(body)
+  }
+
   /// Drops a node from the shared cache: called by every statement that changes its row.
   func rowChanged(_ id: NodeID) { sharedNodes?.remove(id) }
 
@@ -296,12 +324,14 @@ public final class CloudTransaction {
     guard let sharedNodes, sharedNodes.isBare(id) else { return false }
     #if DEBUG
       // Tests check that every statement giving a node a tag or a link told the cache.
-      let clothed = try Bool.fetchOne(
-        db,
-        sql: """
-          SELECT EXISTS (SELECT 1 FROM nodeTags WHERE nodeID = ?1)
-            OR EXISTS (SELECT 1 FROM nodeLinks WHERE nodeID = ?1)
-          """, arguments: [id])
+      let clothed = try debugCheck {
+        try Bool.fetchOne(
+          db,
+          sql: """
+            SELECT EXISTS (SELECT 1 FROM nodeTags WHERE nodeID = ?1)
+              OR EXISTS (SELECT 1 FROM nodeLinks WHERE nodeID = ?1)
+            """, arguments: [id])
+      }
       precondition(clothed == false, "node \(id) has tags or links")
     #endif
     return true
@@ -358,7 +388,7 @@ public final class CloudTransaction {
     if let sharedNodes, sharedNodes.hasNoChild(of: parentID, matching: key) {
       #if DEBUG
         // Tests check that every statement naming a node told the cache.
-        let stored = try queryChildren(of: parentID, sharingKey: key)
+        let stored = try debugCheck { try queryChildren(of: parentID, sharingKey: key) }
         precondition(stored.isEmpty, "stale child names of \(parentID)")
       #endif
       return []
@@ -432,7 +462,7 @@ public final class CloudTransaction {
     if let sharedNodes, sharedNodes.isChildless(parentID) {
       #if DEBUG
         // Tests check that every statement giving a node a child dropped it from the set.
-        let stale = try rawInt(Self.anyChild, [parentID]) != nil
+        let stale = try debugCheck { try rawInt(Self.anyChild, [parentID]) } != nil
         precondition(!stale, "node \(parentID) has children")
       #endif
       return false
@@ -620,6 +650,7 @@ public final class CloudTransaction {
       try node.explicitCloudName
       ?? CloudName.compute(name: node.name, parentDirSalt: parent.dirSalt)
     var stored = node
+    if let held = try hold(node, parent: parent, cloudName: cloudName) { return held }
     do {
       stored.id = try insertNodeRow(node, cloudName: cloudName, id: node.id == 0 ? nil : node.id)
     } catch let error as DatabaseError where error.resultCode == .SQLITE_CONSTRAINT {
@@ -639,6 +670,34 @@ public final class CloudTransaction {
     _ = try insertOperation(
       kind: .putRcrd, nodeID: stored.id, cloudID: stored.cloudID, payload: nil, dependsOn: deps)
     return stored
+  }
+
+  /// Holds a new file node instead of inserting its row (see ``HeldRows``) when its unit may
+  /// defer its first upload, its parent is a row and the parent's cached child names show its
+  /// name free (the name index is not there to refuse it). Returns the node held, or `nil`.
+  private func hold(_ node: Node, parent: Node, cloudName: String) throws -> Node? {
+    guard let heldRows, let sharedNodes, defersFirstUploads, deferredUploads != nil,
+      node.id == 0, node.kind == .file, heldNode(parent.id) == nil
+    else { return nil }
+    let key = node.nameKey
+    guard sharedNodes.hasNoChild(of: parent.id, matching: key) else { return nil }
+    var held = node
+    held.id = try heldRows.nextID { try nodeSequence() }
+    heldRows.set(held.id, .init(node: held, cloudName: cloudName))
+    sharedNodes.inserted(held.id, kind: held.kind, under: parent.id, named: key)
+    sharedNodes.put(held)
+    try check("createNode.afterInsert")
+    _ = deferFirstUpload(held.id)
+    return held
+  }
+
+  /// Stores a held node's change (`true`), or does nothing (`false`: the node has a row).
+  func changeHeld(_ node: Node, cloudName: String? = nil) -> Bool {
+    guard let heldRows, let held = heldRows.held(node.id), isDeferred(node.id) else {
+      return false
+    }
+    heldRows.set(node.id, .init(node: node, cloudName: cloudName ?? held.cloudName))
+    return true
   }
 
   func existingChildID(of parentID: NodeID, nameKey: NameKey) throws -> NodeID? {
@@ -688,13 +747,15 @@ public final class CloudTransaction {
       throw CatalogError.invalidOperation("updateNode cannot change a node to or from a trunk")
     }
     if node == stored { return stored }
-    let stmt = try db.cachedStatement(
-      sql: """
-        UPDATE nodes SET kind = ?, shareList = ?, burnDate = ?, anchor = ?, pointeeID = ?,
-          mode = ?, mtime = ?, xattrs = ?, symlinkTarget = ?, dataSize = ?
-        WHERE id = ?
-        """)
-    try rawExecute(stmt, try attributeArguments(node) + [node.id])
+    if !changeHeld(node) {
+      let stmt = try db.cachedStatement(
+        sql: """
+          UPDATE nodes SET kind = ?, shareList = ?, burnDate = ?, anchor = ?, pointeeID = ?,
+            mode = ?, mtime = ?, xattrs = ?, symlinkTarget = ?, dataSize = ?
+          WHERE id = ?
+          """)
+      try rawExecute(stmt, try attributeArguments(node) + [node.id])
+    }
     sharedNodes?.put(node)
     try check("updateNode.afterUpdate")
     // A node whose first upload is deferred uploads what it has when that is queued.
@@ -723,7 +784,7 @@ public final class CloudTransaction {
         nodeID, userID,
       ])
     rowChanged(nodeID)
-    if db.rawChangesCount == 0 { throw CatalogError.nodeNotFound(nodeID) }
+    if connection.rawChangesCount == 0 { throw CatalogError.nodeNotFound(nodeID) }
   }
 
   // MARK: Moving
@@ -752,6 +813,7 @@ public final class CloudTransaction {
     }
     let newParent = try existingNode(id: newParentID)
     if newParent.kind == .symlink { throw CatalogError.notADirectory(newParentID) }
+    if let moved = try moveHeld(node, to: newParent, name: newName) { return moved }
     // (A rename in place cannot make a cycle.)
     if newParentID != oldParentID, try isAncestor(id, of: newParentID) {
       throw CatalogError.cycle(nodeID: id, newParentID: newParentID)
@@ -798,6 +860,28 @@ public final class CloudTransaction {
       try enqueueMove(
         moved, from: old, newParent: newParent, sameParent: sameParent, operations: ops)
     }
+    return moved
+  }
+
+  /// Renames or moves a held node (see ``HeldRows``) when the new parent is a row whose cached
+  /// child names show the name free; `nil` when it is not held or that is not known.
+  private func moveHeld(_ node: Node, to newParent: Node, name newName: String) throws -> Node? {
+    guard let sharedNodes, heldNode(node.id) != nil, newParent.id != node.id,
+      heldNode(newParent.id) == nil
+    else { return nil }
+    if newParent.id == node.parentID, Array(newName.utf8) == Array(node.name.utf8) { return node }
+    let newKey = NameKey(newName)
+    guard sharedNodes.hasNoChild(of: newParent.id, matching: newKey) else { return nil }
+    var moved = node
+    moved.parentID = newParent.id
+    moved.name = newName
+    moved.explicitCloudName = nil
+    let cloudName = try CloudName.compute(name: newName, parentDirSalt: newParent.dirSalt)
+    guard changeHeld(moved, cloudName: cloudName) else { return nil }
+    rowChanged(node.id)
+    sharedNodes.placed(under: newParent.id, named: newKey)
+    try check("moveNode.afterUpdate")
+    sharedNodes.put(moved)
     return moved
   }
 
@@ -919,6 +1003,14 @@ public final class CloudTransaction {
     try requireWritable()
     let node = try existingNode(id: id)
     guard node.trunk == nil else { throw CatalogError.invalidOperation("trunks cannot be deleted") }
+    if let heldRows, heldRows.contains(id), isDeferred(id) {
+      // Held (see `HeldRows`): no row, no child, tag, link or operation; nothing in the cloud.
+      heldRows.set(id, nil)
+      sharedNodes?.deleted(id)
+      try dropDeferred(id)
+      try check("deleteNode.afterDelete")
+      return
+    }
     let entries = try subtree(of: id, childless: childless)
     let plan = try planDelete(entries)
     try deleteRows(entries)

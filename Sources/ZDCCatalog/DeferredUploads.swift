@@ -185,7 +185,7 @@ extension CloudTransaction {
   /// Runs `body` in the open transaction, or in one of its own (a read between batches): the
   /// operations queued and the stored entry removed commit together.
   private func atomically(_ body: () throws -> Void) throws {
-    if db.rawIsInsideTransaction { return try body() }
+    if connection.rawIsInsideTransaction { return try body() }
     try db.inTransaction(.immediate) {
       try body()
       return .commit

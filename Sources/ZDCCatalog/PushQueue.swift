@@ -90,7 +90,7 @@ extension CloudTransaction {
         userID, kind.rawValue, nodeID, cloudID, payload.map(PushPayloadJSON.encode) ?? "{}", now,
         createdAt ?? now,
       ])
-    let id = db.rawLastInsertedRowID
+    let id = connection.rawLastInsertedRowID
     for dep in deps {
       if depsQueued {
         try rawExecute(Self.insertDependencySQL, [id, dep])
@@ -203,8 +203,10 @@ extension CloudTransaction {
     if changed {
       node.dataSize = size
       if let mtime { node.mtime = mtime }
-      try rawExecute(
-        Self.commitDataSQL, [Int64(bitPattern: size), node.mtime.totalNanoseconds, nodeID])
+      if !changeHeld(node) {
+        try rawExecute(
+          Self.commitDataSQL, [Int64(bitPattern: size), node.mtime.totalNanoseconds, nodeID])
+      }
       sharedNodes?.put(node)
       try check("updateNode.afterUpdate")
     }
@@ -520,7 +522,7 @@ extension CloudTransaction {
         WHERE id = ? AND +localUserID = ? AND state = 'pending'
         """)
     try rawExecute(stmt, [id, userID])
-    if db.rawChangesCount == 0 { throw CatalogError.operationNotFound(id) }
+    if connection.rawChangesCount == 0 { throw CatalogError.operationNotFound(id) }
   }
 
   /// Removes a finished operation, releasing the operations that wait for it.
@@ -529,7 +531,7 @@ extension CloudTransaction {
     let stmt = try db.cachedStatement(
       sql: "DELETE FROM pushOperations WHERE id = ? AND +localUserID = ?")
     try rawExecute(stmt, [id, userID])
-    if db.rawChangesCount == 0 { throw CatalogError.operationNotFound(id) }
+    if connection.rawChangesCount == 0 { throw CatalogError.operationNotFound(id) }
     try deleteDependencies(of: id)
   }
 
@@ -579,7 +581,7 @@ extension CloudTransaction {
     let stmt = try db.cachedStatement(
       sql: "UPDATE pushOperations SET multipartState = ? WHERE id = ? AND +localUserID = ?")
     try rawExecute(stmt, [state.map { String(decoding: $0, as: UTF8.self) }, id, userID])
-    if db.rawChangesCount == 0 { throw CatalogError.operationNotFound(id) }
+    if connection.rawChangesCount == 0 { throw CatalogError.operationNotFound(id) }
   }
 
   private func isOrphan(_ op: PushOperation) throws -> Bool {

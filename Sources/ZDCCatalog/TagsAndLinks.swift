@@ -34,7 +34,7 @@ extension CloudTransaction {
       try rawExecute(Self.removeTagSQL, [nodeID, identifier])
     }
     try check("setTag.afterWrite")
-    return value != nil || db.rawChangesCount > 0
+    return value != nil || connection.rawChangesCount > 0
   }
   private static let setTagSQL = CatalogSQL(
     "INSERT OR REPLACE INTO nodeTags (nodeID, identifier, value) VALUES (?, ?, ?)")

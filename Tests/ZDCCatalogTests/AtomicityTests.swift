@@ -120,8 +120,9 @@ import ZDCCore
       try catalog.write("alice", commit: .soon) { tx in try mutation(tx, ids) }
     }
     catalog.failpoint = nil
-    // Every case fails after changing rows: the batch was made again without it.
-    #expect(catalog.rebuiltBatches == 1)
+    // Every case but the create fails after changing rows: the batch was made again without
+    // it. The new file is held (no row: see `HeldRows`), and undoing the unit drops it.
+    #expect(catalog.rebuiltBatches == (point == "createNode.afterInsert" ? 0 : 1))
     // The same rows, ids included; only the times of the operations made again differ.
     #expect(try untimed(snapshot(catalog, ids)) == untimed(before))
     #expect(
