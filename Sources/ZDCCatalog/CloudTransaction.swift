@@ -459,6 +459,8 @@ public final class CloudTransaction {
 
   /// True when `parentID` has at least one child.
   public func hasChildren(_ parentID: NodeID) throws -> Bool {
+    // A held directory's children are all held (see `HeldRows.hasChild(of:)`).
+    if let heldRows, heldNode(parentID) != nil { return heldRows.hasChild(of: parentID) }
     if let sharedNodes, sharedNodes.isChildless(parentID) {
       #if DEBUG
         // Tests check that every statement giving a node a child dropped it from the set.
@@ -672,12 +674,14 @@ public final class CloudTransaction {
     return stored
   }
 
-  /// Holds a new file node instead of inserting its row (see ``HeldRows``) when its unit may
-  /// defer its first upload, its parent is a row and the parent's cached child names show its
-  /// name free (the name index is not there to refuse it). Returns the node held, or `nil`.
+  /// Holds a new file or directory instead of inserting its row (see ``HeldRows``) when its
+  /// unit may defer its first upload, its parent is a directory and the parent's cached child
+  /// names show its name free (the name index is not there to refuse it). Returns the node
+  /// held, or `nil`.
   private func hold(_ node: Node, parent: Node, cloudName: String) throws -> Node? {
     guard let heldRows, let sharedNodes, defersFirstUploads, deferredUploads != nil,
-      node.id == 0, node.kind == .file, heldNode(parent.id) == nil
+      node.id == 0, node.kind == .file || node.kind == .directory,
+      heldNode(parent.id) == nil || parent.kind == .directory
     else { return nil }
     let key = node.nameKey
     guard sharedNodes.hasNoChild(of: parent.id, matching: key) else { return nil }
@@ -863,11 +867,13 @@ public final class CloudTransaction {
     return moved
   }
 
-  /// Renames or moves a held node (see ``HeldRows``) when the new parent is a row whose cached
-  /// child names show the name free; `nil` when it is not held or that is not known.
+  /// Renames or moves a held node (see ``HeldRows``) when the new parent's cached child names
+  /// show the name free (a directory only in place: no cycle to look for); `nil` when it is
+  /// not held or that is not known.
   private func moveHeld(_ node: Node, to newParent: Node, name newName: String) throws -> Node? {
     guard let sharedNodes, heldNode(node.id) != nil, newParent.id != node.id,
-      heldNode(newParent.id) == nil
+      node.kind == .file || newParent.id == node.parentID,
+      heldNode(newParent.id) == nil || newParent.kind == .directory
     else { return nil }
     if newParent.id == node.parentID, Array(newName.utf8) == Array(node.name.utf8) { return node }
     let newKey = NameKey(newName)
@@ -1003,8 +1009,8 @@ public final class CloudTransaction {
     try requireWritable()
     let node = try existingNode(id: id)
     guard node.trunk == nil else { throw CatalogError.invalidOperation("trunks cannot be deleted") }
-    if let heldRows, heldRows.contains(id), isDeferred(id) {
-      // Held (see `HeldRows`): no row, no child, tag, link or operation; nothing in the cloud.
+    if let heldRows, heldRows.contains(id), isDeferred(id), !heldRows.hasChild(of: id) {
+      // Held (see `HeldRows`): no row, child, tag, link or operation; nothing in the cloud.
       heldRows.set(id, nil)
       sharedNodes?.deleted(id)
       try dropDeferred(id)

@@ -4,17 +4,17 @@ import Synchronization
 import ZDCCore
 import ZDCSQLite
 
-/// New file nodes of the open batch whose rows are not inserted yet: the node, as it is now,
-/// stands in for its row until a statement needs the row or the batch commits.
+/// New files and directories of the open batch whose rows are not inserted yet: the node, as
+/// it is now, stands in for its row until a statement needs the row or the batch commits.
 ///
-/// A file created in a journaled unit of work (``Catalog/Commit/soon``), whose first upload
-/// is deferred and whose name its directory's cached child names show free, is held here
-/// instead of inserted. Committing its content, renaming it in place, changing its attributes
-/// and deleting it change the held node, not a row; so a file that lives a moment — an
-/// editor's swap file, a build's temporary, the create/stat/rename/unlink of a benchmark —
-/// costs the catalog no statement at all, and a file that stays costs one insert, at the
-/// batch's commit, instead of an insert and an update per change. The redo journal records
-/// the changes as it does for rows: a crash replays them as statements on rows.
+/// A file or directory created in a journaled unit of work (``Catalog/Commit/soon``), whose
+/// first upload is deferred and whose name its directory's cached child names show free, is
+/// held here instead of inserted. Committing its content, renaming it, changing its
+/// attributes and deleting it change the held node, not a row; so a file that lives a moment
+/// — an editor's swap file, a build's temporary, the create/stat/rename/unlink of a
+/// benchmark — costs the catalog no statement at all, and a node that stays costs one insert,
+/// at the batch's commit, instead of an insert and an update per change. The redo journal
+/// records the changes as it does for rows: a crash replays them as statements on rows.
 ///
 /// Every other statement sees the rows as if the held nodes had been inserted: before any
 /// statement runs on the writer connection, ``CloudTransaction`` inserts the held nodes
@@ -34,6 +34,8 @@ final class HeldRows: Sendable {
 
   private struct State {
     var rows: [NodeID: Held] = [:]
+    /// How many held nodes sit under each parent.
+    var children: [NodeID: Int] = [:]
     /// The next id to hand out (`nil`: read the table's sequence first).
     var nextID: NodeID?
     /// The highest id handed out that the table's sequence does not cover yet (0: none).
@@ -44,6 +46,23 @@ final class HeldRows: Sendable {
     var suspended = false
     /// The local user of the last node held (whose transaction inserts the rows at a commit).
     var userID: String?
+
+    /// Replaces (or removes, with `nil`) `id`'s entry, keeping the child counts; returns the
+    /// entry before.
+    mutating func replace(_ id: NodeID, _ entry: Held?) -> Held? {
+      let before: Held?
+      if let entry {
+        before = rows.updateValue(entry, forKey: id)
+      } else {
+        before = rows.removeValue(forKey: id)
+      }
+      if let parent = before?.node.parentID {
+        children[parent, default: 0] -= 1
+        if children[parent] == 0 { children[parent] = nil }
+      }
+      if let parent = entry?.node.parentID { children[parent, default: 0] += 1 }
+      return before
+    }
   }
 
   private let state = Mutex(State())
@@ -61,20 +80,19 @@ final class HeldRows: Sendable {
 
   func contains(_ id: NodeID) -> Bool { state.withLock { $0.rows[id] != nil } }
 
+  /// True when a held node sits under `parentID`. Every child of a held directory is held (a
+  /// child with a row is inserted, or moved in, by a statement, which inserts the directory
+  /// first), so for a held directory this tells whether it has children at all.
+  func hasChild(of parentID: NodeID) -> Bool { state.withLock { $0.children[parentID] != nil } }
+
   /// The local user whose transaction may insert the rows (any: rows carry their user).
   var anyUserID: String? { state.withLock { $0.userID } }
 
   /// Holds `entry` (new or changed), or drops it with `nil`.
   func set(_ id: NodeID, _ entry: Held?) {
     state.withLock { s in
-      let before: Held?
-      if let entry {
-        s.userID = entry.node.localUserID
-        before = s.rows.updateValue(entry, forKey: id)
-      } else {
-        before = s.rows.removeValue(forKey: id)
-      }
-      s.undo.append((id, before))
+      if let entry { s.userID = entry.node.localUserID }
+      s.undo.append((id, s.replace(id, entry)))
     }
   }
 
@@ -97,6 +115,7 @@ final class HeldRows: Sendable {
       let rows = s.rows.values.sorted { $0.node.id < $1.node.id }
       for h in rows { s.undo.append((h.node.id, h)) }
       s.rows.removeAll(keepingCapacity: true)
+      s.children.removeAll(keepingCapacity: true)
       s.suspended = true
       return (rows, s.unsequenced)
     }
@@ -124,7 +143,7 @@ final class HeldRows: Sendable {
   /// A unit failed without changing a row: the entries are as they were before the unit.
   func undoUnit() {
     state.withLock { s in
-      for (id, entry) in s.undo.reversed() { s.rows[id] = entry }
+      for (id, entry) in s.undo.reversed() { _ = s.replace(id, entry) }
       s.undo.removeAll(keepingCapacity: true)
     }
   }
@@ -134,6 +153,7 @@ final class HeldRows: Sendable {
   func didRollback() {
     state.withLock { s in
       s.rows.removeAll()
+      s.children.removeAll()
       s.undo.removeAll()
       s.nextID = nil
       s.unsequenced = 0
