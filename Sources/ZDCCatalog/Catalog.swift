@@ -884,12 +884,12 @@ final class NodeCache: Sendable {
 
   func clothed(_ id: NodeID) { bare.remove(id) }
 
-  /// The names of the children of directories made since the cache last started over, each
-  /// by the key it is matched by (a case variant's by the key of the name it stands for): a
-  /// directory made here starts empty and each statement that names a node (an insert, a
-  /// rename, a move, a change from the cloud) calls ``placed(under:named:)``, so a name missing
-  /// from its set is not taken, and the lookup of an absent name (every new file's, twice for
-  /// a rename's target) needs no query. Names leaving are not removed: a name in the set
+  /// The names of the children of directories made or listed whole since the cache last
+  /// started over, each by the key it is matched by (a case variant's by the key of the name it
+  /// stands for): a directory made here starts empty, a listed one with the names listed, and
+  /// each statement that names a node (an insert, a rename, a move, a change from the cloud)
+  /// calls ``placed(under:named:)``, so a name missing from its set is not taken, and the
+  /// lookup of an absent name (every new file's, twice for a rename's target) needs no query. Names leaving are not removed: a name in the set
   /// only sends the lookup to the catalog. A rollback empties them with the nodes.
   private let childNames = Mutex<[NodeID: Set<String>]>([:])
   /// Past this many directories the sets start over; a set past `namesPerDirectory` is dropped.
@@ -901,6 +901,18 @@ final class NodeCache: Sendable {
     childNames.withLock {
       if $0.count >= Self.directoriesWithNames { $0.removeAll() }
       $0[id] = []
+    }
+  }
+
+  /// A directory listed whole: `keys` are all its children's names (a directory made before
+  /// the cache started over — after a remount, say — gets its set from its first listing).
+  func listed(_ id: NodeID, keys: [NameKey]) {
+    guard keys.count < Self.namesPerDirectory else { return }
+    let names = Set(keys.lazy.map(Self.matchKey))
+    childNames.withLock {
+      guard $0[id] == nil else { return }
+      if $0.count >= Self.directoriesWithNames { $0.removeAll() }
+      $0[id] = names
     }
   }
 

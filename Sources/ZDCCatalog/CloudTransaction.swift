@@ -435,6 +435,10 @@ public final class CloudTransaction {
       out.append(try cachedOrDecodedNode(st))
       return true
     }
+    // The whole directory (on the writer, between its statements): its names are all known.
+    if afterID == 0, limit < 0 || out.count < limit, let sharedNodes {
+      sharedNodes.listed(parentID, keys: out.map(\.nameKey))
+    }
     return out
   }
 

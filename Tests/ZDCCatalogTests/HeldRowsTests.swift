@@ -285,4 +285,40 @@ import ZDCTestSupport
       #expect(try catalog.read(user) { tx in try tx.children(of: d.id) } == [a])
     }
   }
+
+  /// After a reopen the cache knows no directory's names: a directory's first whole listing
+  /// gives them, and new files in it are held from then on.
+  @Test func aDirectoryListedAfterAReopenHoldsNewFiles() throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    var d: Node
+    do {
+      let catalog = try openBatching(dir)
+      try catalog.createLocalUser(makeUser(user))
+      d = try catalog.write(user) { tx in try tx.createNode(path: p("d"), kind: .directory) }
+      for name in ["old1", "old2", "old3"] {
+        _ = try catalog.write(user) { tx in try tx.createNode(path: p("d", name)) }
+      }
+    }
+    let catalog = try openBatching(dir)
+    func lookUpAbsent() throws -> Bool {
+      let answered = catalog.absentNamesAnswered
+      let found = try catalog.read(user) { tx in try tx.children(of: d.id, sharingNameWith: "x") }
+      #expect(found == [])
+      return catalog.absentNamesAnswered == answered + 1
+    }
+    _ = try file(catalog, d, "before")
+    #expect(catalog.heldNodes == 0)
+    #expect(try lookUpAbsent() == false)
+    // A listing cut short by its limit tells nothing.
+    _ = try catalog.read(user) { tx in try tx.children(of: d.id, limit: 2) }
+    #expect(try lookUpAbsent() == false)
+    let names = try catalog.read(user) { tx in try tx.children(of: d.id).map(\.name) }
+    #expect(names == ["old1", "old2", "old3", "before"])
+    #expect(try lookUpAbsent())
+    _ = try file(catalog, d, "after")
+    #expect(catalog.heldNodes == 1)
+    // Names already there are refused as before.
+    #expect(throws: CatalogError.self) { try file(catalog, d, "OLD2") }
+  }
 }
