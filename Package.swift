@@ -148,7 +148,8 @@ let package = Package(
       swiftSettings: strict),
     .target(name: "CSpawn", path: "Tests/CSpawn"),
     .testTarget(
-      name: "ZDCS3StoreTests", dependencies: ["ZDCS3Store", "ZDCCore", "ZDCTestSupport"],
+      name: "ZDCS3StoreTests",
+      dependencies: ["ZDCS3Store", "ZDCCore", "ZDCTestSupport", "zdc-testhelper"],
       swiftSettings: strict),
     .testTarget(name: "ZDCCoreTests", dependencies: ["ZDCCore"], swiftSettings: strict),
     .testTarget(

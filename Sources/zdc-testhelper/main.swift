@@ -5,6 +5,10 @@
 //   zdc-testhelper race-update ROOT KEY ROUNDS ID
 //     ROUNDS attempts at read-then-`.ifMatch` increments of a decimal counter at KEY (content
 //     "COUNTER ID"); prints "WIN <new eTag>" for each update that succeeded.
+//   zdc-testhelper stream-rss STORE KEY SIZE-MIB PART-MIB
+//     Uploads a SIZE-MIB file from disk as a multipart upload of PART-MIB parts, downloads it
+//     streamed to a file, and prints "GROWTH <bytes>": how far the process's peak resident set
+//     rose above where it was before the transfer (the test's own process runs other tests).
 //   zdc-testhelper device STATE-DIR STORE SEED STEPS BIG-STEP
 //     Runs a sync device from STATE-DIR: applies seeded changes (12 MiB files at BIG-STEP and 5 × BIG-STEP),
 //     resuming after a crash, pushing as it goes; prints "ACK <step> <change>" once each change
@@ -32,6 +36,20 @@ func fail(_ message: String) -> Never {
 }
 
 let args = CommandLine.arguments
+if args.count == 6, args[1] == "stream-rss", let sizeMiB = Int(args[4]), let partMiB = Int(args[5])
+{
+  do {
+    guard let store = try openStore(args[2]) as? S3Store else {
+      fail("stream-rss needs an S3 store")
+    }
+    print(
+      "GROWTH \(try streamedTransferGrowth(store, key: args[3], sizeMiB: sizeMiB, partMiB: partMiB))"
+    )
+    exit(0)
+  } catch {
+    fail("error: \(error)")
+  }
+}
 if args.count == 7, args[1] == "device", let seed = UInt64(args[4]), let steps = Int(args[5]),
   let big = Int(args[6])
 {
