@@ -25,12 +25,14 @@ import ZDCTestSupport
         let dp = try TreesystemPath(["dir-\(d)"])
         let dn = try tx.createNode(path: dp, kind: .directory)
         for f in 0..<filesPerDir {
+          let content = Data("content of \(d)/\(f)".utf8)
           var node = Node(
             uuid: "", localUserID: user.userID, parentID: dn.id, name: "file-\(d)-\(f).txt",
             kind: .file, shareList: .owner(user.userID), encryptionKey: Data(), dirSalt: Data(),
-            dirPrefix: "", cloudID: "", mode: 0o644, mtime: FileTime(seconds: 1_700_000_000))
+            dirPrefix: "", cloudID: "", mode: 0o644, mtime: FileTime(seconds: 1_700_000_000),
+            dataSize: UInt64(content.count))
           node = try tx.createNode(node)
-          a.delegate.setContent(Data("content of \(d)/\(f)".utf8), for: node)
+          a.delegate.setContent(content, for: node)
           try tx.queueDataUpload(nodeID: node.id)
         }
       }
