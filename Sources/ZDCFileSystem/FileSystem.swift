@@ -65,6 +65,10 @@ public final class FileSystem: @unchecked Sendable {
   var contents: [ContentKey: NodeContent] = [:]
   /// Nodes deleted while open: their last state, until the last handle closes.
   var unlinked: [NodeID: Node] = [:]
+  /// Directories removed while the kernel still held their inode (an open descriptor, a
+  /// working directory), by inode: their last state, for `fstat(2)` (with no links), until
+  /// the kernel forgets the inode.
+  var removedDirectories: [Inode: Node] = [:]
   /// The last check of free space for batched commits (see `spaceForBatches`).
   var spaceCheck: (ContinuousClock.Instant, Bool)?
   /// Size and mtime of the latest local commits, newest last (bounded): a read transaction
@@ -232,7 +236,9 @@ public final class FileSystem: @unchecked Sendable {
 
   func existingNode(_ id: NodeID, _ tx: CloudTransaction) throws -> Node {
     if let n = try tx.node(id: id) { return n }
-    if let snap = lock.withLock({ unlinked[id] }) { return snap }
+    if let snap = lock.withLock({ unlinked[id] ?? removedDirectories[inode(of: id)] }) {
+      return snap
+    }
     throw FileSystemError.notFound
   }
 
@@ -357,7 +363,11 @@ public final class FileSystem: @unchecked Sendable {
       size = try sectionSize(node, section, tx)
       mode &= 0o666
     }
-    if lock.withLock({ unlinked[node.id] }) != nil { links = 0 }
+    if lock.withLock({
+      unlinked[node.id] != nil || (section == .node && removedDirectories[inode] != nil)
+    }) {
+      links = 0
+    }
     if type == .regular, section == .node || section == .data {
       // The open writer first, then the latest commit: a commit records itself before it
       // drops the writer, so one of the two is always seen (whatever the snapshot's age).
@@ -475,6 +485,7 @@ public final class FileSystem: @unchecked Sendable {
       let left = (lookups[ino] ?? 0) &- min(count, lookups[ino] ?? 0)
       if left == 0 {
         lookups[ino] = nil
+        removedDirectories[ino] = nil
         aliases[ino & ((1 << Self.sectionShift) - 1)] = nil
       } else {
         lookups[ino] = left
@@ -686,11 +697,14 @@ public final class FileSystem: @unchecked Sendable {
       let p = try requireDirectory(parent, tx)
       guard let c = try child(of: p.id, shown: name, tx) else { throw FileSystemError.notFound }
       guard try isDirectory(c, tx) else { throw FileSystemError.notADirectory }
-      if try tx.childCount(of: c.id) > 0 { throw FileSystemError.notEmpty }
+      if try tx.hasChildren(c.id) { throw FileSystemError.notEmpty }
       let sections = try sectionSize(c, .meta, tx) + sectionSize(c, .thumb, tx)
       if c.dataSize > 0 || sections > 0 { throw FileSystemError.notEmpty }
-      try tx.deleteNode(c.id)
+      try tx.deleteNode(c.id, childless: true)
       afterDelete(c, tx)
+      // An open descriptor of it still answers `fstat(2)`, as on a local file system.
+      let ino = inode(of: c.id)
+      lock.withLock { if lookups[ino] != nil { removedDirectories[ino] = c } }
     }
   }
 

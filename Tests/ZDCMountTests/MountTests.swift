@@ -249,6 +249,34 @@ import ZDCTestSupport
       """)
   }
 
+  /// A directory removed while a descriptor of it is open answers `fstat(2)` on that
+  /// descriptor, with no links, as on ext4 (found by tools/fsx-sync, seed 632: ENOENT here).
+  @Test func aRemovedDirectoryStillAnswersFstatThroughAnOpenDescriptor() throws {
+    let m = try MountFixture()
+    try m.python(
+      """
+      import errno, os, stat
+      os.mkdir('d')
+      fd = os.open('d', os.O_RDONLY)
+      os.rmdir('d')
+      st = os.fstat(fd)
+      assert stat.S_ISDIR(st.st_mode) and st.st_nlink == 0, st
+      for call in (lambda: os.read(fd, 10), lambda: os.pread(fd, 10, 0)):
+          try:
+              call()
+              raise AssertionError('read a directory')
+          except IsADirectoryError:
+              pass
+      assert os.listdir(fd) == [], os.listdir(fd)
+      os.close(fd)
+      assert not os.path.exists('d'), os.stat('d')
+      assert os.listdir('.') == [], os.listdir('.')
+      os.mkdir('d')
+      # A new directory of the same name is another, live one (directories show one link).
+      assert os.stat('d').st_nlink == 1 and os.stat('d').st_ino != st.st_ino, os.stat('d')
+      """)
+  }
+
   @Test func symlinksSparseAppendAndOpenUnlinked() throws {
     let m = try MountFixture()
     try m.sh(
