@@ -906,7 +906,10 @@ final class NodeCache: Sendable {
 
   /// A directory listed whole: `keys` are all its children's names (a directory made before
   /// the cache started over — after a remount, say — gets its set from its first listing).
-  func listed(_ id: NodeID, keys: [NameKey]) {
+  /// `keys` is asked only when the set is not kept yet (a listing again costs nothing here).
+  func listed(_ id: NodeID, keys: () -> [NameKey]) {
+    guard childNames.withLock({ $0[id] == nil }) else { return }
+    let keys = keys()
     guard keys.count < Self.namesPerDirectory else { return }
     let names = Set(keys.lazy.map(Self.matchKey))
     childNames.withLock {

@@ -437,7 +437,7 @@ public final class CloudTransaction {
     }
     // The whole directory (on the writer, between its statements): its names are all known.
     if afterID == 0, limit < 0 || out.count < limit, let sharedNodes {
-      sharedNodes.listed(parentID, keys: out.map(\.nameKey))
+      sharedNodes.listed(parentID) { out.map(\.nameKey) }
     }
     return out
   }

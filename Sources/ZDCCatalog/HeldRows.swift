@@ -72,8 +72,6 @@ final class HeldRows: Sendable {
     state.withLock { !$0.suspended && (!$0.rows.isEmpty || $0.unsequenced != 0) }
   }
 
-  var isEmpty: Bool { state.withLock { $0.rows.isEmpty } }
-
   var count: Int { state.withLock { $0.rows.count } }
 
   func held(_ id: NodeID) -> Held? { state.withLock { $0.rows[id] } }

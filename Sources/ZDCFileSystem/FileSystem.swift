@@ -702,17 +702,17 @@ public final class FileSystem: @unchecked Sendable {
       if c.dataSize > 0 || sections > 0 { throw FileSystemError.notEmpty }
       try tx.deleteNode(c.id, childless: true)
       afterDelete(c, tx)
-      // An open descriptor of it still answers `fstat(2)`, as on a local file system.
-      let ino = inode(of: c.id)
-      lock.withLock { if lookups[ino] != nil { removedDirectories[ino] = c } }
     }
   }
 
-  /// Local clean-up after a node left the catalog: open files keep working until closed.
-  /// With `tx`, its staged and cached content goes once `tx` has committed (before, a crash
-  /// would bring the node back without it).
+  /// Local clean-up after a node left the catalog: open files keep working until closed, and a
+  /// directory the kernel still holds (an open descriptor, a working directory) answers
+  /// `fstat(2)` until it forgets it. With `tx`, its staged and cached content goes once `tx`
+  /// has committed (before, a crash would bring the node back without it).
   func afterDelete(_ node: Node, _ tx: CloudTransaction? = nil) {
     let open = lock.withLock { () -> Bool in
+      let ino = inode(of: node.id)
+      if node.kind == .directory, lookups[ino] != nil { removedDirectories[ino] = node }
       guard contents[ContentKey(node.id, .data)] != nil else { return false }
       unlinked[node.id] = node
       return true
@@ -781,8 +781,8 @@ public final class FileSystem: @unchecked Sendable {
         if srcIsDir && !dstIsDir { throw FileSystemError.notADirectory }
         if !srcIsDir && dstIsDir { throw FileSystemError.isADirectory }
         if dstIsDir {
-          if try tx.childCount(of: dst.id) > 0 { throw FileSystemError.notEmpty }
-          try tx.deleteNode(dst.id)
+          if try tx.hasChildren(dst.id) { throw FileSystemError.notEmpty }
+          try tx.deleteNode(dst.id, childless: true)
           try tx.moveNode(src.id, toParent: np.id, name: dst.name)
           afterDelete(dst, tx)
           return .done

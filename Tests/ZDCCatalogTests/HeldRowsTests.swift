@@ -11,19 +11,32 @@ import ZDCTestSupport
 @Suite struct HeldRowsTests {
   let user = "alice"
 
+  /// A batching catalog in `dir` with the user and a directory `d` made here: the cache knows
+  /// its child names, which is what lets a new file in it be held.
+  func makeCatalog(in dir: URL) throws -> (Catalog, Node) {
+    let catalog = try openBatching(dir)
+    try catalog.createLocalUser(makeUser(user))
+    let d = try catalog.write(user) { tx in try tx.createNode(path: p("d"), kind: .directory) }
+    return (catalog, d)
+  }
+
   func withCatalog(_ body: (Catalog, URL, Node) throws -> Void) throws {
     let dir = try tempDir()
     defer { try? FileManager.default.removeItem(at: dir) }
-    let catalog = try openBatching(dir)
-    try catalog.createLocalUser(makeUser(user))
-    // A directory made here: the cache knows its child names, which is what lets a new file
-    // in it be held.
-    let d = try catalog.write(user) { tx in try tx.createNode(path: p("d"), kind: .directory) }
+    let (catalog, d) = try makeCatalog(in: dir)
     try body(catalog, dir, d)
   }
 
   func soon<T>(_ catalog: Catalog, _ body: (CloudTransaction) throws -> T) throws -> T {
     try catalog.write(user, commit: .soon, body)
+  }
+
+  /// `d/f` with committed content of `size` bytes, made by one `.soon` write.
+  func fileWithContent(_ catalog: Catalog, size: UInt64) throws -> Node {
+    try soon(catalog) { tx in
+      let f = try tx.createNode(path: p("d", "f"))
+      return try tx.commitData(nodeID: f.id, size: size, mtime: nil)
+    }
   }
 
   /// A new file in `parent`, made as the file system makes one (by parent id: a path would be
@@ -70,10 +83,7 @@ import ZDCTestSupport
 
   @Test func aQueryFindsHeldFilesAsRows() throws {
     try withCatalog { catalog, _, d in
-      let f = try soon(catalog) { tx in
-        let f = try tx.createNode(path: p("d", "f"))
-        return try tx.commitData(nodeID: f.id, size: 7, mtime: nil)
-      }
+      let f = try fileWithContent(catalog, size: 7)
       #expect(catalog.heldNodes == 1)
       // A listing is a query: the held file is inserted before it runs.
       let listed = try catalog.read(user) { tx in try tx.children(of: d.id) }
@@ -99,9 +109,7 @@ import ZDCTestSupport
     defer { try? FileManager.default.removeItem(at: dir) }
     var f: Node
     do {
-      let catalog = try openBatching(dir)
-      try catalog.createLocalUser(makeUser(user))
-      let d = try catalog.write(user) { tx in try tx.createNode(path: p("d"), kind: .directory) }
+      let (catalog, d) = try makeCatalog(in: dir)
       f = try file(catalog, d, "f")
       f = try soon(catalog) { tx in
         _ = try tx.commitData(nodeID: f.id, size: 99, mtime: FileTime(seconds: 9, nanoseconds: 1))
@@ -184,10 +192,7 @@ import ZDCTestSupport
 
   @Test func aRolledBackBatchMakesHeldFilesAgainAsRows() throws {
     try withCatalog { catalog, _, d in
-      let f = try soon(catalog) { tx in
-        let f = try tx.createNode(path: p("d", "f"))
-        return try tx.commitData(nodeID: f.id, size: 3, mtime: nil)
-      }
+      let f = try fileWithContent(catalog, size: 3)
       #expect(catalog.heldNodes == 1)
       // A unit that fails after changing a row: the batch is rolled back and made again from
       // the journal, where the held file's changes are.
@@ -293,9 +298,8 @@ import ZDCTestSupport
     defer { try? FileManager.default.removeItem(at: dir) }
     var d: Node
     do {
-      let catalog = try openBatching(dir)
-      try catalog.createLocalUser(makeUser(user))
-      d = try catalog.write(user) { tx in try tx.createNode(path: p("d"), kind: .directory) }
+      let catalog: Catalog
+      (catalog, d) = try makeCatalog(in: dir)
       for name in ["old1", "old2", "old3"] {
         _ = try catalog.write(user) { tx in try tx.createNode(path: p("d", name)) }
       }
