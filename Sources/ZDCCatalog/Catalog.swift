@@ -28,7 +28,8 @@ public final class Catalog: Sendable {
     public var durability: Durability
     /// How long a writer waits for a lock held by another process, in seconds.
     public var busyTimeout: Double
-    /// The longest a ``Commit/soon`` write waits for its commit, in seconds.
+    /// How long a ``Commit/soon`` write waits for its commit, in seconds, while writes pause
+    /// (see ``Commit/soon``).
     public var batchWindow: Double
     /// The key (32 bytes) that seals the catalog's sensitive fields at rest — names, symlink
     /// targets, node keys, directory salts, extended attributes, data tags and redo journal
@@ -241,21 +242,40 @@ public final class Catalog: Sendable {
     /// Committed before ``Catalog/write(_:commit:_:)`` returns: it survives a crash of the
     /// process from then on.
     case now
-    /// Committed within ``Options/batchWindow`` seconds, with the writes around it, or earlier
-    /// by the next ``now`` write or ``Catalog/commitPending()``. Seen at once by every read and
-    /// write of this catalog. Survives a crash of the process once the write returns: its
-    /// changes are in the catalog's redo journal (see ``replayedJournalEntries``), made again
-    /// at the next open if the commit did not happen. Not yet power-loss safe (like
-    /// ``Durability/normal``; ``makeDurable()`` makes it so).
+    /// Committed with the writes around it ``Options/batchWindow`` seconds after the batch
+    /// opened — later while `.soon` writes keep coming without a pause of
+    /// ``Catalog/batchQuietSeconds``, up to ``Catalog/batchBusyWindows`` windows or
+    /// ``Catalog/maxBatchUnits`` writes —, or earlier by the next ``now`` write or
+    /// ``Catalog/commitPending()``. Seen at once by every read and write of this catalog.
+    /// Survives a crash of the process once the write returns: its changes are in the
+    /// catalog's redo journal (see ``replayedJournalEntries``), made again at the next open if
+    /// the commit did not happen. Not yet power-loss safe (like ``Durability/normal``;
+    /// ``makeDurable()`` makes it so).
     case soon
   }
 
-  /// The longest a ``Commit/soon`` write waits for its commit by default, in seconds. Each
+  /// How long a ``Commit/soon`` write waits for its commit by default, in seconds (while writes
+  /// pause; see ``Commit/soon``). Each
   /// commit writes every page its batch changed, and a burst of creates changes the same index
   /// pages over and over: a copy of /usr/include took 9% less time with 0.5 s than with 0.1 s
   /// (no better with 1 s). Durability does not depend on it (the redo journal has each write).
   public static let batchWindow: Double = 0.5
   private let batchWindowSeconds: Double
+  /// The pause in ``Commit/soon`` writes that lets a batch whose window has passed commit:
+  /// during a burst (a copy of many files) a commit stops every file operation behind it for
+  /// as long as it takes to insert the batch's held rows and write its pages (about 11 ms per
+  /// half second of a copy of /usr/include), so the batch waits for the burst to pause.
+  public static let batchQuietSeconds: Double = 0.1
+  /// The most windows a batch waits for a pause in a burst (5 s by default).
+  public static let batchBusyWindows: Double = 10
+  /// The most ``Commit/soon`` writes a batch that waits for a pause takes (they are held in
+  /// memory and in the redo journal until it commits).
+  public static let maxBatchUnits = 40_000
+  /// When the open batch began and when its last ``Commit/soon`` write was made (uptime
+  /// nanoseconds), and how many such writes it has.
+  private let batchOpenedAt = Atomic<UInt64>(0)
+  private let lastSoonWriteAt = Atomic<UInt64>(0)
+  private let batchUnits = Atomic<Int>(0)
 
   /// The redo journal of ``Commit/soon`` writes (`nil` in memory, or when another process holds
   /// it: ``Commit/soon`` then commits at once).
@@ -347,6 +367,8 @@ public final class Catalog: Sendable {
           }
           try control(db, "BEGIN IMMEDIATE TRANSACTION")
           batchOpen.value = true
+          batchOpenedAt.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+          batchUnits.store(0, ordering: .relaxed)
           scheduleBatchCommit()
         }
         // No savepoint around the unit: one costs a copy of every page the unit touches (about
@@ -373,7 +395,12 @@ public final class Catalog: Sendable {
           }
           throw error
         }
-        if commit == .now || commitNow { try commitBatch(db) }
+        if commit == .now || commitNow {
+          try commitBatch(db)
+        } else {
+          lastSoonWriteAt.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+          batchUnits.add(1, ordering: .relaxed)
+        }
         return result
       }
     } catch let error as DatabaseError where error.resultCode == .SQLITE_FULL {
@@ -391,6 +418,11 @@ public final class Catalog: Sendable {
 
   /// How many new nodes' first uploads are not queued yet (tests).
   @_spi(Testing) public var deferredFirstUploads: Int { deferredUploads.count }
+  /// True while a batch of ``Commit/soon`` writes waits for its commit (tests).
+  @_spi(Testing) public var hasOpenBatch: Bool { batchOpen.value }
+  /// How many batches of ``Commit/soon`` writes committed (tests).
+  @_spi(Testing) public var committedBatches: Int { batchCommits.load(ordering: .relaxed) }
+  private let batchCommits = Atomic<Int>(0)
 
   /// How many new files are held without a row (tests; see ``HeldRows``).
   @_spi(Testing) public var heldNodes: Int { heldRows.count }
@@ -438,6 +470,7 @@ public final class Catalog: Sendable {
       }
       try control(db, "COMMIT TRANSACTION")
       batchOpen.value = false
+      batchCommits.add(1, ordering: .relaxed)
       committedJournalSeq = batchJournalSeq
       if let journal, journal.size >= RedoJournal.truncateThreshold {
         // Every entry is committed now (entries are appended on this connection only).
@@ -588,13 +621,29 @@ public final class Catalog: Sendable {
     try db.cachedStatement(sql: sql).execute()
   }
 
-  private func scheduleBatchCommit() {
-    batchTimer.asyncAfter(deadline: .now() + batchWindowSeconds) { [weak self] in
+  private func scheduleBatchCommit(after seconds: Double? = nil) {
+    batchTimer.asyncAfter(deadline: .now() + (seconds ?? batchWindowSeconds)) { [weak self] in
       guard let self else { return }
+      if let wait = self.busyBatchWait() {
+        self.scheduleBatchCommit(after: wait)
+        return
+      }
       do { try self.commitPending() } catch {
         // Logged by commitBatch; the next write retries.
       }
     }
+  }
+
+  /// How much longer the open batch waits for a pause in `.soon` writes, or `nil` when it
+  /// commits now (writes have paused, or it waited as long as it may).
+  private func busyBatchWait() -> Double? {
+    let now = DispatchTime.now().uptimeNanoseconds
+    let quiet = Double(now &- lastSoonWriteAt.load(ordering: .relaxed)) / 1e9
+    let age = Double(now &- batchOpenedAt.load(ordering: .relaxed)) / 1e9
+    guard quiet < Self.batchQuietSeconds, age < batchWindowSeconds * Self.batchBusyWindows,
+      batchUnits.load(ordering: .relaxed) < Self.maxBatchUnits
+    else { return nil }
+    return Self.batchQuietSeconds - quiet
   }
 
   /// Runs `body` with a read-only, consistent view of a local user's treesystem (including
