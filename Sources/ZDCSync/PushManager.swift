@@ -93,6 +93,9 @@ public final class PushManager: @unchecked Sendable {
   private var workers: WorkerPool?
   /// Callers waiting in ``waitUntilIdle(timeout:)``: while any, operations start unsettled.
   private var urgent = 0
+  /// When the queue was last searched, while the user was busy, for operations that waited
+  /// ``PushConfiguration/maxDeferral``.
+  private var lastBusySearch = Date.distantPast
   private var lastProgressCount = Date.distantPast
   private let logQueue = DispatchQueue(label: "zdc.push.changelog")
   private var logScheduled = false
@@ -303,6 +306,10 @@ public final class PushManager: @unchecked Sendable {
     }
   }
 
+  /// How often the queue is searched for operations that waited too long while the user is
+  /// busy: a tenth of ``PushConfiguration/maxDeferral``, at most 5 s.
+  private var busySearchInterval: TimeInterval { min(config.maxDeferral / 10, 5) }
+
   private func takeJobs(_ slots: Int) -> [PushJob] {
     do {
       let now = Date()
@@ -318,8 +325,19 @@ public final class PushManager: @unchecked Sendable {
       } else if let activity = config.activity,
         activity.secondsSinceLastActivity < config.quietPeriod
       {
-        // The user is busy: only operations that waited too long, one at a time.
-        if !cond.withLock({ running.isEmpty }) && due.isEmpty { return [] }
+        // The user is busy: only operations that waited too long, one at a time, searched for
+        // at most every ``busySearchInterval`` (a search is a catalog write, which commits the
+        // batch of the user's changes: searching every poll made a copy of many files commit
+        // twice as often).
+        if due.isEmpty {
+          let search = cond.withLock { () -> Bool in
+            guard running.isEmpty, now.timeIntervalSince(lastBusySearch) >= busySearchInterval
+            else { return false }
+            lastBusySearch = now
+            return true
+          }
+          if !search { return [] }
+        }
         slots = 1
         settled = now.addingTimeInterval(-max(config.settleDelay, config.maxDeferral))
       } else {
