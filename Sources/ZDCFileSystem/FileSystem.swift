@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import Synchronization
 public import ZDCCatalog
 public import ZDCCore
 import ZDCCrypto
@@ -69,8 +70,9 @@ public final class FileSystem: @unchecked Sendable {
   /// working directory), by inode: their last state, for `fstat(2)` (with no links), until
   /// the kernel forgets the inode.
   var removedDirectories: [Inode: Node] = [:]
-  /// The last check of free space for batched commits (see `spaceForBatches`).
-  var spaceCheck: (ContinuousClock.Instant, Bool)?
+  /// The last check of free space for batched commits (see `spaceForBatches`): until when it
+  /// holds (coarse monotonic nanoseconds) shifted left by one, its answer in the low bit.
+  let spaceCheck = Atomic<UInt64>(0)
   /// Size and mtime of the latest local commits, newest last (bounded): a read transaction
   /// that started just before a commit would otherwise show the old size.
   var recentCommits: [NodeID: (size: UInt64, mtime: FileTime)] = [:]
@@ -176,7 +178,7 @@ public final class FileSystem: @unchecked Sendable {
 
   /// A catalog write. Metadata changes (names, modes, times, xattrs) and the catalog side of
   /// content commits are `.soon`: in the catalog's redo journal when this returns (they
-  /// survive a crash of the daemon), committed in batches within ``Catalog/batchWindow`` or at
+  /// survive a crash of the daemon), committed in batches (see ``Catalog/Commit/soon``) or at
   /// `fsync(2)`.
   ///
   /// Batching is off while the state directory's disk is nearly full: a batch whose commit
@@ -192,13 +194,17 @@ public final class FileSystem: @unchecked Sendable {
   /// True while the state directory's disk has room for batched commits (checked at most
   /// every 0.2 s).
   func spaceForBatches() -> Bool {
-    let now = ContinuousClock.now
-    if let (at, ok) = lock.withLock({ spaceCheck }), now - at < .milliseconds(200) { return ok }
+    // Every `.soon` write asks: the coarse clock (no system call) and one atomic load.
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
+    let now = UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+    let check = spaceCheck.load(ordering: .relaxed)
+    if now < check >> 1 { return check & 1 == 1 }
     var st = statvfs()
     let ok =
       statvfs(disk.directory.path, &st) == 0
       && UInt64(st.f_bavail) * UInt64(st.f_frsize) >= Self.batchingFreeSpace
-    lock.withLock { spaceCheck = (now, ok) }
+    spaceCheck.store((now + 200_000_000) << 1 | (ok ? 1 : 0), ordering: .relaxed)
     return ok
   }
 
