@@ -93,8 +93,8 @@ public final class PushManager: @unchecked Sendable {
   private var workers: WorkerPool?
   /// Callers waiting in ``waitUntilIdle(timeout:)``: while any, operations start unsettled.
   private var urgent = 0
-  /// When the queue was last searched, while the user was busy, for operations that waited
-  /// ``PushConfiguration/maxDeferral``.
+  /// When a search of the queue, while the user was busy, for operations that waited
+  /// ``PushConfiguration/maxDeferral`` last found none.
   private var lastBusySearch = Date.distantPast
   private var lastProgressCount = Date.distantPast
   private let logQueue = DispatchQueue(label: "zdc.push.changelog")
@@ -306,43 +306,53 @@ public final class PushManager: @unchecked Sendable {
     }
   }
 
-  /// How often the queue is searched for operations that waited too long while the user is
-  /// busy: a tenth of ``PushConfiguration/maxDeferral``, at most 5 s.
+  /// How long a search of the queue for operations that waited too long, while the user is
+  /// busy, waits after one that found none: a tenth of ``PushConfiguration/maxDeferral``, at
+  /// most 5 s.
   private var busySearchInterval: TimeInterval { min(config.maxDeferral / 10, 5) }
 
   private func takeJobs(_ slots: Int) -> [PushJob] {
-    do {
-      let now = Date()
-      let due = cond.withLock { () -> [(Int64, Int)] in
-        let ids = parked.filter { $0.value.due <= now }.sorted { $0.key < $1.key }.prefix(slots)
-        for (id, _) in ids { parked[id] = nil }
-        return ids.map { ($0.key, $0.value.failures) }
-      }
-      var slots = slots
-      let settled: Date
-      if cond.withLock({ urgent > 0 }) {
-        settled = now
-      } else if let activity = config.activity,
-        activity.secondsSinceLastActivity < config.quietPeriod
-      {
-        // The user is busy: only operations that waited too long, one at a time, searched for
-        // at most every ``busySearchInterval`` (a search is a catalog write, which commits the
-        // batch of the user's changes: searching every poll made a copy of many files commit
-        // twice as often).
-        if due.isEmpty {
-          let search = cond.withLock { () -> Bool in
-            guard running.isEmpty, now.timeIntervalSince(lastBusySearch) >= busySearchInterval
-            else { return false }
-            lastBusySearch = now
-            return true
-          }
-          if !search { return [] }
+    let now = Date()
+    let due = cond.withLock { () -> [(Int64, Int)] in
+      let ids = parked.filter { $0.value.due <= now }.sorted { $0.key < $1.key }.prefix(slots)
+      for (id, _) in ids { parked[id] = nil }
+      return ids.map { ($0.key, $0.value.failures) }
+    }
+    var slots = slots
+    let settled: Date
+    var busySearch = false
+    if cond.withLock({ urgent > 0 }) {
+      settled = now
+    } else if let activity = config.activity,
+      activity.secondsSinceLastActivity < config.quietPeriod
+    {
+      // The user is busy: only operations that waited too long, one at a time. After a
+      // search that found none, the next waits ``busySearchInterval`` (a search is a catalog
+      // write, which commits the batch of the user's changes: searching every poll made a
+      // copy of many files commit twice as often).
+      if due.isEmpty {
+        let search = cond.withLock { () -> Bool in
+          running.isEmpty && now.timeIntervalSince(lastBusySearch) >= busySearchInterval
         }
-        slots = 1
-        settled = now.addingTimeInterval(-max(config.settleDelay, config.maxDeferral))
-      } else {
-        settled = now.addingTimeInterval(-config.settleDelay)
+        if !search { return [] }
       }
+      slots = 1
+      busySearch = true
+      settled = now.addingTimeInterval(-max(config.settleDelay, config.maxDeferral))
+    } else {
+      settled = now.addingTimeInterval(-config.settleDelay)
+    }
+    let jobs = takeJobs(slots, due: due, now: now, settledBefore: settled)
+    if busySearch { cond.withLock { lastBusySearch = jobs.isEmpty ? now : .distantPast } }
+    return jobs
+  }
+
+  /// Marks up to `slots` ready operations (the `due` parked ones first) in flight and returns
+  /// them with what their execution needs.
+  private func takeJobs(
+    _ slots: Int, due: [(Int64, Int)], now: Date, settledBefore settled: Date
+  ) -> [PushJob] {
+    do {
       return try context.catalog.write(context.userID) { tx in
         var jobs: [PushJob] = []
         var candidates: [(PushOperation, Int)] = []
