@@ -77,8 +77,8 @@ int zdc_fuse_session_install_device_io(struct fuse_session *se);
 
 /// Busy polling of the device by the session's device I/O (installed by
 /// zdc_fuse_session_install_device_io): while the previous request came in less than a
-/// millisecond ago, was answered, and took its thread less than 80 us (not a read that waited
-/// for the disk), one worker thread at a time polls for the next request for up to
+/// millisecond ago (and the last one answered took its thread less than 80 us: not a read that
+/// waited for the disk), one worker thread at a time polls for the next request for up to
 /// `microseconds`, yielding between polls, before it blocks (0, the default, turns it off).
 /// Sequential workloads then find a running thread on a running CPU instead of waking a
 /// sleeping one.
