@@ -9,15 +9,26 @@ import ZDCTestSupport
 /// often that its searches (catalog writes, which commit the batch of the user's changes)
 /// break up the user's burst.
 @Suite struct BusyUserPushTests {
-  @Test func searchesWhileTheUserIsBusyDoNotCommitTheirBatchEachPoll() throws {
-    let store = try StoreKind.local.make("zdc-busy-push")
-    let user = try TestUser()
-    let activity = ActivityMonitor()
-    let device = try Device("busy", user: user, store: store.store) { push, _ in
+  /// A started device whose push sees the user's activity through `activity`.
+  func busyDevice(
+    _ name: String, _ user: TestUser, _ activity: ActivityMonitor, quietPeriod: TimeInterval,
+    maxDeferral: TimeInterval = 300
+  ) throws -> (Device, TestStore) {
+    let store = try StoreKind.local.make("zdc-busy-\(name)")
+    let device = try Device(name, user: user, store: store.store) { push, _ in
       push.activity = activity
-      push.quietPeriod = 1
+      push.quietPeriod = quietPeriod
+      push.maxDeferral = maxDeferral
     }
     try device.start()
+    return (device, store)
+  }
+
+  @Test func searchesWhileTheUserIsBusyDoNotCommitTheirBatchEachPoll() throws {
+    let user = try TestUser()
+    let activity = ActivityMonitor()
+    let (device, store) = try busyDevice("push", user, activity, quietPeriod: 1)
+    defer { withExtendedLifetime(store) {} }
     try device.create("seed", "settled before the burst")
     try device.sync()
     let before = device.catalog.committedBatches
@@ -42,15 +53,11 @@ import ZDCTestSupport
   }
 
   @Test func operationsThatWaitedTheLongestDeferralGoWhileTheUserStaysBusy() throws {
-    let store = try StoreKind.local.make("zdc-busy-deferral")
     let user = try TestUser()
     let activity = ActivityMonitor()
-    let device = try Device("deferral", user: user, store: store.store) { push, _ in
-      push.activity = activity
-      push.quietPeriod = 60
-      push.maxDeferral = 1
-    }
-    try device.start()
+    let (device, store) = try busyDevice(
+      "deferral", user, activity, quietPeriod: 60, maxDeferral: 1)
+    defer { withExtendedLifetime(store) {} }
     activity.touch()
     let start = Date()
     try device.create("waited", "uploaded although the user never paused")
