@@ -24,7 +24,8 @@ public final class ActivityMonitor: Sendable {
     return Double(Self.monotonicNanoseconds() - t) / 1e9
   }
 
-  static func monotonicNanoseconds() -> Int64 {
+  /// The coarse monotonic clock in nanoseconds (no system call; a few milliseconds' grain).
+  public static func monotonicNanoseconds() -> Int64 {
     var ts = timespec()
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
     return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)

@@ -195,9 +195,7 @@ public final class FileSystem: @unchecked Sendable {
   /// every 0.2 s).
   func spaceForBatches() -> Bool {
     // Every `.soon` write asks: the coarse clock (no system call) and one atomic load.
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
-    let now = UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+    let now = UInt64(ActivityMonitor.monotonicNanoseconds())
     let check = spaceCheck.load(ordering: .relaxed)
     if now < check >> 1 { return check & 1 == 1 }
     var st = statvfs()
