@@ -151,7 +151,7 @@ let package = Package(
       name: "ZDCS3StoreTests",
       dependencies: ["ZDCS3Store", "ZDCCore", "ZDCTestSupport", "zdc-testhelper"],
       swiftSettings: strict),
-    .testTarget(name: "ZDCCoreTests", dependencies: ["ZDCCore"], swiftSettings: strict),
+    .testTarget(name: "ZDCCoreTests", dependencies: ["ZDCCore", "CLinux"], swiftSettings: strict),
     .testTarget(
       name: "ZDCCryptoTests", dependencies: ["ZDCCore", "ZDCCrypto", "CSodium"],
       swiftSettings: strict),

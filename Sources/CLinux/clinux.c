@@ -6,6 +6,8 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 int zdc_start_writeback(int fd) { return sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); }
 
@@ -23,3 +25,11 @@ int zdc_is_dumpable(void) { return prctl(PR_GET_DUMPABLE, 0, 0, 0, 0); }
 long zdc_getrandom(void *buffer, unsigned long length) {
   return (long)getrandom(buffer, length, 0);
 }
+
+int zdc_lower_io_priority(void) {
+  // IOPRIO_WHO_PROCESS (1) with who 0: the calling thread; class IOPRIO_CLASS_BE (2) in the
+  // top bits (shift 13), level 7.
+  return (int)syscall(SYS_ioprio_set, 1, 0, (2 << 13) | 7);
+}
+
+int zdc_io_priority(void) { return (int)syscall(SYS_ioprio_get, 1, 0); }

@@ -35,6 +35,17 @@ public enum Threads {
   }
 }
 
+extension Threads {
+  /// Lowers the calling thread's CPU priority to nice value `nice` (above 0; on Linux the nice
+  /// value belongs to the thread) and its disk I/O to the lowest best-effort priority, so that
+  /// its work gives way to the user's. Best effort: a refusal changes nothing.
+  public static func lowerPriority(nice: Int32) {
+    guard nice > 0 else { return }
+    _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, nice)
+    _ = zdc_lower_io_priority()
+  }
+}
+
 /// The system refused a new thread (`pthread_create` failed, e.g. `EAGAIN`).
 public struct ThreadStartError: Error, CustomStringConvertible, Sendable {
   /// The thread's name.

@@ -328,15 +328,18 @@ public struct CloudFileEncoder: Sendable {
     }
   }
 
-  /// Encodes the object into a file (created or truncated, mode 0600).
+  /// Encodes the object into a file (created or truncated, mode 0600). `pace` runs before each
+  /// piece (the outer header, then each encrypted chunk) is written: a caller that spreads the
+  /// work out waits there, and an error it throws ends the encoding.
   public func encode(
     metadata: Data = Data(), thumbnail: Data = Data(), data source: CloudFileSource,
-    toFileAt url: URL
+    toFileAt url: URL, pace: () throws -> Void = {}
   ) throws {
     let fd = try POSIXIO.open(url.path, O_WRONLY | O_CREAT | O_TRUNC)
     defer { Glibc.close(fd) }
     do {
       try encode(metadata: metadata, thumbnail: thumbnail, data: source) { chunk in
+        try pace()
         try chunk.withUnsafeBytes { try POSIXIO.write(fd, $0) }
       }
     } catch {

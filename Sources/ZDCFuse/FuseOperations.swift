@@ -351,6 +351,7 @@ enum FuseOperations {
           FileHandleID(fi.pointee.fh), offset: UInt64(max(0, off)),
           into: UnsafeMutableRawBufferPointer(rebasing: buf[0..<size]))
         used = n
+        ctx.fs.activity.touch()  // as `fsync`: a read may have waited for a download
         fuse_reply_buf(req, buf.baseAddress?.assumingMemoryBound(to: CChar.self), n)
       } catch {
         FuseOperations.fail(req, error)
@@ -401,7 +402,12 @@ enum FuseOperations {
     }
     ops.fsync = { req, _, _, fi in
       let h = fi.map { FileHandleID($0.pointee.fh) } ?? 0
-      FuseOperations.replyOK(req) { try $0.fsync(h) }
+      FuseOperations.replyOK(req) { fs in
+        // The program waited all along (a large file's flush to the disk takes seconds):
+        // background uploads count it as busy until the answer, not from the request.
+        defer { fs.activity.touch() }
+        try fs.fsync(h)
+      }
     }
     ops.opendir = { req, ino, fi in
       do {
@@ -419,7 +425,10 @@ enum FuseOperations {
     }
     ops.releasedir = { req, _, _ in fuse_reply_err(req, 0) }
     ops.fsyncdir = { req, _, _, _ in
-      FuseOperations.replyOK(req) { try $0.fsyncDirectory() }
+      FuseOperations.replyOK(req) { fs in
+        defer { fs.activity.touch() }  // as `fsync`
+        try fs.fsyncDirectory()
+      }
     }
     ops.readdir = { req, ino, size, off, _ in
       FuseOperations.readdir(req, ino, size, off, plus: false)

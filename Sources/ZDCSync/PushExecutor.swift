@@ -922,12 +922,18 @@ struct PushExecutor {
       try? FileManager.default.removeItem(atPath: m.file)
       mp = nil
     }
+    // A large upload gives way to the user between its pieces (chunks, then parts).
+    let pacer = UploadPacer(manager: manager, job: job)
     if mp == nil {
       let file = manager.config.workDirectory.appendingPathComponent(
         "push-\(context.account.deviceID)-\(op.id)-\(generation).cloudfile")
       try encoder.encode(
         metadata: content.metadata, thumbnail: content.thumbnail, data: content.source,
-        toFileAt: file)
+        toFileAt: file
+      ) {
+        pacer.giveWay()
+        if manager.isStopping { throw PushIssue.stopped }
+      }
       let fh = try FileHandle(forReadingFrom: file)
       let header = try fh.read(upToCount: CloudFileFormat.outerHeaderSize) ?? Data()
       try fh.close()
@@ -949,6 +955,7 @@ struct PushExecutor {
     }
     let url = URL(fileURLWithPath: m.file)
     for number in 1...max(count, 1) where done[number] == nil {
+      pacer.giveWay()
       if manager.isStopping { throw PushIssue.stopped }
       if try currentGeneration() != generation {
         // Newer data: abandon this upload and start over with it.

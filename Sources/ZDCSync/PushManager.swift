@@ -188,7 +188,7 @@ public final class PushManager: @unchecked Sendable {
         }
       }
       try Threads.start(name: "zdc.push.dispatcher") { [self] in
-        WorkerPool.lowerPriority(config.workerNice)
+        Threads.lowerPriority(nice: config.workerNice)
         dispatchLoop()
         done.signal()
       }
@@ -342,8 +342,12 @@ public final class PushManager: @unchecked Sendable {
     } else {
       settled = now.addingTimeInterval(-config.settleDelay)
     }
-    let jobs = takeJobs(slots, due: due, now: now, settledBefore: settled)
-    if busySearch { cond.withLock { lastBusySearch = jobs.isEmpty ? now : .distantPast } }
+    var jobs = takeJobs(slots, due: due, now: now, settledBefore: settled)
+    if busySearch {
+      cond.withLock { lastBusySearch = jobs.isEmpty ? now : .distantPast }
+      // They waited long enough for the user already.
+      for i in jobs.indices { jobs[i].paced = false }
+    }
     return jobs
   }
 
@@ -490,6 +494,11 @@ public final class PushManager: @unchecked Sendable {
 
   var isStopping: Bool { cond.withLock { stopped } }
 
+  /// True while something needs the queue to move on: a caller of
+  /// ``waitUntilIdle(timeout:)`` (`zdc sync`, an unmount that drains), a pull waiting for the
+  /// running operations to end, a stop.
+  var queueWanted: Bool { cond.withLock { stopped || urgent > 0 || pauseCount > 0 } }
+
   /// Publishes the operations in flight, and the queue's length at most every 0.2 s (a count
   /// per started or finished operation made a long queue's upload quadratic).
   private func updateProgress() {
@@ -591,6 +600,47 @@ struct PushJob: Sendable {
   var path: TreesystemPath?
   /// Failures while parked in flight (not counted in `op.attempts`).
   var parkedFailures = 0
+  /// Whether a long DATA upload of this job gives way to the user (``UploadPacer``); not for
+  /// an operation taken because it waited ``PushConfiguration/maxDeferral`` already.
+  var paced = true
+}
+
+/// Spreads a long DATA upload (reading, encrypting and writing a large file, then its parts)
+/// around the user's work: while they are busy — their last request less than
+/// ``PushConfiguration/quietPeriod`` ago — the upload waits between its pieces, as an operation
+/// that has not started waits. It goes on when they pause, once it has waited
+/// ``PushConfiguration/maxDeferral`` in all, and at once when something needs the queue to move
+/// on (``PushManager/waitUntilIdle(timeout:)``, a pull, a stop).
+final class UploadPacer {
+  private let manager: PushManager
+  private let enabled: Bool
+  private var waited: UInt64 = 0
+  private var noted = false
+
+  init(manager: PushManager, job: PushJob) {
+    self.manager = manager
+    enabled = job.paced && manager.config.activity != nil
+  }
+
+  /// Waits while the user is busy (see ``UploadPacer``); cheap when they are not.
+  func giveWay() {
+    guard enabled, let activity = manager.config.activity else { return }
+    let quiet = manager.config.quietPeriod
+    let limit = UInt64(max(0, manager.config.maxDeferral) * 1e9)
+    while waited < limit {
+      let since = activity.secondsSinceLastActivity
+      if since >= quiet || manager.queueWanted { return }
+      if !noted {
+        noted = true
+        manager.context.logger.debug("push: a DATA upload waits while the user is busy")
+      }
+      // At most 50 ms at a time, so that a sync, a pull or a stop finds it going on soon.
+      let slice = min(quiet - since, 0.05, Double(limit - waited) / 1e9)
+      let t0 = DispatchTime.now().uptimeNanoseconds
+      Thread.sleep(forTimeInterval: max(slice, 0.001))
+      waited += DispatchTime.now().uptimeNanoseconds - t0
+    }
+  }
 }
 
 /// Why an operation did not finish (besides store and crypto errors).

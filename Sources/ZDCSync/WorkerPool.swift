@@ -19,7 +19,7 @@ final class WorkerPool: @unchecked Sendable {
     do {
       for i in 0..<max(1, count) {
         try Threads.start(name: "\(name).\(i)") { [self] in
-          Self.lowerPriority(nice)
+          Threads.lowerPriority(nice: nice)
           loop()
         }
       }
@@ -56,12 +56,5 @@ final class WorkerPool: @unchecked Sendable {
       guard let job else { return }
       job()
     }
-  }
-
-  /// Lowers the calling thread's CPU priority to nice value `nice` (on Linux the nice value
-  /// belongs to the thread: `who` 0 is the calling thread).
-  static func lowerPriority(_ nice: Int32) {
-    guard nice > 0 else { return }
-    _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, nice)
   }
 }

@@ -253,6 +253,28 @@ let C = CloudFileFormat.chunkSize
     #expect(!FileManager.default.fileExists(atPath: dst.path))
   }
 
+  @Test func encodeToFileIsPacedBeforeEachPieceAndStopsWhenPacingThrows() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let dst = dir.appendingPathComponent("out")
+    let data = Data(repeating: 7, count: 3 * C)
+    // The outer header, then one call per chunk (the inner header pushes the data into a
+    // fourth chunk).
+    var calls = 0
+    try CloudFileEncoder(key: key).encode(data: .data(data), toFileAt: dst) { calls += 1 }
+    #expect(calls == 1 + Int(CloudFileFormat.chunkCount(plaintextSize: UInt64(64 + 3 * C))))
+    #expect(try decodeAll(key: key, object: Data(contentsOf: dst)).2 == data)
+    struct Enough: Error {}
+    calls = 0
+    #expect(throws: Enough.self) {
+      try CloudFileEncoder(key: key).encode(data: .data(data), toFileAt: dst) {
+        calls += 1
+        if calls == 3 { throw Enough() }
+      }
+    }
+    #expect(!FileManager.default.fileExists(atPath: dst.path))
+  }
+
   @Test func noPlaintextInObject() throws {
     let secret = "TOP-SECRET-CONTENT-\(UUID().uuidString)"
     let name = "SecretName-XYZZY"

@@ -7,7 +7,7 @@ import ZDCTestSupport
 
 /// The push while the user is busy: it looks for operations that waited too long, but not so
 /// often that its searches (catalog writes, which commit the batch of the user's changes)
-/// break up the user's burst.
+/// break up the user's burst; a large upload under way waits between its parts.
 @Suite struct BusyUserPushTests {
   /// A started device whose push sees the user's activity through `activity`.
   func busyDevice(
@@ -22,6 +22,107 @@ import ZDCTestSupport
     }
     try device.start()
     return (device, store)
+  }
+
+  /// A started device whose DATA uploads go in parts of 64 KiB, each taking 50 ms in the
+  /// store, and whose push sees the user's activity through `activity`.
+  func slowPartsDevice(
+    _ name: String, _ user: TestUser, _ activity: ActivityMonitor, maxDeferral: TimeInterval
+  ) throws -> (Device, FaultInjectingStore, TestStore) {
+    let backing = try StoreKind.local.make("zdc-pace-\(name)")
+    let store = FaultInjectingStore(backing.store)
+    store.inject([.delay(0.05)], into: [.uploadPart], rate: 1)
+    let device = try Device(name, user: user, store: store) { push, _ in
+      push.activity = activity
+      push.quietPeriod = 0.3
+      push.maxDeferral = maxDeferral
+      push.multipartThreshold = 64 << 10
+      push.partSize = 64 << 10
+    }
+    try device.start()
+    return (device, store, backing)
+  }
+
+  /// 2 MiB of content (33 parts): unpaced, its parts take about 1.7 s.
+  static let largeContent = Data((0..<(2 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
+
+  /// Creates `big.bin` while the user is quiet and waits until its upload has stored two parts.
+  func startLargeUpload(_ device: Device, _ store: FaultInjectingStore) throws {
+    try device.create("big.bin")
+    try device.write("big.bin", Self.largeContent)
+    let deadline = Date().addingTimeInterval(20)
+    while store.counts[.uploadPart, default: 0] < 2 {
+      try #require(Date() < deadline, "the upload did not start")
+      Thread.sleep(forTimeInterval: 0.005)
+    }
+  }
+
+  /// Keeps the user busy (a request every 20 ms) for `seconds`.
+  func stayBusy(_ activity: ActivityMonitor, for seconds: TimeInterval) {
+    let end = Date().addingTimeInterval(seconds)
+    while Date() < end {
+      activity.touch()
+      Thread.sleep(forTimeInterval: 0.02)
+    }
+  }
+
+  @Test func aLargeUploadWaitsWhileTheUserIsBusyAndGoesOnWhenTheyPause() throws {
+    let user = try TestUser()
+    let activity = ActivityMonitor()
+    let (device, store, backing) = try slowPartsDevice("wait", user, activity, maxDeferral: 300)
+    defer { withExtendedLifetime(backing) {} }
+    try startLargeUpload(device, store)
+    activity.touch()
+    let before = store.counts[.uploadPart, default: 0]
+    stayBusy(activity, for: 1.5)
+    // The part being stored when the user came back ends; no other starts. Unpaced, about 30
+    // more would have been stored meanwhile.
+    let during = store.counts[.uploadPart, default: 0] - before
+    #expect(during <= 2)
+    // Once the user pauses, the upload goes on by itself (no sync asks for it).
+    let deadline = Date().addingTimeInterval(30)
+    while try device.operationCount() > 0 {
+      try #require(Date() < deadline, "the upload did not go on after the user paused")
+      Thread.sleep(forTimeInterval: 0.02)
+    }
+    #expect(try device.cloudContent("big.bin") == Self.largeContent)
+  }
+
+  @Test func aSyncDoesNotWaitForTheUserToPause() throws {
+    let user = try TestUser()
+    let activity = ActivityMonitor()
+    let (device, store, backing) = try slowPartsDevice("sync", user, activity, maxDeferral: 300)
+    defer { withExtendedLifetime(backing) {} }
+    try startLargeUpload(device, store)
+    let busy = Thread { self.stayBusy(activity, for: 20) }
+    activity.touch()
+    busy.start()
+    let start = Date()
+    try device.sync(15)
+    #expect(Date().timeIntervalSince(start) < 10)
+    #expect(try device.cloudContent("big.bin") == Self.largeContent)
+  }
+
+  @Test func aLargeUploadWaitsNoLongerThanTheLongestDeferral() throws {
+    let user = try TestUser()
+    let activity = ActivityMonitor()
+    let (device, store, backing) = try slowPartsDevice("bound", user, activity, maxDeferral: 0.5)
+    defer { withExtendedLifetime(backing) {} }
+    try startLargeUpload(device, store)
+    let start = Date()
+    var doneAfter: TimeInterval?
+    while Date().timeIntervalSince(start) < 15 {
+      activity.touch()
+      if try device.operationCount() == 0 {
+        doneAfter = Date().timeIntervalSince(start)
+        break
+      }
+      Thread.sleep(forTimeInterval: 0.02)
+    }
+    // 0.5 s of waiting and about 1.6 s of parts, while the user never pauses.
+    let after = try #require(doneAfter, "still uploading after 15 s of a busy user")
+    #expect(after >= 0.4)
+    #expect(try device.cloudContent("big.bin") == Self.largeContent)
   }
 
   @Test func searchesWhileTheUserIsBusyDoNotCommitTheirBatchEachPoll() throws {

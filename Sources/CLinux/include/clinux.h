@@ -23,4 +23,13 @@ int zdc_is_dumpable(void);
 /// no flags). Returns the count, or -1 with `errno` set.
 long zdc_getrandom(void *buffer, unsigned long length);
 
+/// Gives the calling thread's disk reads and writes the lowest best-effort I/O priority
+/// (`ioprio_set(IOPRIO_WHO_PROCESS, 0, IOPRIO_CLASS_BE level 7)`): schedulers that honour
+/// priorities serve other threads' I/O first. Returns 0, or -1 with `errno` set.
+int zdc_lower_io_priority(void);
+
+/// The calling thread's I/O priority as `ioprio_get(IOPRIO_WHO_PROCESS, 0)` gives it (class in
+/// the bits from 13 up, level below), or -1 with `errno` set.
+int zdc_io_priority(void);
+
 #endif
