@@ -112,6 +112,10 @@ public final class FuseMount: @unchecked Sendable {
   /// The most threads per CPU serving requests through FUSE over io_uring, when the kernel
   /// offers it.
   let ioUringThreads: UInt32
+  /// The read-ahead asked for, in KiB (0: the kernel's default).
+  let readaheadKiB: UInt32
+  /// The read-ahead the mount got, in KiB, when the kernel let it be set (see `init`).
+  public private(set) var readaheadSet: UInt32?
   var args: UnsafeMutablePointer<fuse_args>?
   var ops = fuse_lowlevel_ops()
 
@@ -130,15 +134,22 @@ public final class FuseMount: @unchecked Sendable {
   /// ring queue per CPU, served by a thread pinned to that CPU, so that a request is served on
   /// the CPU its sender runs on; a CPU whose threads all wait on one request for a while gets
   /// another, up to `ioUringThreads`.
+  /// With `readaheadKiB` > 0 (at most ``maxReadaheadKiB``), the mount's read-ahead — how far
+  /// ahead of a sequential reader the kernel asks for data, and so the size of its reads — is
+  /// set to that many KiB (the kernel starts every FUSE mount at 128 KiB). Only the superuser
+  /// may set it (`/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`); for others the mount keeps the
+  /// kernel's default (``readaheadSet`` stays nil).
   public init(
     fileSystem: FileSystem, mountpoint: String, options: [String] = [],
-    stateDirectory: String? = nil, busyPollMicroseconds: UInt32 = 0, ioUringThreads: UInt32 = 0
+    stateDirectory: String? = nil, busyPollMicroseconds: UInt32 = 0, ioUringThreads: UInt32 = 0,
+    readaheadKiB: UInt32 = 0
   ) {
     self.fileSystem = fileSystem
     self.mountpoint = mountpoint
     self.extraOptions = options
     self.busyPollMicroseconds = busyPollMicroseconds
     self.ioUringThreads = ioUringThreads
+    self.readaheadKiB = min(readaheadKiB, Self.maxReadaheadKiB)
     self.source = Self.source(stateDirectory: stateDirectory)
     context = FuseContext(fs: fileSystem)
   }
@@ -189,10 +200,17 @@ public final class FuseMount: @unchecked Sendable {
     }
     pthread_sigmask(SIG_UNBLOCK, &unblock, nil)
     guard fuse_set_signal_handlers(se) == 0 else { throw FuseMountError.session }
+    // The mount table shows the canonical path. (Resolved before mounting: once mounted, a
+    // look at the mount point asks this process, which serves nothing until `run`.)
+    let canonical = realpath(mountpoint, nil).map { p in
+      defer { free(p) }
+      return String(cString: p)
+    }
     guard fuse_session_mount(se, mountpoint) == 0 else {
       fuse_remove_signal_handlers(se)
       throw FuseMountError.mount(mountpoint)
     }
+    if readaheadKiB > 0 { setReadahead(mountpoint: canonical ?? mountpoint) }
     let deviceIO = zdc_fuse_session_install_device_io(se)
     if deviceIO != 0 {
       context.log.warning(
@@ -212,8 +230,9 @@ public final class FuseMount: @unchecked Sendable {
   /// `FUSE_DIRECT_IO_ALLOW_MMAP` (a newly created file's descriptor then writes past the page
   /// cache, and the kernel asks nothing before its first write), whether it
   /// checks permission bits itself (`default_permissions`), whether it opens directories
-  /// without asking (`FUSE_CAP_NO_OPENDIR_SUPPORT`; it then keeps their listings), and whether
-  /// it offered FUSE over io_uring and requests come through the rings.
+  /// without asking (`FUSE_CAP_NO_OPENDIR_SUPPORT`; it then keeps their listings), whether
+  /// it offered FUSE over io_uring and requests come through the rings, and whether the
+  /// mount's read-ahead was set (see `init`).
   public var kernelFeatures: [String: Bool] {
     let state = zdc_fuse_killpriv_v2_state()
     let dioMmap = zdc_fuse_direct_io_mmap_state()
@@ -225,11 +244,41 @@ public final class FuseMount: @unchecked Sendable {
       "ioUring": uring == Int32(ZDC_URING_ACTIVE),
       "kernelChecksPermissions": context.kernelChecksPermissions,
       "opendirSkipped": context.kernelSkipsOpendir.load(ordering: .acquiring),
+      "readaheadSet": readaheadSet != nil,
     ]
   }
 
   /// The mount's source as `/proc/mounts` shows it.
   let source: String
+
+  /// The largest read-ahead a mount takes, in KiB: what the kernel may ask for in one read
+  /// (`max_readahead` and the reply buffers are 1 MiB).
+  public static let maxReadaheadKiB: UInt32 = 1024
+
+  /// Sets the read-ahead of the new mount at `mountpoint` (see `init`); best effort.
+  private func setReadahead(mountpoint: String) {
+    guard let table = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8),
+      let device = Self.deviceNumber(ofMountpoint: mountpoint, mountTable: table)
+    else {
+      context.log.info("read-ahead not set: the mount is not in /proc/self/mountinfo")
+      return
+    }
+    let path = "/sys/class/bdi/\(device)/read_ahead_kb"
+    do {
+      try "\(readaheadKiB)\n".write(toFile: path, atomically: false, encoding: .utf8)
+      readaheadSet = readaheadKiB
+      context.log.debug("read-ahead set to \(readaheadKiB) KiB")
+    } catch {
+      context.log.debug(
+        "read-ahead left at the kernel's default (setting \(path) needs the superuser): \(error)")
+    }
+  }
+
+  /// The device number (`MAJOR:MINOR`) of the zdcfs mount at `mountpoint` in a mount table in
+  /// `/proc/self/mountinfo` form (the one on top, when there are several), or `nil`.
+  static func deviceNumber(ofMountpoint mountpoint: String, mountTable: String) -> String? {
+    zdcMounts(at: mountpoint, mountTable: mountTable).last.map { String($0.device) }
+  }
 
   /// `zdcfs:PATH` for a state directory whose path survives mount options unchanged (no comma,
   /// backslash, control character or whitespace), else plain `zdcfs`.
@@ -246,6 +295,18 @@ public final class FuseMount: @unchecked Sendable {
   /// table in `/proc/self/mountinfo` form, or `nil` (no such mount, or none recorded).
   public static func stateDirectory(ofMountpoint mountpoint: String, mountTable: String) -> String?
   {
+    guard let mount = zdcMounts(at: mountpoint, mountTable: mountTable).first else { return nil }
+    let source = unescape(mount.source)
+    guard source.hasPrefix("zdcfs:/") else { return nil }
+    return String(source.dropFirst("zdcfs:".count))
+  }
+
+  /// The zdcfs mounts at `mountpoint` in a mount table in `/proc/self/mountinfo` form, in its
+  /// order (a later one is mounted over an earlier one): device number and source field.
+  static func zdcMounts(at mountpoint: String, mountTable: String) -> [(
+    device: Substring, source: Substring
+  )] {
+    var found: [(device: Substring, source: Substring)] = []
     for line in mountTable.split(separator: "\n") {
       // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS
       let fields = line.split(separator: " ", omittingEmptySubsequences: false)
@@ -253,11 +314,9 @@ public final class FuseMount: @unchecked Sendable {
         let dash = fields.firstIndex(of: "-"), dash + 2 < fields.count,
         fields[dash + 1] == "fuse.zdc"
       else { continue }
-      let source = unescape(fields[dash + 2])
-      guard source.hasPrefix("zdcfs:/") else { return nil }
-      return String(source.dropFirst("zdcfs:".count))
+      found.append((fields[2], fields[dash + 2]))
     }
-    return nil
+    return found
   }
 
   /// A mount table field with its octal escapes (`\040` for a space) undone.

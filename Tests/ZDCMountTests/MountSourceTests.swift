@@ -32,4 +32,16 @@ import Testing
     #expect(FuseMount.stateDirectory(ofMountpoint: "/home/u/elsewhere", mountTable: table) == nil)
     #expect(FuseMount.unescape("a\\040b\\011c\\134d\\9x") == "a b\tc\\d\\9x")
   }
+
+  @Test func theDeviceNumberOfTheMountOnTopIsReadFromMountinfo() {
+    let table = """
+      22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
+      40 22 0:50 / /home/u/My\\040Cloud rw,nosuid,nodev,relatime shared:30 - fuse.zdc zdcfs:/s rw
+      42 22 0:52 / /home/u/remote rw,nosuid,nodev,relatime - fuse.sshfs zdcfs:/not/ours rw
+      43 40 0:53 / /home/u/My\\040Cloud rw,nosuid,nodev,relatime - fuse.zdc zdcfs:/t rw
+      """
+    #expect(FuseMount.deviceNumber(ofMountpoint: "/home/u/My Cloud", mountTable: table) == "0:53")
+    #expect(FuseMount.deviceNumber(ofMountpoint: "/home/u/remote", mountTable: table) == nil)
+    #expect(FuseMount.deviceNumber(ofMountpoint: "/", mountTable: table) == nil)
+  }
 }
