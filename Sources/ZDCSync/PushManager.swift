@@ -41,6 +41,8 @@ public struct PushConfiguration: Sendable {
   /// See ``activity``.
   public var quietPeriod: TimeInterval
   /// The longest an operation waits for quiet; past it, operations run one at a time meanwhile.
+  /// A large DATA upload that started in a pause waits at most as long again between its
+  /// pieces once the user is back (see `UploadPacer`).
   public var maxDeferral: TimeInterval
   /// How long a move waits for another device's claim on the node's origin RCRD to go away
   /// before taking it over (that device may have stopped for good in the middle of its move).

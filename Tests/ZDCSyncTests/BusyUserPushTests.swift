@@ -46,8 +46,15 @@ import ZDCTestSupport
   /// 2 MiB of content (33 parts): unpaced, its parts take about 1.7 s.
   static let largeContent = Data((0..<(2 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
 
-  /// Creates `big.bin` while the user is quiet and waits until its upload has stored two parts.
-  func startLargeUpload(_ device: Device, _ store: FaultInjectingStore) throws {
+  /// A device of `slowPartsDevice` that created `big.bin` while the user was quiet, once its
+  /// upload has stored two parts.
+  func startedLargeUpload(_ name: String, maxDeferral: TimeInterval) throws -> (
+    Device, ActivityMonitor, FaultInjectingStore, TestStore
+  ) {
+    let user = try TestUser()
+    let activity = ActivityMonitor()
+    let (device, store, backing) = try slowPartsDevice(
+      name, user, activity, maxDeferral: maxDeferral)
     try device.create("big.bin")
     try device.write("big.bin", Self.largeContent)
     let deadline = Date().addingTimeInterval(20)
@@ -55,6 +62,7 @@ import ZDCTestSupport
       try #require(Date() < deadline, "the upload did not start")
       Thread.sleep(forTimeInterval: 0.005)
     }
+    return (device, activity, store, backing)
   }
 
   /// Keeps the user busy (a request every 20 ms) for `seconds`.
@@ -67,11 +75,8 @@ import ZDCTestSupport
   }
 
   @Test func aLargeUploadWaitsWhileTheUserIsBusyAndGoesOnWhenTheyPause() throws {
-    let user = try TestUser()
-    let activity = ActivityMonitor()
-    let (device, store, backing) = try slowPartsDevice("wait", user, activity, maxDeferral: 300)
+    let (device, activity, store, backing) = try startedLargeUpload("wait", maxDeferral: 300)
     defer { withExtendedLifetime(backing) {} }
-    try startLargeUpload(device, store)
     activity.touch()
     let before = store.counts[.uploadPart, default: 0]
     stayBusy(activity, for: 1.5)
@@ -89,11 +94,8 @@ import ZDCTestSupport
   }
 
   @Test func aSyncDoesNotWaitForTheUserToPause() throws {
-    let user = try TestUser()
-    let activity = ActivityMonitor()
-    let (device, store, backing) = try slowPartsDevice("sync", user, activity, maxDeferral: 300)
+    let (device, activity, store, backing) = try startedLargeUpload("sync", maxDeferral: 300)
     defer { withExtendedLifetime(backing) {} }
-    try startLargeUpload(device, store)
     let busy = Thread { self.stayBusy(activity, for: 20) }
     activity.touch()
     busy.start()
@@ -104,11 +106,8 @@ import ZDCTestSupport
   }
 
   @Test func aLargeUploadWaitsNoLongerThanTheLongestDeferral() throws {
-    let user = try TestUser()
-    let activity = ActivityMonitor()
-    let (device, store, backing) = try slowPartsDevice("bound", user, activity, maxDeferral: 0.5)
+    let (device, activity, store, backing) = try startedLargeUpload("bound", maxDeferral: 0.5)
     defer { withExtendedLifetime(backing) {} }
-    try startLargeUpload(device, store)
     let start = Date()
     var doneAfter: TimeInterval?
     while Date().timeIntervalSince(start) < 15 {
