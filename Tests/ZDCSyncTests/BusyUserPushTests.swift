@@ -94,7 +94,7 @@ import ZDCTestSupport
   }
 
   @Test func aSyncDoesNotWaitForTheUserToPause() throws {
-    let (device, activity, store, backing) = try startedLargeUpload("sync", maxDeferral: 300)
+    let (device, activity, _, backing) = try startedLargeUpload("sync", maxDeferral: 300)
     defer { withExtendedLifetime(backing) {} }
     let busy = Thread { self.stayBusy(activity, for: 20) }
     activity.touch()
@@ -106,7 +106,7 @@ import ZDCTestSupport
   }
 
   @Test func aLargeUploadWaitsNoLongerThanTheLongestDeferral() throws {
-    let (device, activity, store, backing) = try startedLargeUpload("bound", maxDeferral: 0.5)
+    let (device, activity, _, backing) = try startedLargeUpload("bound", maxDeferral: 0.5)
     defer { withExtendedLifetime(backing) {} }
     let start = Date()
     var doneAfter: TimeInterval?
