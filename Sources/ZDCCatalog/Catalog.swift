@@ -271,10 +271,10 @@ public final class Catalog: Sendable {
   /// The most ``Commit/soon`` writes a batch that waits for a pause takes (they are held in
   /// memory and in the redo journal until it commits).
   public static let maxBatchUnits = 40_000
-  /// When the open batch began and when its last ``Commit/soon`` write was made (uptime
-  /// nanoseconds), and how many such writes it has.
+  /// When the open batch began (uptime nanoseconds), when its last ``Commit/soon`` write was
+  /// made, and how many such writes it has.
   private let batchOpenedAt = Atomic<UInt64>(0)
-  private let lastSoonWriteAt = Atomic<UInt64>(0)
+  private let soonWrites = ActivityMonitor()
   private let batchUnits = Atomic<Int>(0)
 
   /// The redo journal of ``Commit/soon`` writes (`nil` in memory, or when another process holds
@@ -398,7 +398,7 @@ public final class Catalog: Sendable {
         if commit == .now || commitNow {
           try commitBatch(db)
         } else {
-          lastSoonWriteAt.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+          soonWrites.touch()
           batchUnits.add(1, ordering: .relaxed)
         }
         return result
@@ -637,13 +637,13 @@ public final class Catalog: Sendable {
   /// How much longer the open batch waits for a pause in `.soon` writes, or `nil` when it
   /// commits now (writes have paused, or it waited as long as it may).
   private func busyBatchWait() -> Double? {
-    let now = DispatchTime.now().uptimeNanoseconds
-    let quiet = Double(now &- lastSoonWriteAt.load(ordering: .relaxed)) / 1e9
-    let age = Double(now &- batchOpenedAt.load(ordering: .relaxed)) / 1e9
-    guard quiet < Self.batchQuietSeconds, age < batchWindowSeconds * Self.batchBusyWindows,
+    let age =
+      Double(DispatchTime.now().uptimeNanoseconds &- batchOpenedAt.load(ordering: .relaxed)) / 1e9
+    guard let wait = soonWrites.remainingUntilQuiet(Self.batchQuietSeconds),
+      age < batchWindowSeconds * Self.batchBusyWindows,
       batchUnits.load(ordering: .relaxed) < Self.maxBatchUnits
     else { return nil }
-    return Self.batchQuietSeconds - quiet
+    return wait
   }
 
   /// Runs `body` with a read-only, consistent view of a local user's treesystem (including

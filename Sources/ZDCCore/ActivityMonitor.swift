@@ -4,8 +4,9 @@ import Synchronization
   import Glibc
 #endif
 
-/// When the user last worked on the files (a request through the mount), so that background
-/// sync work can give way to them.
+/// When something last happened — the user's last request through the mount, so that
+/// background sync work can give way to them; the last write of a burst, so that work held
+/// back waits for it to pause.
 public final class ActivityMonitor: Sendable {
   // Monotonic nanoseconds of the last activity; 0 = never.
   private let last = Atomic<Int64>(0)
@@ -22,6 +23,13 @@ public final class ActivityMonitor: Sendable {
     let t = last.load(ordering: .relaxed)
     guard t > 0 else { return .infinity }
     return Double(Self.monotonicNanoseconds() - t) / 1e9
+  }
+
+  /// How much longer, in seconds, until `quiet` seconds have passed since the last activity,
+  /// or `nil` once they have.
+  public func remainingUntilQuiet(_ quiet: Double) -> Double? {
+    let since = secondsSinceLastActivity
+    return since < quiet ? quiet - since : nil
   }
 
   /// The coarse monotonic clock in nanoseconds (no system call; a few milliseconds' grain).

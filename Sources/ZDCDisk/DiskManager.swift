@@ -69,8 +69,8 @@ public final class DiskManager: @unchecked Sendable {
   /// them meanwhile); inserted in batches.
   private var pendingInserts: [Entry] = []
   private var insertFlushScheduled = false
-  /// When the last staging version was committed (`DispatchTime` nanoseconds).
-  private var lastCommitNanos: UInt64 = 0
+  /// When the last staging version was committed.
+  private let commits = ActivityMonitor()
   /// The shortest a committed staging version waits for its index row (the commit log records
   /// the commit meanwhile).
   public let insertFlushDelay: Double
@@ -1110,7 +1110,7 @@ public final class DiskManager: @unchecked Sendable {
         stateLock.withLock {
           replaceRow(e, row)
           pendingInserts.append(e)
-          lastCommitNanos = DispatchTime.now().uptimeNanoseconds
+          commits.touch()
         }
         deferred = true
       } else {
@@ -1160,11 +1160,10 @@ public final class DiskManager: @unchecked Sendable {
   /// How much longer the rows waiting for the index may wait (staging commits keep coming), or
   /// `nil` when they go in now. Caller holds `stateLock`.
   private func insertWaitLocked() -> Double? {
-    let quiet = Double(DispatchTime.now().uptimeNanoseconds &- lastCommitNanos) / 1e9
-    guard quiet < insertFlushQuiet, !pendingInserts.isEmpty,
+    guard let wait = commits.remainingUntilQuiet(insertFlushQuiet), !pendingInserts.isEmpty,
       pendingInserts.count < Self.maxPendingInserts
     else { return nil }
-    return insertFlushQuiet - quiet
+    return wait
   }
 
   private func flushInserts() {

@@ -114,8 +114,8 @@ public final class FuseMount: @unchecked Sendable {
   let ioUringThreads: UInt32
   /// The read-ahead asked for, in KiB (0: the kernel's default).
   let readaheadKiB: UInt32
-  /// The read-ahead the mount got, in KiB, when the kernel let it be set (see `init`).
-  public private(set) var readaheadSet: UInt32?
+  /// Whether the kernel let the mount's read-ahead be set to `readaheadKiB` (see `init`).
+  public private(set) var readaheadSet = false
   var args: UnsafeMutablePointer<fuse_args>?
   var ops = fuse_lowlevel_ops()
 
@@ -138,7 +138,7 @@ public final class FuseMount: @unchecked Sendable {
   /// ahead of a sequential reader the kernel asks for data, and so the size of its reads — is
   /// set to that many KiB (the kernel starts every FUSE mount at 128 KiB). Only the superuser
   /// may set it (`/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`); for others the mount keeps the
-  /// kernel's default (``readaheadSet`` stays nil).
+  /// kernel's default (``readaheadSet`` stays false).
   public init(
     fileSystem: FileSystem, mountpoint: String, options: [String] = [],
     stateDirectory: String? = nil, busyPollMicroseconds: UInt32 = 0, ioUringThreads: UInt32 = 0,
@@ -244,7 +244,7 @@ public final class FuseMount: @unchecked Sendable {
       "ioUring": uring == Int32(ZDC_URING_ACTIVE),
       "kernelChecksPermissions": context.kernelChecksPermissions,
       "opendirSkipped": context.kernelSkipsOpendir.load(ordering: .acquiring),
-      "readaheadSet": readaheadSet != nil,
+      "readaheadSet": readaheadSet,
     ]
   }
 
@@ -266,7 +266,7 @@ public final class FuseMount: @unchecked Sendable {
     let path = "/sys/class/bdi/\(device)/read_ahead_kb"
     do {
       try "\(readaheadKiB)\n".write(toFile: path, atomically: false, encoding: .utf8)
-      readaheadSet = readaheadKiB
+      readaheadSet = true
       context.log.debug("read-ahead set to \(readaheadKiB) KiB")
     } catch {
       context.log.debug(

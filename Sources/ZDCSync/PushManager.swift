@@ -615,29 +615,30 @@ struct PushJob: Sendable {
 /// on (``PushManager/waitUntilIdle(timeout:)``, a pull, a stop).
 final class UploadPacer {
   private let manager: PushManager
-  private let enabled: Bool
+  /// The user's activity, when this job gives way to it.
+  private let activity: ActivityMonitor?
   private var waited: UInt64 = 0
   private var noted = false
 
   init(manager: PushManager, job: PushJob) {
     self.manager = manager
-    enabled = job.paced && manager.config.activity != nil
+    activity = job.paced ? manager.config.activity : nil
   }
 
   /// Waits while the user is busy (see ``UploadPacer``); cheap when they are not.
   func giveWay() {
-    guard enabled, let activity = manager.config.activity else { return }
-    let quiet = manager.config.quietPeriod
+    guard let activity else { return }
     let limit = UInt64(max(0, manager.config.maxDeferral) * 1e9)
     while waited < limit {
-      let since = activity.secondsSinceLastActivity
-      if since >= quiet || manager.queueWanted { return }
+      guard let left = activity.remainingUntilQuiet(manager.config.quietPeriod),
+        !manager.queueWanted
+      else { return }
       if !noted {
         noted = true
         manager.context.logger.debug("push: a DATA upload waits while the user is busy")
       }
       // At most 50 ms at a time, so that a sync, a pull or a stop finds it going on soon.
-      let slice = min(quiet - since, 0.05, Double(limit - waited) / 1e9)
+      let slice = min(left, 0.05, Double(limit - waited) / 1e9)
       let t0 = DispatchTime.now().uptimeNanoseconds
       Thread.sleep(forTimeInterval: max(slice, 0.001))
       waited += DispatchTime.now().uptimeNanoseconds - t0
