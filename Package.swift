@@ -188,7 +188,7 @@ let package = Package(
       name: "ZDCMountTests",
       dependencies: [
         "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCDisk", "ZDCSync", "ZDCLocalStore", "ZDCS3Store",
-        "ZDCFileSystem", "ZDCFuse", "ZDCTestSupport", "zdc",
+        "ZDCFileSystem", "ZDCFuse", "CFuse", "ZDCTestSupport", "zdc",
       ],
       swiftSettings: strict),
     .testTarget(

@@ -124,11 +124,14 @@ public final class FuseMount: @unchecked Sendable {
   /// `/proc/mounts`), so that tools find the mount's state from its mount point (see
   /// ``stateDirectory(ofMountpoint:mountTable:)``).
   /// With `busyPollMicroseconds` > 0 and more than one CPU, while the previous request came in
-  /// less than a millisecond ago, one worker thread at a time polls for the next request for up
-  /// to that long (yielding between polls) before it sleeps: a sequential workload (a copy, a
-  /// build, a script) then finds a running thread instead of waking a sleeping one, which costs
-  /// about as much as the request's own work on a virtual machine. Outside bursts nothing
-  /// polls.
+  /// less than a millisecond ago, the worker thread that reads the device polls for the next
+  /// request for up to that long (yielding between polls) before it sleeps: a sequential
+  /// workload (a copy, a build, a script) then finds a running thread instead of waking a
+  /// sleeping one, which costs about as much as the request's own work on a virtual machine.
+  /// The other workers meanwhile wait off the device (the kernel would wake one of them per
+  /// request, and it would take the request from the poller); the reader hands the device on
+  /// before serving a request that may take long, and after a short one reads the next itself.
+  /// Outside bursts nothing polls.
   /// With `ioUringThreads` > 0, the mount takes the kernel's offer of FUSE over io_uring (made
   /// when the `fuse` module's `enable_uring` parameter is on): requests then come through one
   /// ring queue per CPU, served by a thread pinned to that CPU, so that a request is served on

@@ -98,8 +98,9 @@ extension ZDC {
         discussion: "A sequential workload (a copy, a build, a script) then finds a running "
           + "thread instead of waking a sleeping one, which on a virtual machine costs about "
           + "as much as the request itself. The polling thread yields to any other thread that "
-          + "wants its CPU; nothing polls while the mount is idle, after a request that waited "
-          + "for the disk, or on a single CPU.",
+          + "wants its CPU, and the server's other threads wait off the device meanwhile; "
+          + "nothing polls while the mount is idle, after a request that waited for the disk, "
+          + "or on a single CPU.",
         valueName: "microseconds"))
     var busyPoll: UInt32 = 200
 

@@ -10,6 +10,8 @@
 #endif
 #include <fuse_lowlevel.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
 #include <sys/stat.h>
 
 /// The FUSE_USE_VERSION this shim was compiled against.
@@ -71,18 +73,38 @@ int zdc_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset, cons
 ///   on clearing set-user-ID and set-group-ID bits on write and truncate);
 /// - accept its FUSE_DIRECT_IO_ALLOW_MMAP offer in the same way (see
 ///   zdc_fuse_direct_io_mmap_state);
-/// - busy polling during bursts (zdc_fuse_set_busy_poll).
+/// - busy polling during bursts, by one reader at a time (zdc_fuse_set_busy_poll).
 /// Call after fuse_session_mount and before the loop. Returns 0 or -errno.
 int zdc_fuse_session_install_device_io(struct fuse_session *se);
 
 /// Busy polling of the device by the session's device I/O (installed by
 /// zdc_fuse_session_install_device_io): while the previous request came in less than a
 /// millisecond ago (and the last one answered took its thread less than 80 us: not a read that
-/// waited for the disk), one worker thread at a time polls for the next request for up to
-/// `microseconds`, yielding between polls, before it blocks (0, the default, turns it off).
-/// Sequential workloads then find a running thread on a running CPU instead of waking a
-/// sleeping one.
+/// waited for the disk), the worker thread that reads the device polls for the next request
+/// for up to `microseconds`, yielding between polls, before it blocks (0, the default, turns
+/// it off). Sequential workloads then find a running thread on a running CPU instead of waking
+/// a sleeping one.
+///
+/// With polling on, the other workers wait off the device instead of sleeping in read(2) (the
+/// kernel would wake one of them for each request, and it would take the request from the
+/// poller): one thread reads the device while a burst goes on, and at most two while none
+/// does. A worker that has read a request which may take long (see
+/// zdc_fuse_request_may_take_long), or with more requests waiting, hands the device on to a
+/// waiting worker; after a short one it reads the next request itself, so a sequential
+/// program's requests are read and answered by one running thread. A waiting worker takes the
+/// device over when nobody has read it for a millisecond (a short request that blocked).
+/// Call before the loop starts.
 void zdc_fuse_set_busy_poll(unsigned int microseconds);
+
+/// Reads one request from the FUSE device `fd` into `buf` the way the session's workers do
+/// (polling and taking turns as zdc_fuse_set_busy_poll says); what read(2) returns.
+ssize_t zdc_fuse_read_request(int fd, void *buf, size_t len);
+
+/// Whether a request (FUSE opcode, total length in bytes) may keep the worker serving it long
+/// enough to keep other requests waiting: data transfers past 64 KiB, reads (the disk, the
+/// network), opening (a download), fsync, truncation and the rest of what is not a quick
+/// metadata operation. 1 or 0.
+int zdc_fuse_request_may_take_long(uint32_t opcode, uint32_t len);
 
 /// What became of FUSE_HANDLE_KILLPRIV_V2 in this process's session: bit 0 set when the
 /// kernel offered it, bit 1 when the INIT reply carrying it was sent.
