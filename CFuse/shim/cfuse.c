@@ -144,7 +144,7 @@ static void note_request(ssize_t n) {
 // Who reads the device, while polling is on (zdc_fuse_set_busy_poll). The kernel wakes one
 // thread sleeping in read(2) per request. While a thread polls, that woken thread took the
 // request from it, or woke for nothing: in a copy of many small files, 4 requests in 5 were
-// read by a thread just woken, 13-18 us after they were sent, against 5 us for the poller's.
+// read by a thread just woken, 13-18 us after they were sent, against 3-5 us for the poller's.
 // So the thread that polls holds the seat, and the others wait here, off the device's wait
 // queue. When nobody polls (the mount is idle, or its requests wait for the disk), up to
 // classic_readers threads sleep in read(2) and the rest wait here.
@@ -220,10 +220,10 @@ static void reader_reset(void) {
 
 static int attended(void) { return seat_taken || classic_in_read > 0; }
 
-// The role a thread that wants to read (and poll, with `poll`) may take now, or -1 to wait.
-static int reader_role_now(int poll) {
+// The role a thread that wants to read (and poll, with `polling`) may take now, or -1 to wait.
+static int reader_role_now(int polling) {
   if (device_ended) return READER_CLASSIC;
-  if (poll) return seat_taken ? -1 : READER_SEAT;
+  if (polling) return seat_taken ? -1 : READER_SEAT;
   return !seat_taken && classic_in_read < classic_readers ? READER_CLASSIC : -1;
 }
 
@@ -251,17 +251,17 @@ static void standby_cancelled(void *arg) {
 static int reader_enter(void) {
   if (atomic_load_explicit(&busy_poll_us, memory_order_relaxed) == 0) return READER_ALONE;
   pthread_once(&reader_once, reader_init);
-  int poll = polling_wanted();
+  int polling = polling_wanted();
   pthread_mutex_lock(&reader_lock);
   int role;
-  while ((role = reader_role_now(poll)) < 0) {
+  while ((role = reader_role_now(polling)) < 0) {
     if (standby_present) {
       waiting_count++;
       pthread_cleanup_push(waiter_cancelled, NULL);
       pthread_cond_wait(&reader_waiters, &reader_lock);
       pthread_cleanup_pop(0);
       waiting_count--;
-      poll = polling_wanted();
+      polling = polling_wanted();
       continue;
     }
     standby_present = 1;
@@ -291,8 +291,8 @@ static int reader_enter(void) {
     standby_timed = 0;
     // Another waiting thread becomes the standby.
     if (waiting_count) pthread_cond_signal(&reader_waiters);
-    poll = polling_wanted();
-    role = reader_role_now(poll);
+    polling = polling_wanted();
+    role = reader_role_now(polling);
     if (role < 0) role = seat_taken ? READER_CLASSIC : READER_SEAT;
     break;
   }
