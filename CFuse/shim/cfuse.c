@@ -292,9 +292,6 @@ static int reader_enter(void) {
     // Another waiting thread becomes the standby.
     if (waiting_count) pthread_cond_signal(&reader_waiters);
     polling = polling_wanted();
-    role = reader_role_now(polling);
-    if (role < 0) role = seat_taken ? READER_CLASSIC : READER_SEAT;
-    break;
   }
   take_role(role);
   pthread_mutex_unlock(&reader_lock);
@@ -379,18 +376,38 @@ static atomic_int killpriv_state;  // bit 0: offered by the kernel; bit 1: in th
 static atomic_int dio_mmap_state;  // the same for FUSE_DIRECT_IO_ALLOW_MMAP
 static struct fuse_session *device_session;
 
-static ssize_t device_read(int fd, void *buf, size_t len, void *userdata) {
-  (void)userdata;
+// One request from the device `fd` through `receive` (read(2) into `request`, or splice(2)
+// into a pipe: `request` NULL), taking turns with the other workers ("Who reads the device").
+static ssize_t receive_request(int fd, const void *request, ssize_t (*receive)(void *),
+                               void *context) {
   int role = reader_enter();
   ssize_t n;
   pthread_cleanup_push(reader_cancelled, (void *)(intptr_t)role);
   if (role == READER_SEAT) poll_for_request(fd);
-  n = read(fd, buf, len);
+  n = receive(context);
   pthread_cleanup_pop(0);
   int saved = errno;
-  reader_leave(role, fd, buf, n);
+  reader_leave(role, fd, request, n);
   errno = saved;
   note_request(n);
+  return n;
+}
+
+struct read_call {
+  int fd;
+  void *buf;
+  size_t len;
+};
+
+static ssize_t read_device(void *context) {
+  struct read_call *c = context;
+  return read(c->fd, c->buf, c->len);
+}
+
+static ssize_t device_read(int fd, void *buf, size_t len, void *userdata) {
+  (void)userdata;
+  struct read_call call = {fd, buf, len};
+  ssize_t n = receive_request(fd, buf, read_device, &call);
   if (n >= (ssize_t)(sizeof(struct fuse_in_header) + 16)) {
     const struct fuse_in_header *in = buf;
     if (in->opcode == FUSE_INIT) {
@@ -448,20 +465,25 @@ static ssize_t device_writev(int fd, struct iovec *iov, int count, void *userdat
   return writev(fd, iov, count);
 }
 
+struct splice_call {
+  int fdin;
+  off_t *offin;
+  int fdout;
+  off_t *offout;
+  size_t len;
+  unsigned int flags;
+};
+
+static ssize_t splice_device(void *context) {
+  struct splice_call *c = context;
+  return splice(c->fdin, c->offin, c->fdout, c->offout, c->len, c->flags);
+}
+
 static ssize_t device_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout,
                                      size_t len, unsigned int flags, void *userdata) {
   (void)userdata;
-  int role = reader_enter();
-  ssize_t n;
-  pthread_cleanup_push(reader_cancelled, (void *)(intptr_t)role);
-  if (role == READER_SEAT) poll_for_request(fdin);
-  n = splice(fdin, offin, fdout, offout, len, flags);
-  pthread_cleanup_pop(0);
-  int saved = errno;
-  reader_leave(role, fdin, NULL, n);  // the request is in the pipe, not looked at
-  errno = saved;
-  note_request(n);
-  return n;
+  struct splice_call call = {fdin, offin, fdout, offout, len, flags};
+  return receive_request(fdin, NULL, splice_device, &call);
 }
 
 static ssize_t device_splice_send(int fdin, off_t *offin, int fdout, off_t *offout,

@@ -2,6 +2,7 @@ import CFuse
 import Foundation
 import Logging
 import Synchronization
+import ZDCCore
 public import ZDCFileSystem
 
 #if canImport(Glibc)
@@ -260,9 +261,10 @@ public final class FuseMount: @unchecked Sendable {
 
   /// Sets the read-ahead of the new mount at `mountpoint` (see `init`); best effort.
   private func setReadahead(mountpoint: String) {
-    guard let table = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8),
-      let device = Self.deviceNumber(ofMountpoint: mountpoint, mountTable: table)
-    else {
+    // (The new mount is the table's last line: past the 4 KiB `String(contentsOfFile:)` reads
+    // of a /proc file on a machine with a few dozen mounts.)
+    let table = ProcFile.text("/proc/self/mountinfo")
+    guard let device = Self.deviceNumber(ofMountpoint: mountpoint, mountTable: table) else {
       context.log.info("read-ahead not set: the mount is not in /proc/self/mountinfo")
       return
     }
