@@ -186,6 +186,20 @@ public protocol CloudStore: Sendable {
   func abortMultipartUpload(key: String, uploadID: String) throws
 }
 
+/// A store that writes an object as its bytes are produced, keeping no copy of the whole object
+/// anywhere first (the local-folder store). A large upload to it needs neither an encoded work
+/// file nor a multipart upload, whose parts the store would copy once more to assemble them.
+public protocol StreamingPutStore: CloudStore {
+  /// Writes the object whose bytes `produce` hands, in order, to the sink it is given, under
+  /// `condition` (checked once the bytes are all there); returns the new eTag: the eTag `put`
+  /// gives the same bytes. When `produce` or the sink throws, nothing is stored (no object, no
+  /// temporary file) and the error is rethrown.
+  func put(
+    key: String, condition: WriteCondition,
+    producing produce: (_ sink: (UnsafeRawBufferPointer) throws -> Void) throws -> Void
+  ) throws -> String
+}
+
 extension CloudStore {
   /// Lists every object under a prefix, following continuation tokens.
   public func listAll(prefix: String, startAfter: String? = nil, pageSize: Int = 1000) throws

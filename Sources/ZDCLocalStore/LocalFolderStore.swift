@@ -13,7 +13,7 @@ public import ZDCCore
 /// of a file system: a key's components are at most `maxComponentLength` bytes, a key cannot be
 /// both an object and a prefix of other objects (`a/b` and `a/b/c`: `StoreError.unsupported`),
 /// and part sizes are not checked (S3 wants at least 5 MiB for all parts but the last).
-public final class LocalFolderStore: CloudStore {
+public final class LocalFolderStore: StreamingPutStore {
   /// The folder holding the objects.
   public let root: URL
 
@@ -306,6 +306,20 @@ public final class LocalFolderStore: CloudStore {
   public func put(key: String, body: UploadBody, condition: WriteCondition) throws -> String {
     try Self.validate(key: key)
     let (temp, eTag) = try writeTemp(body)
+    try commit(temp, key: key, condition: condition)
+    return eTag
+  }
+
+  /// Writes the produced bytes straight into a temporary object file, moved to the key once
+  /// complete (a temporary file left by a failure is removed; one left by a crash, after a day).
+  public func put(
+    key: String, condition: WriteCondition,
+    producing produce: (_ sink: (UnsafeRawBufferPointer) throws -> Void) throws -> Void
+  ) throws -> String {
+    try Self.validate(key: key)
+    let temp = try TempObject(directory: tmpPath, store: self)
+    try produce { try temp.append($0) }
+    let eTag = try temp.finish()
     try commit(temp, key: key, condition: condition)
     return eTag
   }

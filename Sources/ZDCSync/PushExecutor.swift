@@ -779,6 +779,13 @@ struct PushExecutor {
           eTag = same
         }
       }
+    } else if manager.config.streamLargeUploads, let streaming = store as? any StreamingPutStore {
+      guard
+        let e = try streamedPut(
+          streaming, node: node, loc: loc, path: path, content: content, encoder: encoder,
+          size: size, generation: generation, state: &state, condition: condition)
+      else { return }
+      eTag = e
     } else {
       guard
         let e = try multipart(
@@ -896,6 +903,77 @@ struct PushExecutor {
 
   private func currentGeneration() throws -> Int64? {
     try look { try $0.operationGeneration(id: op.id) }
+  }
+
+  /// Uploads a large DATA object to a store that writes it as it is encoded (the local folder):
+  /// one pass, no work file and no parts for the store to copy together. It gives way to the
+  /// user between its chunks and, as an upload in parts does between parts, starts over when
+  /// the operation's generation moved on; a crash starts it over (the store keeps nothing of an
+  /// unfinished put). Returns the eTag, or nil when the operation was settled otherwise
+  /// (conflict).
+  private func streamedPut(
+    _ streaming: any StreamingPutStore, node: Node, loc: CloudObjectRef, path: TreesystemPath,
+    content first: Content, encoder: CloudFileEncoder, size: UInt64, generation: Int64,
+    state: inout DataUploadState, condition initial: WriteCondition
+  ) throws -> String? {
+    if let m = state.multipart {
+      // An upload in parts left by an earlier run: not resumed.
+      try? store.abortMultipartUpload(key: m.key, uploadID: m.uploadID)
+      try? FileManager.default.removeItem(atPath: m.file)
+      state.multipart = nil
+      try saveState(state)
+    }
+    let pacer = UploadPacer(manager: manager, job: job)
+    // How often the upload looks for newer data and reports its progress.
+    let checkEvery = max(manager.config.partSize, 1 << 20)
+    var state0 = state
+    func put(_ content: Content, _ condition: WriteCondition) throws -> String {
+      var done: UInt64 = 0
+      var checked: UInt64 = 0
+      let eTag = try streaming.put(key: loc.dataKey, condition: condition) { sink in
+        try encoder.encode(
+          metadata: content.metadata, thumbnail: content.thumbnail, data: content.source
+        ) { piece in
+          if done == 0 {
+            // The outer header, recorded before any of the object can land (a put found in
+            // the store after a crash is recognised as this device's by it).
+            state0.remember(piece.prefix(CloudFileFormat.outerHeaderSize))
+            try saveState(state0)
+          }
+          pacer.giveWay()
+          if manager.isStopping { throw PushIssue.stopped }
+          if done - checked >= checkEvery {
+            checked = done
+            // Newer data coalesced into this operation: start over with it.
+            if try currentGeneration() != generation { throw PushIssue.retryNow }
+            context.progress.update { p in
+              p.operations.removeAll { $0.nodeID == node.id && $0.kind == "upload" }
+              p.operations.append(
+                OperationProgress(
+                  nodeID: node.id, kind: "upload", totalBytes: size, doneBytes: done))
+            }
+          }
+          try piece.withUnsafeBytes { try sink($0) }
+          done += UInt64(piece.count)
+        }
+      }
+      context.progress.update { p in p.operations.removeAll { $0.nodeID == node.id } }
+      return eTag
+    }
+    defer { state = state0 }
+    do {
+      return try put(first, initial)
+    } catch StoreError.preconditionFailed {
+      // An upload of this operation that landed before a crash is overwritten; anything else
+      // is a conflict. (The content is read again: its source reads once.)
+      guard let mine = try ourUpload(at: loc.dataKey, state: state0) else {
+        return try dataConflict(node: node, loc: loc, path: path)
+      }
+      let (again, againGeneration) = try self.content(node: node, path: path)
+      defer { again.cleanup() }
+      guard againGeneration == generation else { throw PushIssue.retryNow }
+      return try put(again, .ifMatch(mine.eTag))
+    }
   }
 
   /// Uploads in parts, resuming a recorded upload; returns the eTag, or nil when the

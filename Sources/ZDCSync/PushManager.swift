@@ -16,6 +16,10 @@ public struct PushConfiguration: Sendable {
   public var multipartThreshold: UInt64
   /// Size of each part (the last may be smaller).
   public var partSize: UInt64
+  /// Whether DATA objects of at least ``multipartThreshold`` go to a store that writes as it
+  /// receives (`StreamingPutStore`: the local folder) in one streamed put instead of in parts
+  /// (which the store would copy together again).
+  public var streamLargeUploads: Bool
   /// How often the queue is checked for new or due operations.
   public var pollInterval: TimeInterval
   /// Completions within this window share one change-log object.
@@ -51,6 +55,7 @@ public struct PushConfiguration: Sendable {
   public init(
     workDirectory: URL, maxConcurrentOperations: Int = 6, retryBase: TimeInterval = 1,
     retryCap: TimeInterval = 60, multipartThreshold: UInt64 = 10 << 20, partSize: UInt64 = 8 << 20,
+    streamLargeUploads: Bool = true,
     pollInterval: TimeInterval = 0.5, logBatchWindow: TimeInterval = 0.2,
     logBatchMaxEntries: Int = 500, promiseTimeout: TimeInterval = 60,
     settleDelay: TimeInterval = 0, workerNice: Int32 = 0, activity: ActivityMonitor? = nil,
@@ -64,6 +69,7 @@ public struct PushConfiguration: Sendable {
     self.retryCap = retryCap
     self.multipartThreshold = multipartThreshold
     self.partSize = partSize
+    self.streamLargeUploads = streamLargeUploads
     self.pollInterval = pollInterval
     self.logBatchWindow = logBatchWindow
     self.logBatchMaxEntries = logBatchMaxEntries

@@ -37,6 +37,68 @@ struct LocalFolderStoreTests {
     #expect(!FileManager.default.fileExists(atPath: dir.appendingPathComponent("u").path))
   }
 
+  /// A streamed put writes what it is handed as it comes, into the object a `put` of the same
+  /// bytes makes (same file, same eTag), under its condition; a producer that fails leaves
+  /// nothing behind, not even a temporary file.
+  @Test func streamedPutWritesTheObjectAPutWould() throws {
+    let parent = try makeTemporaryDirectory()
+    defer { removeDirectory(parent) }
+    let dir = parent.appendingPathComponent("store")
+    let store = try LocalFolderStore(root: dir)
+    var bytes = Data(count: 3 << 20)
+    var rng = SplitMix64(seed: 11)
+    bytes.withUnsafeMutableBytes { b in
+      for i in 0..<b.count { b[i] = UInt8(truncatingIfNeeded: rng.next()) }
+    }
+    func produce(_ sink: (UnsafeRawBufferPointer) throws -> Void) throws {
+      try bytes.withUnsafeBytes { b in
+        var at = 0
+        // Uneven pieces, as an encoder hands them.
+        while at < b.count {
+          let n = min(65_552, b.count - at)
+          try sink(UnsafeRawBufferPointer(rebasing: b[at..<(at + n)]))
+          at += n
+        }
+      }
+    }
+    let streamed = try store.put(key: "u/t/big", condition: .ifNoneMatch, producing: produce)
+    let plain = try store.put(key: "u/t/plain", body: .data(bytes), condition: .none)
+    #expect(streamed == plain)
+    #expect(try store.head(key: "u/t/big").size == UInt64(bytes.count))
+    #expect(try store.get(key: "u/t/big", range: nil) == bytes)
+    #expect(
+      try Data(contentsOf: dir.appendingPathComponent("u/t/big"))
+        == Data(contentsOf: dir.appendingPathComponent("u/t/plain")))
+
+    // Its condition holds as a put's does; a refused put leaves the object as it was.
+    #expect(throws: StoreError.preconditionFailed(key: "u/t/big")) {
+      try store.put(key: "u/t/big", condition: .ifNoneMatch) { sink in
+        try Data("other".utf8).withUnsafeBytes { try sink($0) }
+      }
+    }
+    #expect(try store.get(key: "u/t/big", range: nil) == bytes)
+    let replaced = try store.put(key: "u/t/big", condition: .ifMatch(streamed)) { sink in
+      try Data("other".utf8).withUnsafeBytes { try sink($0) }
+    }
+    #expect(try store.head(key: "u/t/big").eTag == replaced)
+    #expect(try store.get(key: "u/t/big", range: nil) == Data("other".utf8))
+
+    // A producer that fails midway: rethrown, nothing stored, no temporary file left.
+    struct Stop: Error {}
+    #expect(throws: Stop.self) {
+      try store.put(key: "u/t/failed", condition: .none) { sink in
+        try bytes.withUnsafeBytes { try sink(UnsafeRawBufferPointer(rebasing: $0[0..<100_000])) }
+        throw Stop()
+      }
+    }
+    #expect(throws: StoreError.notFound(key: "u/t/failed")) {
+      try store.head(key: "u/t/failed")
+    }
+    let temporaries = try FileManager.default.contentsOfDirectory(
+      atPath: dir.appendingPathComponent(".zdc-tmp").path)
+    #expect(temporaries.isEmpty)
+  }
+
   /// A store folder that went away (an unmounted disk, a folder moved aside) is unavailable:
   /// writes never recreate it empty, where what they wrote would be lost when it comes back.
   @Test func aVanishedStoreFolderIsUnavailableNotRecreated() throws {

@@ -79,7 +79,8 @@ final class LineBox: @unchecked Sendable {
     let backing = try kind.make("zdc-crash-store")
     let stateDir = try makeStoreDirectory("zdc-crash-state")
     // On S3 the helper talks to moto through a counting proxy, which shows when a multipart
-    // upload is under way; on the local folder, its `.zdc-multipart` directory does.
+    // upload is under way; on the local folder, a big file's DATA goes up in one streamed put,
+    // which shows as a growing file in the store's `.zdc-tmp/`.
     let proxy = try backing.server.map { try FaultProxy(upstreamPort: $0.port) }
     defer { proxy?.stop() }
     var storeArgument = backing.dir?.url.path ?? ""
@@ -92,39 +93,47 @@ final class LineBox: @unchecked Sendable {
         "AWS_SECRET_ACCESS_KEY": server.credentials.secretAccessKey, "AWS_SESSION_TOKEN": "",
       ]
     }
-    // Parts stored so far while a multipart upload is open (nil when none is): an upload a
-    // killed run left open stays open, so a round looks for a part stored since it began.
-    func multipartParts() -> Int? {
+    // How far the big files' uploads under way have got (nil when none is): on S3 the parts
+    // stored while a multipart upload is open, on the local folder the bytes of the streamed
+    // puts' temporary files (the only ones over 64 KiB: the other files are at most 3 KB). An
+    // upload a killed run left behind stays (an open upload, a temporary file), so a round looks
+    // for progress made since it began.
+    func largeUploadProgress() -> Int? {
       if let proxy {
         guard !proxy.openUploads.isEmpty else { return nil }
         return proxy.partUploads.filter { (200..<300).contains($0.status) }.count
       }
-      let uploads = backing.dir?.url.appendingPathComponent(".zdc-multipart").path ?? ""
-      let open = (try? FileManager.default.contentsOfDirectory(atPath: uploads)) ?? []
-      guard !open.isEmpty else { return nil }
-      return open.reduce(0) { sum, upload in
-        let parts = (try? FileManager.default.contentsOfDirectory(atPath: uploads + "/" + upload))
-        return sum + (parts ?? []).filter { $0.hasPrefix("part-") }.count
+      let temporaries = backing.dir?.url.appendingPathComponent(".zdc-tmp").path ?? ""
+      let names = (try? FileManager.default.contentsOfDirectory(atPath: temporaries)) ?? []
+      let sizes = names.compactMap { name -> Int? in
+        var st = stat()
+        guard lstat(temporaries + "/" + name, &st) == 0, st.st_mode & S_IFMT == S_IFREG else {
+          return nil
+        }
+        return st.st_size > 64 << 10 ? Int(st.st_size) : nil
       }
+      return sizes.isEmpty ? nil : sizes.reduce(0, +)
     }
     let args = [
       "device", stateDir.url.path, storeArgument, "11", "70", "4",
     ]
     var acked: [Int] = []
     var rng = SplitMix64(seed: 99)
-    var killedDuringMultipart = 0
+    var killedDuringLargeUpload = 0
     let rounds = 24
     for round in 0..<rounds {
       let run = try HelperRun(args, environment: environment)
-      // A multipart upload seen storing a part ends the round a moment later, whenever it is
-      // seen: uploads run beside the changes, and after the last change they are all there is.
-      var sawMultipart = false
-      let partsBefore = multipartParts() ?? 0
-      func multipartSeen() -> Bool {
-        guard killedDuringMultipart < 4, let parts = multipartParts(), parts > partsBefore else {
+      // A big file's upload seen under way ends the round a moment later, whenever it is seen:
+      // uploads run beside the changes, and after the last change they are all there is.
+      var sawLargeUpload = false
+      let progressBefore = largeUploadProgress() ?? 0
+      func largeUploadSeen() -> Bool {
+        guard killedDuringLargeUpload < 4, let progress = largeUploadProgress(),
+          progress > progressBefore
+        else {
           return false
         }
-        sawMultipart = true
+        sawLargeUpload = true
         Thread.sleep(forTimeInterval: Double(rng.next() % 20) / 1000)
         return true
       }
@@ -136,20 +145,20 @@ final class LineBox: @unchecked Sendable {
         && run.process.isRunning && Date() < started
       {
         Thread.sleep(forTimeInterval: 0.002)
-        if multipartSeen() { break }
+        if largeUploadSeen() { break }
       }
-      // Later rounds that still caught no multipart upload wait for one however long it takes
-      // (on a loaded machine the device may rarely get that far within the random delay).
-      let patient = killedDuringMultipart == 0 && round >= rounds / 2
+      // Later rounds that still caught no big upload wait for one however long it takes (on a
+      // loaded machine the device may rarely get that far within the random delay).
+      let patient = killedDuringLargeUpload == 0 && round >= rounds / 2
       let delay = patient ? 90 : 0.02 + Double(rng.next() % 500) / 1000
-      let deadline = Date().addingTimeInterval(sawMultipart ? 0 : delay)
-      // Kill at the random time, or as soon as a multipart upload is seen under way.
+      let deadline = Date().addingTimeInterval(sawLargeUpload ? 0 : delay)
+      // Kill at the random time, or as soon as a big upload is seen under way.
       while Date() < deadline && run.process.isRunning {
         Thread.sleep(forTimeInterval: 0.002)
-        if multipartSeen() { break }
+        if largeUploadSeen() { break }
       }
       run.kill()
-      if sawMultipart { killedDuringMultipart += 1 }
+      if sawLargeUpload { killedDuringLargeUpload += 1 }
       Thread.sleep(forTimeInterval: 0.02)
       for l in run.lines where l.hasPrefix("ACK ") {
         acked.append(Int(l.split(separator: " ")[1])!)
@@ -164,9 +173,9 @@ final class LineBox: @unchecked Sendable {
     }
     #expect(final.lines.last == "DONE")
     #expect(!final.lines.contains { $0.hasPrefix("CONFLICT") })
-    #expect(killedDuringMultipart >= 1)
+    #expect(killedDuringLargeUpload >= 1)
     print(
-      "crash test on \(kind.name): \(rounds) kills, \(killedDuringMultipart) during a multipart upload"
+      "crash test on \(kind.name): \(rounds) kills, \(killedDuringLargeUpload) during a big upload"
     )
 
     // No step was acknowledged twice (a kill between commit and print may leave one silent),
