@@ -70,21 +70,32 @@ final class StreamedPutRecorder: ForwardingStore, StreamingPutStore, @unchecked 
     (FileManager.default.enumerator(atPath: url.path)?.allObjects as? [String]) ?? []
   }
 
-  @Test func aLargeUploadToTheLocalFolderIsOneStreamedPut() throws {
-    let backing = try StoreKind.local.make("zdc-sync-stream")
+  /// A device on a fresh local folder behind a `StreamedPutRecorder`, uploading files of 1 MiB
+  /// or more (1 MiB parts when it goes in parts), with a file `name` of `content` queued.
+  private static func device(
+    _ label: String, file name: String, content: Data, streaming: Bool = true
+  ) throws -> (TestStore, LocalFolderStore, StreamedPutRecorder, TestUser, Device) {
+    let backing = try StoreKind.local.make(label)
     let local = try #require(backing.store as? LocalFolderStore)
     let store = StreamedPutRecorder(local)
     let user = try TestUser()
     let a = try Device("alpha", user: user, store: store) { push, _ in
       push.multipartThreshold = 1 << 20
       push.partSize = 1 << 20
+      push.streamLargeUploads = streaming
     }
-    let content = Self.randomContent(3 << 20, seed: 21)
     try a.catalog.write(user.userID) { tx in
-      let n = try tx.createNode(path: TreesystemPath(["big.bin"]))
+      let n = try tx.createNode(path: TreesystemPath([name]))
       a.delegate.setContent(content, for: n)
       try tx.queueDataUpload(nodeID: n.id)
     }
+    return (backing, local, store, user, a)
+  }
+
+  @Test func aLargeUploadToTheLocalFolderIsOneStreamedPut() throws {
+    let content = Self.randomContent(3 << 20, seed: 21)
+    let (backing, local, store, user, a) = try Self.device(
+      "zdc-sync-stream", file: "big.bin", content: content)
     try a.start()
     try a.sync()
     #expect(store.streamedPuts == 1)
@@ -108,23 +119,12 @@ final class StreamedPutRecorder: ForwardingStore, StreamingPutStore, @unchecked 
   /// Newer data written while a streamed put runs goes up after it, in a streamed put of its
   /// own: the store holds the newer data at the end, and no temporary object is left.
   @Test func newerDataDuringAStreamedUploadWins() throws {
-    let backing = try StoreKind.local.make("zdc-sync-stream-newer")
-    let local = try #require(backing.store as? LocalFolderStore)
-    let store = StreamedPutRecorder(local)
-    store.pieceDelay = 0.01
-    let user = try TestUser()
-    let a = try Device("alpha", user: user, store: store) { push, _ in
-      push.multipartThreshold = 1 << 20
-      push.partSize = 1 << 20
-    }
     // 4 MiB: 64 pieces of 64 KiB, at least 0.64 s.
     let first = Self.randomContent(4 << 20, seed: 22)
     let second = Self.randomContent(3 << 20, seed: 23)
-    try a.catalog.write(user.userID) { tx in
-      let n = try tx.createNode(path: TreesystemPath(["v.bin"]))
-      a.delegate.setContent(first, for: n)
-      try tx.queueDataUpload(nodeID: n.id)
-    }
+    let (backing, local, store, user, a) = try Self.device(
+      "zdc-sync-stream-newer", file: "v.bin", content: first)
+    store.pieceDelay = 0.01
     try a.start()
     let deadline = Date().addingTimeInterval(10)
     while store.streamedPuts < 1 && Date() < deadline { Thread.sleep(forTimeInterval: 0.005) }
@@ -143,26 +143,16 @@ final class StreamedPutRecorder: ForwardingStore, StreamingPutStore, @unchecked 
 
   /// With streamed uploads turned off, the same upload goes in parts.
   @Test func withoutStreamingALargeUploadGoesInParts() throws {
-    let backing = try StoreKind.local.make("zdc-sync-stream-off")
-    let local = try #require(backing.store as? LocalFolderStore)
-    let store = StreamedPutRecorder(local)
-    let user = try TestUser()
-    let a = try Device("alpha", user: user, store: store) { push, _ in
-      push.multipartThreshold = 1 << 20
-      push.partSize = 1 << 20
-      push.streamLargeUploads = false
-    }
     let content = Self.randomContent(3 << 20, seed: 24)
-    try a.catalog.write(user.userID) { tx in
-      let n = try tx.createNode(path: TreesystemPath(["big.bin"]))
-      a.delegate.setContent(content, for: n)
-      try tx.queueDataUpload(nodeID: n.id)
+    let (backing, _, store, _, a) = try Self.device(
+      "zdc-sync-stream-off", file: "big.bin", content: content, streaming: false)
+    try withExtendedLifetime(backing) {
+      try a.start()
+      try a.sync()
+      #expect(store.streamedPuts == 0)
+      #expect(store.multipartCount == 1)
+      #expect(try a.cloudContent("big.bin") == content)
+      a.engine.stop()
     }
-    try a.start()
-    try a.sync()
-    #expect(store.streamedPuts == 0)
-    #expect(store.multipartCount == 1)
-    #expect(try a.cloudContent("big.bin") == content)
-    a.engine.stop()
   }
 }
