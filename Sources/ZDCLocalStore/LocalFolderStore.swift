@@ -368,6 +368,13 @@ public final class LocalFolderStore: StreamingPutStore {
     try Self.validate(key: destination)
     let object = try openObject(key: source)
     defer { object.close() }
+    // No object file is ever written in place (every write makes a new file and renames it over
+    // the key's), so the copy can be another name of the source's very file, whatever the size:
+    // nothing is read or written. Where the file system has no hard links, the bytes are copied.
+    if let linked = try? TempObject(linking: object.fd, directory: tmpPath, store: self) {
+      try commit(linked, key: destination, condition: condition)
+      return object.info.eTag
+    }
     let temp = try TempObject(directory: tmpPath, store: self)
     try object.stream(ByteRange(0, object.info.size)) { try temp.append($0) }
     let eTag = try temp.finish()

@@ -112,6 +112,24 @@ final class TempObject {
     self.fd = fd
   }
 
+  /// A temporary name for the object file open at `source` (a hard link to it, through
+  /// `/proc/self/fd`): committing it makes that very file the key's, as a copy does. Throws
+  /// where the file system has no hard links.
+  init(linking source: Int32, directory: String, store: LocalFolderStore) throws {
+    path = "\(directory)/\(getpid())-\(Posix.randomHex(12))"
+    fd = -1
+    let origin = "/proc/self/fd/\(source)"
+    var rc = linkat(AT_FDCWD, origin, AT_FDCWD, path, AT_SYMLINK_FOLLOW)
+    if rc != 0, errno == ENOENT, Posix.isDirectory(directory) != true {
+      try store.makeDirectoryBelowRoot(directory)
+      rc = linkat(AT_FDCWD, origin, AT_FDCWD, path, AT_SYMLINK_FOLLOW)
+    }
+    guard rc == 0 else {
+      committed = true  // nothing to remove
+      throw Posix.error("link", path, errno)
+    }
+  }
+
   deinit {
     if fd >= 0 { Posix.close(fd) }
     if !committed { unlink(path) }

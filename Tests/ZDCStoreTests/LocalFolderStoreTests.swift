@@ -99,6 +99,39 @@ struct LocalFolderStoreTests {
     #expect(temporaries.isEmpty)
   }
 
+  /// A copy is another name of the source's file (objects are never written in place): no
+  /// byte is copied, whatever the size, and each key goes its own way afterwards.
+  @Test func copyLinksTheSourcesFile() throws {
+    let parent = try makeTemporaryDirectory()
+    defer { removeDirectory(parent) }
+    let dir = parent.appendingPathComponent("store")
+    let store = try LocalFolderStore(root: dir)
+    let bytes = Data((0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 31) })
+    let eTag = try store.put(key: "u/a/obj", body: .data(bytes), condition: .none)
+    #expect(try store.copy(from: "u/a/obj", to: "u/b/obj", condition: .ifNoneMatch) == eTag)
+    var a = stat()
+    var b = stat()
+    #expect(lstat(dir.appendingPathComponent("u/a/obj").path, &a) == 0)
+    #expect(lstat(dir.appendingPathComponent("u/b/obj").path, &b) == 0)
+    #expect(a.st_ino == b.st_ino && a.st_nlink == 2)
+    #expect(try store.head(key: "u/b/obj").eTag == eTag)
+    #expect(try store.get(key: "u/b/obj", range: nil) == bytes)
+
+    // A condition that fails leaves the destination as it was and no temporary name behind.
+    #expect(throws: StoreError.preconditionFailed(key: "u/b/obj")) {
+      try store.copy(from: "u/a/obj", to: "u/b/obj", condition: .ifNoneMatch)
+    }
+    let temporaries = try FileManager.default.contentsOfDirectory(
+      atPath: dir.appendingPathComponent(".zdc-tmp").path)
+    #expect(temporaries.isEmpty)
+
+    // Writing or deleting one key leaves the other's object alone.
+    _ = try store.put(key: "u/a/obj", body: .data(Data("new".utf8)), condition: .ifMatch(eTag))
+    #expect(try store.get(key: "u/b/obj", range: nil) == bytes)
+    try store.delete(key: "u/b/obj", condition: .ifMatch(eTag))
+    #expect(try store.get(key: "u/a/obj", range: nil) == Data("new".utf8))
+  }
+
   /// A store folder that went away (an unmounted disk, a folder moved aside) is unavailable:
   /// writes never recreate it empty, where what they wrote would be lost when it comes back.
   @Test func aVanishedStoreFolderIsUnavailableNotRecreated() throws {
