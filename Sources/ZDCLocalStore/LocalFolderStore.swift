@@ -216,12 +216,29 @@ public final class LocalFolderStore: StreamingPutStore {
 
   // MARK: Writing
 
+  /// Writes the bytes `produce` hands to its sink into a new temporary object file (removed
+  /// again if anything throws); returns it, synced, and its eTag.
+  func writeTemp(
+    producing produce: (_ sink: (UnsafeRawBufferPointer) throws -> Void) throws -> Void
+  ) throws -> (TempObject, String) {
+    let temp = try TempObject(directory: tmpPath, store: self)
+    try produce { try temp.append($0) }
+    let eTag = try temp.finish()
+    return (temp, eTag)
+  }
+
   /// Writes a body into a new temporary object file.
   func writeTemp(_ body: UploadBody) throws -> (TempObject, String) {
-    let temp = try TempObject(directory: tmpPath, store: self)
+    try writeTemp { sink in try Self.stream(body, to: sink) }
+  }
+
+  /// Hands a body's bytes to `sink` in bounded blocks.
+  private static func stream(_ body: UploadBody, to sink: (UnsafeRawBufferPointer) throws -> Void)
+    throws
+  {
     switch body {
     case .data(let data):
-      try data.withUnsafeBytes { try temp.append($0) }
+      try data.withUnsafeBytes { try sink($0) }
     case .file(let url, let range):
       let path = url.path
       let fd = Posix.open(path, O_RDONLY)
@@ -233,12 +250,8 @@ public final class LocalFolderStore: StreamingPutStore {
       guard part.upperBound <= size else {
         throw StoreError.invalidRange(key: path, range: part)
       }
-      try streamFile(fd: fd, path: path, from: part.lowerBound, count: part.count) {
-        try temp.append($0)
-      }
+      try streamFile(fd: fd, path: path, from: part.lowerBound, count: part.count, to: sink)
     }
-    let eTag = try temp.finish()
-    return (temp, eTag)
   }
 
   /// Checks a condition against the current object; call with the key's lock held.
@@ -317,9 +330,7 @@ public final class LocalFolderStore: StreamingPutStore {
     producing produce: (_ sink: (UnsafeRawBufferPointer) throws -> Void) throws -> Void
   ) throws -> String {
     try Self.validate(key: key)
-    let temp = try TempObject(directory: tmpPath, store: self)
-    try produce { try temp.append($0) }
-    let eTag = try temp.finish()
+    let (temp, eTag) = try writeTemp(producing: produce)
     try commit(temp, key: key, condition: condition)
     return eTag
   }
@@ -375,9 +386,7 @@ public final class LocalFolderStore: StreamingPutStore {
       try commit(linked, key: destination, condition: condition)
       return object.info.eTag
     }
-    let temp = try TempObject(directory: tmpPath, store: self)
-    try object.stream(ByteRange(0, object.info.size)) { try temp.append($0) }
-    let eTag = try temp.finish()
+    let (temp, eTag) = try writeTemp { try object.stream(ByteRange(0, object.info.size), to: $0) }
     try commit(temp, key: destination, condition: condition)
     return eTag
   }

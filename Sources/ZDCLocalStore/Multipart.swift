@@ -122,23 +122,23 @@ extension LocalFolderStore {
     for (a, b) in zip(parts, parts.dropFirst()) where a.partNumber >= b.partNumber {
       throw StoreError.malformedResponse("upload \(uploadID): parts not in ascending order")
     }
-    let temp = try TempObject(directory: tmpPath, store: self)
-    for part in parts {
-      let partPath = dir + "/" + Self.partName(part.partNumber)
-      let object: OpenObject
-      do {
-        object = try openObject(path: partPath, key: key)
-      } catch StoreError.notFound {
-        throw StoreError.malformedResponse("upload \(uploadID): part \(part.partNumber) missing")
+    let (temp, eTag) = try writeTemp { sink in
+      for part in parts {
+        let partPath = dir + "/" + Self.partName(part.partNumber)
+        let object: OpenObject
+        do {
+          object = try openObject(path: partPath, key: key)
+        } catch StoreError.notFound {
+          throw StoreError.malformedResponse("upload \(uploadID): part \(part.partNumber) missing")
+        }
+        defer { object.close() }
+        guard object.info.eTag == part.eTag else {
+          throw StoreError.malformedResponse(
+            "upload \(uploadID): part \(part.partNumber) has eTag \(object.info.eTag)")
+        }
+        try object.stream(ByteRange(0, object.info.size), to: sink)
       }
-      defer { object.close() }
-      guard object.info.eTag == part.eTag else {
-        throw StoreError.malformedResponse(
-          "upload \(uploadID): part \(part.partNumber) has eTag \(object.info.eTag)")
-      }
-      try object.stream(ByteRange(0, object.info.size)) { try temp.append($0) }
     }
-    let eTag = try temp.finish()
     try commit(temp, key: key, condition: condition)
     removeTree(dir)
     return eTag

@@ -116,18 +116,16 @@ final class TempObject {
   /// `/proc/self/fd`): committing it makes that very file the key's, as a copy does. Throws
   /// where the file system has no hard links.
   init(linking source: Int32, directory: String, store: LocalFolderStore) throws {
-    path = "\(directory)/\(getpid())-\(Posix.randomHex(12))"
-    fd = -1
+    let path = "\(directory)/\(getpid())-\(Posix.randomHex(12))"
     let origin = "/proc/self/fd/\(source)"
     var rc = linkat(AT_FDCWD, origin, AT_FDCWD, path, AT_SYMLINK_FOLLOW)
     if rc != 0, errno == ENOENT, Posix.isDirectory(directory) != true {
       try store.makeDirectoryBelowRoot(directory)
       rc = linkat(AT_FDCWD, origin, AT_FDCWD, path, AT_SYMLINK_FOLLOW)
     }
-    guard rc == 0 else {
-      committed = true  // nothing to remove
-      throw Posix.error("link", path, errno)
-    }
+    guard rc == 0 else { throw Posix.error("link", path, errno) }
+    self.path = path
+    fd = -1
   }
 
   deinit {

@@ -905,6 +905,21 @@ struct PushExecutor {
     try look { try $0.operationGeneration(id: op.id) }
   }
 
+  /// Abandons an upload in parts: the store's upload and the encoded work file (best effort).
+  private func discard(_ m: DataUploadState.MultipartState) {
+    try? store.abortMultipartUpload(key: m.key, uploadID: m.uploadID)
+    try? FileManager.default.removeItem(atPath: m.file)
+  }
+
+  /// Reports how far the DATA upload of `node` has got (`done` of `total` encoded bytes).
+  private func reportUpload(of node: Node, total: UInt64, done: UInt64) {
+    context.progress.update { p in
+      p.operations.removeAll { $0.nodeID == node.id && $0.kind == "upload" }
+      p.operations.append(
+        OperationProgress(nodeID: node.id, kind: "upload", totalBytes: total, doneBytes: done))
+    }
+  }
+
   /// Uploads a large DATA object to a store that writes it as it is encoded (the local folder):
   /// one pass, no work file and no parts for the store to copy together. It gives way to the
   /// user between its chunks and, as an upload in parts does between parts, starts over when
@@ -918,15 +933,13 @@ struct PushExecutor {
   ) throws -> String? {
     if let m = state.multipart {
       // An upload in parts left by an earlier run: not resumed.
-      try? store.abortMultipartUpload(key: m.key, uploadID: m.uploadID)
-      try? FileManager.default.removeItem(atPath: m.file)
+      discard(m)
       state.multipart = nil
       try saveState(state)
     }
     let pacer = UploadPacer(manager: manager, job: job)
     // How often the upload looks for newer data and reports its progress.
     let checkEvery = max(manager.config.partSize, 1 << 20)
-    var state0 = state
     func put(_ content: Content, _ condition: WriteCondition) throws -> String {
       var done: UInt64 = 0
       var checked: UInt64 = 0
@@ -937,8 +950,8 @@ struct PushExecutor {
           if done == 0 {
             // The outer header, recorded before any of the object can land (a put found in
             // the store after a crash is recognised as this device's by it).
-            state0.remember(piece.prefix(CloudFileFormat.outerHeaderSize))
-            try saveState(state0)
+            state.remember(piece.prefix(CloudFileFormat.outerHeaderSize))
+            try saveState(state)
           }
           pacer.giveWay()
           if manager.isStopping { throw PushIssue.stopped }
@@ -946,12 +959,7 @@ struct PushExecutor {
             checked = done
             // Newer data coalesced into this operation: start over with it.
             if try currentGeneration() != generation { throw PushIssue.retryNow }
-            context.progress.update { p in
-              p.operations.removeAll { $0.nodeID == node.id && $0.kind == "upload" }
-              p.operations.append(
-                OperationProgress(
-                  nodeID: node.id, kind: "upload", totalBytes: size, doneBytes: done))
-            }
+            reportUpload(of: node, total: size, done: done)
           }
           try piece.withUnsafeBytes { try sink($0) }
           done += UInt64(piece.count)
@@ -960,13 +968,12 @@ struct PushExecutor {
       context.progress.update { p in p.operations.removeAll { $0.nodeID == node.id } }
       return eTag
     }
-    defer { state = state0 }
     do {
       return try put(first, initial)
     } catch StoreError.preconditionFailed {
       // An upload of this operation that landed before a crash is overwritten; anything else
       // is a conflict. (The content is read again: its source reads once.)
-      guard let mine = try ourUpload(at: loc.dataKey, state: state0) else {
+      guard let mine = try ourUpload(at: loc.dataKey, state: state) else {
         return try dataConflict(node: node, loc: loc, path: path)
       }
       let (again, againGeneration) = try self.content(node: node, path: path)
@@ -996,8 +1003,7 @@ struct PushExecutor {
         mp = nil
       }
     } else if let m = mp {
-      try? store.abortMultipartUpload(key: m.key, uploadID: m.uploadID)
-      try? FileManager.default.removeItem(atPath: m.file)
+      discard(m)
       mp = nil
     }
     // A large upload gives way to the user between its pieces (chunks, then parts).
@@ -1037,8 +1043,7 @@ struct PushExecutor {
       if manager.isStopping { throw PushIssue.stopped }
       if try currentGeneration() != generation {
         // Newer data: abandon this upload and start over with it.
-        try? store.abortMultipartUpload(key: m.key, uploadID: m.uploadID)
-        try? FileManager.default.removeItem(at: url)
+        discard(m)
         state.multipart = nil
         try saveState(state)
         throw PushIssue.retryNow
@@ -1049,11 +1054,7 @@ struct PushExecutor {
         key: m.key, uploadID: m.uploadID, partNumber: number,
         body: .file(url, range: ByteRange(lo, hi)))
       done[number] = UploadedPart(partNumber: number, eTag: eTag, size: hi - lo)
-      context.progress.update { p in
-        p.operations.removeAll { $0.nodeID == node.id && $0.kind == "upload" }
-        p.operations.append(
-          OperationProgress(nodeID: node.id, kind: "upload", totalBytes: m.size, doneBytes: hi))
-      }
+      reportUpload(of: node, total: m.size, done: hi)
     }
     let all = done.values.sorted { $0.partNumber < $1.partNumber }
     let eTag: String
@@ -1072,8 +1073,7 @@ struct PushExecutor {
             key: m.key, uploadID: m.uploadID, parts: all, condition: condition)
         }
       } else {
-        try? store.abortMultipartUpload(key: m.key, uploadID: m.uploadID)
-        try? FileManager.default.removeItem(at: url)
+        discard(m)
         state.multipart = nil
         try saveState(state)
         return try dataConflict(node: node, loc: loc, path: path)
