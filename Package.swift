@@ -74,7 +74,7 @@ let package = Package(
       swiftSettings: strict),
     .target(
       name: "ZDCLocalStore",
-      dependencies: ["ZDCCore", "CSodium"],
+      dependencies: ["ZDCCore", "CSodium", "CLinux"],
       swiftSettings: strict),
     .target(
       name: "ZDCDisk",

@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "clinux.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
@@ -10,6 +11,14 @@
 #include <unistd.h>
 
 int zdc_start_writeback(int fd) { return sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); }
+
+int zdc_open_tmpfile(const char *directory) {
+  int fd;
+  do {
+    fd = open(directory, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  } while (fd < 0 && errno == EINTR);
+  return fd < 0 ? -errno : fd;
+}
 
 int zdc_set_thread_name(const char *name) {
   char shortened[16];

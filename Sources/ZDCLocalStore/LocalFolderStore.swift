@@ -1,3 +1,4 @@
+import CLinux
 import CSodium
 public import Foundation
 public import ZDCCore
@@ -21,8 +22,12 @@ public final class LocalFolderStore: StreamingPutStore {
   static let lockStripes = 64
   /// The most keys one `list` call returns, as with S3.
   public static let maxKeysPerPage = 1000
-  /// Temporary files older than this are removed when a store is opened.
+  /// Temporary files older than this are removed when a store is opened (those named just
+  /// before their rename, whatever their age, once no writer holds them).
   static let staleTempAge: TimeInterval = 24 * 3600
+  /// Whether new object files are written unnamed (`O_TMPFILE`, named through
+  /// `/proc/self/fd` just before their rename), found when the store is opened.
+  @_spi(Testing) public let unnamedTemporaries: Bool
 
   let rootPath: String
   let tmpPath: String
@@ -53,7 +58,21 @@ public final class LocalFolderStore: StreamingPutStore {
       let rc = Posix.mkdir(dir)
       if rc != 0 && rc != EEXIST { throw Posix.error("mkdir", dir, rc) }
     }
+    unnamedTemporaries = Self.canNameUnnamedFiles(in: tmpPath)
     cleanStaleTemporaries()
+  }
+
+  /// True when an unnamed file made in `directory` can be given a name there.
+  static func canNameUnnamedFiles(in directory: String) -> Bool {
+    let fd = zdc_open_tmpfile(directory)
+    guard fd >= 0 else { return false }
+    defer { Posix.close(fd) }
+    let probe = "\(directory)/\(TempObject.namedForRenamePrefix)probe-\(Posix.randomHex(8))"
+    guard linkat(AT_FDCWD, "/proc/self/fd/\(fd)", AT_FDCWD, probe, AT_SYMLINK_FOLLOW) == 0 else {
+      return false
+    }
+    unlink(probe)
+    return true
   }
 
   /// Creates `path` (below the root) and its missing parents, but never the root itself: a
@@ -296,8 +315,9 @@ public final class LocalFolderStore: StreamingPutStore {
     let target = path(of: key)
     try withLock(for: key) {
       try check(condition, key: key)
+      let source = try temp.name()
       var attempts = 0
-      while rename(temp.path, target) != 0 {
+      while rename(source, target) != 0 {
         let code = errno
         attempts += 1
         switch code {
@@ -324,7 +344,7 @@ public final class LocalFolderStore: StreamingPutStore {
   }
 
   /// Writes the produced bytes straight into a temporary object file, moved to the key once
-  /// complete (a temporary file left by a failure is removed; one left by a crash, after a day).
+  /// complete (unnamed while it is written: neither a failure nor a crash leaves it behind).
   public func put(
     key: String, condition: WriteCondition,
     producing produce: (_ sink: (UnsafeRawBufferPointer) throws -> Void) throws -> Void
@@ -393,19 +413,35 @@ public final class LocalFolderStore: StreamingPutStore {
 
   // MARK: Maintenance
 
-  /// Removes temporary files left behind by crashed writers more than a day ago.
+  /// Removes temporary files left behind by writers that died: those named for their rename
+  /// (`l-`) once no writer holds their lock, the others once they are a day old.
   func cleanStaleTemporaries() {
     guard let entries = try? Posix.directoryEntries(tmpPath) else { return }
     let cutoff = Date().timeIntervalSince1970 - Self.staleTempAge
     for entry in entries {
-      let path = tmpPath + "/" + String(decoding: entry.name, as: UTF8.self)
+      let name = String(decoding: entry.name, as: UTF8.self)
+      let path = tmpPath + "/" + name
       var st = stat()
-      guard lstat(path, &st) == 0, TimeInterval(st.st_mtim.tv_sec) < cutoff else { continue }
+      guard lstat(path, &st) == 0 else { continue }
+      if name.hasPrefix(TempObject.namedForRenamePrefix) && st.st_mode & S_IFMT == S_IFREG {
+        removeIfUnlocked(path)
+        continue
+      }
+      guard TimeInterval(st.st_mtim.tv_sec) < cutoff else { continue }
       switch st.st_mode & S_IFMT {
       case S_IFREG: unlink(path)
       case S_IFDIR: removeTree(path)  // a multipart upload that was being created
       default: continue
       }
     }
+  }
+
+  /// Removes the file at `path` if nobody holds a `flock` on it (a live writer does).
+  func removeIfUnlocked(_ path: String) {
+    let fd = Posix.open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK)
+    guard fd >= 0 else { return }
+    defer { Posix.close(fd) }
+    guard flock(fd, LOCK_EX | LOCK_NB) == 0 else { return }
+    unlink(path)
   }
 }

@@ -80,7 +80,7 @@ extension LocalFolderStore {
     let dir = try uploadDirectory(key: key, uploadID: uploadID)
     let (temp, eTag) = try writeTemp(body)
     let target = dir + "/" + Self.partName(partNumber)
-    guard rename(temp.path, target) == 0 else {
+    guard rename(try temp.name(), target) == 0 else {
       let code = errno
       if code == ENOENT { throw StoreError.notFound(key: "\(key) (upload \(uploadID))") }
       throw Posix.error("rename", target, code)

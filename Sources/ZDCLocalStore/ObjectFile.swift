@@ -1,3 +1,4 @@
+import CLinux
 import CSodium
 import Foundation
 import ZDCCore
@@ -93,30 +94,63 @@ func streamFile(
   }
 }
 
-/// A temporary object file being written under `root/.zdc-tmp/`.
+/// A new object file in the store's temporary folder, renamed to its key once complete.
+///
+/// Where the file system allows it, the file has no name while it is written (`O_TMPFILE`): a
+/// writer killed meanwhile leaves nothing behind, however large the object. It is named
+/// (``name()``, an `l-` name) just before the rename, and its writer holds an exclusive `flock`
+/// on it from the start, so that a name left by a writer that died in between is one nobody
+/// locks: the next open of the store removes it (``LocalFolderStore/cleanStaleTemporaries()``).
+/// Elsewhere the file is written under a `w-` name, locked the same way, and left by a crash
+/// until it is a day old.
 final class TempObject {
-  let path: String
+  /// The file's name, once it has one.
+  private(set) var path: String?
+  private let directory: String
   private var fd: Int32
   private let hasher = ContentHasher()
   private var offset = UInt64(ObjectFile.headerSize)
   private var committed = false
 
+  /// Prefix of the names given to files just before their rename (locked while their writer
+  /// lives).
+  static let namedForRenamePrefix = "l-"
+  /// Prefix of the files written under a name (where files cannot be created unnamed).
+  static let writtenNamedPrefix = "w-"
+
   init(directory: String, store: LocalFolderStore) throws {
-    path = "\(directory)/\(getpid())-\(Posix.randomHex(12))"
-    var fd = Posix.open(path, O_WRONLY | O_CREAT | O_EXCL)
-    if fd == -ENOENT {
-      try store.makeDirectoryBelowRoot(directory)
-      fd = Posix.open(path, O_WRONLY | O_CREAT | O_EXCL)
+    self.directory = directory
+    if store.unnamedTemporaries {
+      var fd = zdc_open_tmpfile(directory)
+      if fd == -ENOENT {
+        try store.makeDirectoryBelowRoot(directory)
+        fd = zdc_open_tmpfile(directory)
+      }
+      guard fd >= 0 else { throw Posix.error("create", directory, -fd) }
+      self.fd = fd
+    } else {
+      let path = "\(directory)/\(Self.writtenNamedPrefix)\(Posix.randomHex(12))"
+      var fd = Posix.open(path, O_RDWR | O_CREAT | O_EXCL)
+      if fd == -ENOENT {
+        try store.makeDirectoryBelowRoot(directory)
+        fd = Posix.open(path, O_RDWR | O_CREAT | O_EXCL)
+      }
+      guard fd >= 0 else { throw Posix.error("create", path, -fd) }
+      self.fd = fd
+      self.path = path
     }
-    guard fd >= 0 else { throw Posix.error("create", path, -fd) }
-    self.fd = fd
+    // Only a marker for the cleanup: a file system without `flock` leaves it to the file's age.
+    _ = flock(fd, LOCK_EX | LOCK_NB)
   }
 
   /// A temporary name for the object file open at `source` (a hard link to it, through
-  /// `/proc/self/fd`): committing it makes that very file the key's, as a copy does. Throws
+  /// `/proc/self/fd`): committing it makes that very file the key's, as a copy does. The
+  /// source stays locked (shared) meanwhile, which keeps the cleanup away from the name. Throws
   /// where the file system has no hard links.
   init(linking source: Int32, directory: String, store: LocalFolderStore) throws {
-    let path = "\(directory)/\(getpid())-\(Posix.randomHex(12))"
+    self.directory = directory
+    while flock(source, LOCK_SH) != 0 && errno == EINTR {}
+    let path = "\(directory)/\(Self.namedForRenamePrefix)\(Posix.randomHex(12))"
     let origin = "/proc/self/fd/\(source)"
     var rc = linkat(AT_FDCWD, origin, AT_FDCWD, path, AT_SYMLINK_FOLLOW)
     if rc != 0, errno == ENOENT, Posix.isDirectory(directory) != true {
@@ -129,8 +163,9 @@ final class TempObject {
   }
 
   deinit {
+    if !committed, let path { unlink(path) }
+    // Closed after the unlink: the lock keeps the cleanup away until then.
     if fd >= 0 { Posix.close(fd) }
-    if !committed { unlink(path) }
   }
 
   /// Content size so far.
@@ -138,22 +173,32 @@ final class TempObject {
 
   /// Appends content.
   func append(_ bytes: UnsafeRawBufferPointer) throws {
-    try Posix.pwrite(fd, bytes, offset, path: path)
+    try Posix.pwrite(fd, bytes, offset, path: path ?? directory)
     hasher.update(bytes)
     offset += UInt64(bytes.count)
   }
 
-  /// Writes the header, syncs and closes the file; returns the eTag.
+  /// Writes the header and syncs the file; returns the eTag. (The descriptor stays open, and
+  /// its lock held, until the file is renamed into place or removed.)
   func finish() throws -> String {
     let eTag = hasher.finish()
     try ObjectFile.header(eTag: eTag).withUnsafeBytes {
-      try Posix.pwrite(fd, $0, 0, path: path)
+      try Posix.pwrite(fd, $0, 0, path: path ?? directory)
     }
-    try Posix.fsync(fd, path: path)
-    let rc = Glibc.close(fd)
-    fd = -1
-    if rc != 0 { throw Posix.error("close", path, errno) }
+    try Posix.fsync(fd, path: path ?? directory)
     return eTag
+  }
+
+  /// The file's name in the temporary folder, given now (an `l-` name) if it has none: call
+  /// just before renaming it into place.
+  func name() throws -> String {
+    if let path { return path }
+    let named = "\(directory)/\(Self.namedForRenamePrefix)\(Posix.randomHex(12))"
+    guard linkat(AT_FDCWD, "/proc/self/fd/\(fd)", AT_FDCWD, named, AT_SYMLINK_FOLLOW) == 0 else {
+      throw Posix.error("link", named, errno)
+    }
+    path = named
+    return named
   }
 
   /// The file has been renamed into place: keep it.

@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 import ZDCCore
-import ZDCLocalStore
+@_spi(Testing) import ZDCLocalStore
 import ZDCTestSupport
 
 #if canImport(Glibc)
@@ -173,6 +173,47 @@ struct LocalFolderStoreTests {
     #expect(!FileManager.default.fileExists(atPath: stale.path))
     #expect(FileManager.default.fileExists(atPath: fresh.path))
     #expect(try store.listAll(prefix: "").map(\.key) == ["k"])
+  }
+
+  /// An object being written has no name (a writer killed meanwhile leaves nothing behind), and
+  /// a name given just before the rename is removed at the next open once no writer holds it.
+  @Test func writersThatDieLeaveNothingBehind() throws {
+    let dir = try makeTemporaryDirectory()
+    defer { removeDirectory(dir) }
+    let store = try LocalFolderStore(root: dir)
+    let tmp = dir.appendingPathComponent(".zdc-tmp")
+    func names() throws -> [String] {
+      try FileManager.default.contentsOfDirectory(atPath: tmp.path).sorted()
+    }
+    // This machine's temporary folder allows unnamed files (ext4, tmpfs, xfs, btrfs do).
+    #expect(store.unnamedTemporaries)
+    var seenWhileWriting: [String]? = nil
+    let eTag = try store.put(key: "u/t/big", condition: .ifNoneMatch) { sink in
+      let piece = Data(repeating: 7, count: 1 << 20)
+      for _ in 0..<3 { try piece.withUnsafeBytes { try sink($0) } }
+      seenWhileWriting = try names()
+    }
+    #expect(seenWhileWriting == [])
+    #expect(try store.head(key: "u/t/big").eTag == eTag)
+    #expect(try names() == [])
+
+    // What a writer killed between naming its file and renaming it leaves, what a live writer
+    // (here: this test, holding the lock) has named, and a file written under a name.
+    let left = tmp.appendingPathComponent("l-0123456789ab0123456789ab")
+    let live = tmp.appendingPathComponent("l-ba9876543210ba9876543210")
+    let named = tmp.appendingPathComponent("w-00112233445566778899aabb")
+    for url in [left, live, named] { try Data("ZDCLOBJ1".utf8).write(to: url) }
+    let fd = open(live.path, O_RDONLY)
+    #expect(fd >= 0)
+    defer { close(fd) }
+    #expect(flock(fd, LOCK_EX) == 0)
+    _ = try LocalFolderStore(root: dir)
+    #expect(try names() == [live.lastPathComponent, named.lastPathComponent])
+    // Once its writer is gone, the next open removes it too.
+    #expect(flock(fd, LOCK_UN) == 0)
+    _ = try LocalFolderStore(root: dir)
+    #expect(try names() == [named.lastPathComponent])
+    #expect(try store.listAll(prefix: "").map(\.key) == ["u/t/big"])
   }
 
   @Test func corruptObjectsAreReportedNotListed() throws {

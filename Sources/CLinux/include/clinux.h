@@ -7,6 +7,12 @@
 /// to write. Returns 0, or -1 with `errno` set.
 int zdc_start_writeback(int fd);
 
+/// Creates an unnamed regular file (mode 0600) in `directory`, open for reading and writing
+/// (`open(directory, O_TMPFILE | O_RDWR | O_CLOEXEC)`): it disappears with its last descriptor
+/// unless it is given a name (`linkat` of `/proc/self/fd/N`). Returns the descriptor, or
+/// `-errno` (`EOPNOTSUPP` or `EISDIR` where the file system or kernel has no such files).
+int zdc_open_tmpfile(const char *directory);
+
 /// Names the calling thread (`pthread_setname_np`; the first 15 bytes are kept). Returns 0 or
 /// an error number.
 int zdc_set_thread_name(const char *name);
