@@ -41,7 +41,13 @@ public final class LocalFolderStore: StreamingPutStore {
   }()
 
   /// Opens the store at `root`, creating the folder (mode 0700) if needed.
-  public init(root: URL) throws {
+  public convenience init(root: URL) throws {
+    try self.init(root: root, unnamedTemporaries: true)
+  }
+
+  /// Opens the store at `root`; with `unnamedTemporaries` false, new object files are written
+  /// under a name, as where the file system has no unnamed files (tests).
+  @_spi(Testing) public init(root: URL, unnamedTemporaries allowed: Bool) throws {
     _ = Self.sodiumReady
     self.root = root.standardizedFileURL
     var path = self.root.path
@@ -58,7 +64,7 @@ public final class LocalFolderStore: StreamingPutStore {
       let rc = Posix.mkdir(dir)
       if rc != 0 && rc != EEXIST { throw Posix.error("mkdir", dir, rc) }
     }
-    unnamedTemporaries = Self.canNameUnnamedFiles(in: tmpPath)
+    unnamedTemporaries = allowed && Self.canNameUnnamedFiles(in: tmpPath)
     cleanStaleTemporaries()
   }
 

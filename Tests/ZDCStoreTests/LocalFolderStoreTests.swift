@@ -214,6 +214,23 @@ struct LocalFolderStoreTests {
     _ = try LocalFolderStore(root: dir)
     #expect(try names() == [named.lastPathComponent])
     #expect(try store.listAll(prefix: "").map(\.key) == ["u/t/big"])
+
+    // Where files cannot be unnamed, they are written under a `w-` name (which a crash leaves
+    // until it is a day old), and the writes are the same.
+    try FileManager.default.removeItem(at: named)
+    let namedStore = try LocalFolderStore(root: dir, unnamedTemporaries: false)
+    #expect(!namedStore.unnamedTemporaries)
+    let again = try namedStore.put(key: "u/t/again", condition: .ifNoneMatch) { sink in
+      let piece = Data(repeating: 7, count: 1 << 20)
+      for _ in 0..<3 { try piece.withUnsafeBytes { try sink($0) } }
+      seenWhileWriting = try names()
+    }
+    #expect(again == eTag)
+    #expect(seenWhileWriting?.count == 1)
+    #expect(seenWhileWriting?.first?.hasPrefix("w-") == true)
+    _ = try namedStore.copy(from: "u/t/again", to: "u/t/copy", condition: .ifNoneMatch)
+    #expect(try namedStore.get(key: "u/t/copy") == Data(repeating: 7, count: 3 << 20))
+    #expect(try names() == [])
   }
 
   @Test func corruptObjectsAreReportedNotListed() throws {

@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 import ZDCCore
-import ZDCLocalStore
+@_spi(Testing) import ZDCLocalStore
 import ZDCS3Store
 import ZDCTestSupport
 
@@ -32,6 +32,14 @@ let allStoreFactories: [StoreFactory] = [
   StoreFactory(name: "LocalFolderStore") {
     let dir = try makeTemporaryDirectory()
     let store = try LocalFolderStore(root: dir.appendingPathComponent("store"))
+    return (store, { removeDirectory(dir) })
+  },
+  // The same, writing its new files under a name (as where the file system has no unnamed
+  // files).
+  StoreFactory(name: "LocalFolderStore (named temporary files)") {
+    let dir = try makeTemporaryDirectory()
+    let store = try LocalFolderStore(
+      root: dir.appendingPathComponent("store"), unnamedTemporaries: false)
     return (store, { removeDirectory(dir) })
   },
   // A fresh bucket on the suite's own moto_server (the `.motoServer` trait starts and stops it).
