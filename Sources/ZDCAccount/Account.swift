@@ -44,13 +44,21 @@ public final class Account: Sendable {
   public static let defaultTreeID = "zdcfs"
 
   /// Opens the store at a location (an S3 store with credentials from the environment or
-  /// profile).
-  public static func makeStore(_ location: StoreLocation) throws -> any CloudStore {
+  /// profile). `transfers`: how many uploads will run at once; an S3 store then allows that many
+  /// requests at once, and a few more for the downloads and listings beside them.
+  public static func makeStore(_ location: StoreLocation, transfers: Int? = nil) throws
+    -> any CloudStore
+  {
     switch location {
     case .localFolder(let path):
       return try LocalFolderStore(root: URL(fileURLWithPath: path))
     case .s3(let l):
-      return S3Store(configuration: try l.configuration())
+      var configuration = try l.configuration()
+      if let transfers {
+        configuration.transport.maxConcurrentRequests = max(
+          configuration.transport.maxConcurrentRequests, transfers + 2)
+      }
+      return S3Store(configuration: configuration)
     }
   }
 
@@ -156,8 +164,10 @@ public final class Account: Sendable {
       localPassphrase: sealLocal, localKDF: localKDF, deviceName: deviceName, treeID: treeID)
   }
 
-  /// Unlocks the account of a state directory.
-  public static func open(stateDirectory: StateDirectory, passphrase: String) throws -> Account {
+  /// Unlocks the account of a state directory (`transfers`: see ``makeStore(_:transfers:)``).
+  public static func open(
+    stateDirectory: StateDirectory, passphrase: String, transfers: Int? = nil
+  ) throws -> Account {
     guard stateDirectory.isInitialized else {
       throw AccountError.notInitialized(stateDirectory.url.path)
     }
@@ -168,7 +178,8 @@ public final class Account: Sendable {
     }
     return Account(
       stateDirectory: stateDirectory, config: config, keys: bundle,
-      store: try makeStore(config.store), catalog: try openCatalog(stateDirectory, config, bundle))
+      store: try makeStore(config.store, transfers: transfers),
+      catalog: try openCatalog(stateDirectory, config, bundle))
   }
 
   /// Which copies of the keys a passphrase change applies to.

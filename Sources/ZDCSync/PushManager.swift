@@ -52,9 +52,13 @@ public struct PushConfiguration: Sendable {
   /// before taking it over (that device may have stopped for good in the middle of its move).
   public var moveClaimLease: TimeInterval
 
+  /// ``maxConcurrentOperations`` by default.
+  public static let defaultConcurrentOperations = 6
+
   public init(
-    workDirectory: URL, maxConcurrentOperations: Int = 6, retryBase: TimeInterval = 1,
-    retryCap: TimeInterval = 60, multipartThreshold: UInt64 = 10 << 20, partSize: UInt64 = 8 << 20,
+    workDirectory: URL, maxConcurrentOperations: Int = defaultConcurrentOperations,
+    retryBase: TimeInterval = 1, retryCap: TimeInterval = 60, multipartThreshold: UInt64 = 10 << 20,
+    partSize: UInt64 = 8 << 20,
     streamLargeUploads: Bool = true,
     pollInterval: TimeInterval = 0.5, logBatchWindow: TimeInterval = 0.2,
     logBatchMaxEntries: Int = 500, promiseTimeout: TimeInterval = 60,

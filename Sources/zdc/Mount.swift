@@ -93,6 +93,14 @@ extension ZDC {
 
     @Option(
       help: ArgumentHelp(
+        "How many uploads (and other changes to the store) run at once, 1 to 64.",
+        discussion: "More help a store far away, where each object waits for its round trip "
+          + "(many small files to S3); an S3 store then also allows that many requests at once.",
+        valueName: "count"))
+    var transfers: Int = PushConfiguration.defaultConcurrentOperations
+
+    @Option(
+      help: ArgumentHelp(
         "While requests come in a burst, poll for the next one this many microseconds before "
           + "sleeping (0: never).",
         discussion: "A sequential workload (a copy, a build, a script) then finds a running "
@@ -134,6 +142,9 @@ extension ZDC {
     func validate() throws {
       if let pullInterval, !(pullInterval > 0) {
         throw ValidationError("--pull-interval takes a number of seconds above 0")
+      }
+      if !(1...64).contains(transfers) {
+        throw ValidationError("--transfers takes a count from 1 to 64")
       }
       if ioUringThreads > 64 {
         throw ValidationError("--io-uring-threads takes a count from 0 to 64")
@@ -229,6 +240,7 @@ extension ZDC {
       if let cacheSize { args += ["--cache-size", String(cacheSize)] }
       if let chunkShift { args += ["--chunk-shift", String(chunkShift)] }
       args += ["--upload-delay", String(uploadDelay)]
+      args += ["--transfers", String(transfers)]
       args += ["--busy-poll", String(busyPoll)]
       args += ["--io-uring-threads", String(ioUringThreads)]
       args += ["--readahead", String(readahead)]
@@ -267,7 +279,8 @@ extension ZDC {
         return h
       }
       let logger = Logger(label: "zdc.mount")
-      let account = try Account.open(stateDirectory: stateDirectory, passphrase: passphrase)
+      let account = try Account.open(
+        stateDirectory: stateDirectory, passphrase: passphrase, transfers: transfers)
       if case .s3(let l) = account.config.store, l.unconditionalWritesAccepted == true {
         logger.warning(
           "the store does not honour conditional writes: changes made on two devices at once may overwrite each other"
@@ -357,7 +370,8 @@ extension ZDC {
           try SyncEngine(
             catalog: catalog, store: store, account: syncAccount, delegate: delegate,
             push: PushConfiguration(
-              workDirectory: work, settleDelay: max(0, uploadDelay), workerNice: 10,
+              workDirectory: work, maxConcurrentOperations: transfers,
+              settleDelay: max(0, uploadDelay), workerNice: 10,
               activity: fs.activity),
             pull: pullConfiguration,
             progress: progress)

@@ -235,3 +235,14 @@ extension IoUringMountTests {
     #expect(!created)
   }
 }
+
+/// `--transfers` outside 1…64 is refused before anything is created.
+@Suite struct TransfersOptionTests {
+  @Test(arguments: ["0", "65", "many"])
+  func aCountOutOfRangeIsRefused(count: String) throws {
+    let (r, created) = try MountFixture.mountWithBadOption(["--transfers", count])
+    #expect(r.status == 64)
+    #expect(r.stderr.contains("--transfers"), "\(r.stderr)")
+    #expect(!created)
+  }
+}

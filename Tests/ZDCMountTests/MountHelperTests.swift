@@ -75,7 +75,7 @@ import ZDCTestSupport
       URL(fileURLWithPath: "/bin/sh"),
       [
         Self.helper.path, a.state.path, a.mnt.path, "-o",
-        a.options + ",cache_size=64M,io_uring_threads=3",
+        a.options + ",cache_size=64M,io_uring_threads=3,transfers=9",
       ])
     let pid = a.daemonPID
     defer { a.cleanUp(pid) }
@@ -84,10 +84,13 @@ import ZDCTestSupport
     #expect(line.split(separator: " ")[2] == "fuse.zdc")
     #expect(line.contains("nosuid") && line.contains("nodev"))
     // zdcfs's own option went to `zdc mount`, not to FUSE.
-    #expect(!line.contains("cache_size") && !line.contains("io_uring"))
+    #expect(
+      !line.contains("cache_size") && !line.contains("io_uring") && !line.contains("transfers"))
     let daemon = ProcFile.text("/proc/\(try #require(pid))/cmdline")
       .split(separator: "\0").map(String.init)
     #expect(daemon.contains("--io-uring-threads") && daemon.contains("3"), "\(daemon)")
+    #expect(
+      zip(daemon, daemon.dropFirst()).contains { $0 == "--transfers" && $1 == "9" }, "\(daemon)")
     let status = try runProcess(
       a.zdc, ["status", "--json"], environment: ["ZDC_STATE_DIR": a.state.path])
     let obj = try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any]

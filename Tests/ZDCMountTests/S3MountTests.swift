@@ -78,6 +78,27 @@ import ZDCTestSupport
       devices: [a, b])
   }
 
+  /// `zdc mount --transfers 12` runs twelve uploads at once, and the S3 store lets them all
+  /// through (its transport allowed 8 requests at once, and the push 6 uploads, before).
+  @Test func transfersSetHowManyUploadsRunAtOnce() throws {
+    let dir = try TemporaryDirectory("zdc-s3-transfers")
+    defer { SyncMountTests.expectNoFuseMounts(under: dir) }
+    let server = try MotoServer.require()
+    let store = try MountStore.s3()
+    let proxy = try FaultProxy(upstreamPort: server.port)
+    defer { proxy.stop() }
+    let a = try SyncDevice(
+      "devA", in: dir, store: store, join: false,
+      mountArguments: ["--pull-interval", "3600", "--upload-delay", "0", "--transfers", "12"],
+      endpoint: proxy.endpoint)
+    defer { a.unmount(wait: false) }
+    try a.sh("mkdir d && for i in $(seq 1 60); do echo \"file $i\" > d/f$i; done")
+    try a.sync(timeout: 300)
+    #expect(proxy.maxConcurrentRequests > 8, "at most \(proxy.maxConcurrentRequests) at once")
+    #expect(proxy.maxConcurrentRequests <= 14, "at most \(proxy.maxConcurrentRequests) at once")
+    #expect(try a.sh("cat d/f60").stdout == "file 60\n")
+  }
+
   /// A 1 GiB file written through the mount goes up in parts; the daemon is killed (`kill -9`)
   /// in the middle; after a remount the upload resumes without sending a finished part again
   /// (counted by a proxy in front of moto); a second device reads the same bytes back.
