@@ -109,6 +109,11 @@ public final class PushManager: @unchecked Sendable {
   /// ``PushConfiguration/maxDeferral`` last found none.
   private var lastBusySearch = Date.distantPast
   private var lastProgressCount = Date.distantPast
+  private var failedAttempts = 0
+
+  /// How many times an operation has failed (and gone back to wait for a retry) since the
+  /// manager started: while it grows and nothing completes, the store is not taking uploads.
+  public var failures: Int { cond.withLock { failedAttempts } }
   private let logQueue = DispatchQueue(label: "zdc.push.changelog")
   private var logScheduled = false
   private var logFailures = 0
@@ -463,6 +468,7 @@ public final class PushManager: @unchecked Sendable {
     default:
       break
     }
+    if !immediate { cond.withLock { failedAttempts += 1 } }
     let attempts = immediate ? 0 : job.op.attempts
     let delay =
       immediate ? 0 : min(config.retryCap, config.retryBase * pow(2, Double(min(attempts, 30))))

@@ -83,6 +83,11 @@ extension ZDC {
     @Option(help: .hidden)
     var chunkShift: UInt8?
 
+    /// After an unmount, how long uploads may go without progress while they keep failing
+    /// before the process leaves them queued for the next mount (tests shorten it).
+    @Option(help: .hidden)
+    var drainStall: Double = 60
+
     @Option(
       help: ArgumentHelp(
         "Start uploading a file once it has been left alone this many seconds.",
@@ -239,6 +244,7 @@ extension ZDC {
       if let pullInterval { args += ["--pull-interval", String(pullInterval)] }
       if let cacheSize { args += ["--cache-size", String(cacheSize)] }
       if let chunkShift { args += ["--chunk-shift", String(chunkShift)] }
+      args += ["--drain-stall", String(drainStall)]
       args += ["--upload-delay", String(uploadDelay)]
       args += ["--transfers", String(transfers)]
       args += ["--busy-poll", String(busyPoll)]
@@ -329,7 +335,7 @@ extension ZDC {
         logger.error("could not commit the last changes: \(error)")
       }
       control.setDraining(true)
-      let drained = sync.drain(timeout: 3600) { items, bytes in
+      let drained = sync.drain(timeout: 3600, stall: drainStall) { items, bytes in
         logger.debug("waiting for uploads: \(items) items, \(bytes) bytes")
       }
       if !drained { logger.info("uploads left queued for the next mount") }

@@ -6,16 +6,18 @@ import ZDCSync
 ///
 /// `zdc mount` starts it with the engine's delegate, the control socket's `sync` command calls
 /// ``syncNow(timeout:)``, `status` reads ``progress``, and unmount calls
-/// ``drain(timeout:progress:)`` before the process exits.
+/// ``drain(timeout:stall:progress:)`` before the process exits.
 protocol MountSyncHooks: AnyObject, Sendable {
   /// Starts pushing and pulling with this delegate.
   func start(delegate: FileSystemSyncDelegate) throws
   /// Pushes everything ready and pulls (`zdc sync`); true when in sync before `timeout`.
   func syncNow(timeout: TimeInterval) throws -> Bool
-  /// Waits until the push queue is empty, `timeout` passes or ``cancelDrain()`` is called;
-  /// reports (items, bytes) left about twice a second. True when the queue is empty.
-  func drain(timeout: TimeInterval, progress: (Int, UInt64) -> Void) -> Bool
-  /// Makes a running or later ``drain(timeout:progress:)`` return at once.
+  /// Waits until the push queue is empty, `timeout` passes, ``cancelDrain()`` is called, or
+  /// the uploads stall: nothing completes and no byte goes up for `stall` seconds while
+  /// operations keep failing (the store is unreachable). Reports (items, bytes) left about
+  /// twice a second. True when the queue is empty.
+  func drain(timeout: TimeInterval, stall: TimeInterval, progress: (Int, UInt64) -> Void) -> Bool
+  /// Makes a running or later ``drain(timeout:stall:progress:)`` return at once.
   func cancelDrain()
   /// Stops both managers; what is left stays queued for the next mount.
   func stop()
@@ -56,14 +58,28 @@ final class EngineSyncHooks: MountSyncHooks, @unchecked Sendable {
     return try e.syncNow(timeout: timeout)
   }
 
-  func drain(timeout: TimeInterval, progress: (Int, UInt64) -> Void) -> Bool {
+  func drain(timeout: TimeInterval, stall: TimeInterval, progress: (Int, UInt64) -> Void) -> Bool {
     guard let e = lock.withLock({ engine }) else { return false }
     let deadline = Date().addingTimeInterval(timeout)
+    // The last progress seen (items done, bytes up), when, and the failures until then.
+    func made() -> (Int, UInt64) {
+      let p = tracker.snapshot.push
+      return (p.doneItems, p.doneBytes + p.inFlightDoneBytes)
+    }
+    var last = made()
+    var lastAt = Date()
+    var failuresThen = e.push.failures
     while true {
       if e.push.waitUntilIdle(timeout: min(0.5, max(0, deadline.timeIntervalSinceNow))) {
         return true
       }
       if lock.withLock({ drainCancelled }) || Date() >= deadline { return false }
+      let now = made()
+      if now != last {
+        (last, lastAt, failuresThen) = (now, Date(), e.push.failures)
+      } else if e.push.failures > failuresThen, Date().timeIntervalSince(lastAt) >= stall {
+        return false
+      }
       let (items, bytes) = pendingCount()
       progress(items, bytes)
     }

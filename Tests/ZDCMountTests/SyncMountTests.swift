@@ -684,6 +684,48 @@ final class SyncDevice: @unchecked Sendable {
     #expect(try Data(contentsOf: b.file("late.bin")) == content)
   }
 
+  /// Unmounted from outside (`fusermount3 -u`, as a file manager does) while its store takes
+  /// no uploads, the process does not linger for the hour it would wait for uploads that make
+  /// progress: once they have failed without progress for `--drain-stall` seconds it leaves
+  /// them queued and exits (so the account can be mounted again), and the next mount uploads
+  /// them.
+  @Test func unmountedWithTheStoreGoneItLeavesUploadsQueuedAndExits() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let a = try SyncDevice(
+      "devA", in: dir, store: store, join: false,
+      mountArguments: ["--pull-interval", "3600", "--upload-delay", "600", "--drain-stall", "2"])
+    defer { a.unmount(wait: false) }
+    let pid = try #require(a.pid)
+    // The store's folder is replaced by a file: uploads cannot finish.
+    let aside = dir.path("store-aside")
+    try FileManager.default.moveItem(at: store, to: aside)
+    try Data("not a store".utf8).write(to: store)
+    let content = try Self.random(50_000) + Self.marker("stalled")
+    try content.write(to: a.file("stalled.bin"))
+    let started = Date()
+    let r = try runProcess(URL(fileURLWithPath: "/bin/fusermount3"), ["-u", a.mnt.path])
+    #expect(r.status == 0, "\(r.stderr)")
+    for _ in 0..<600 where SyncDevice.isAlive(pid) { usleep(50_000) }
+    #expect(!SyncDevice.isAlive(pid), "the process still waits for its uploads")
+    #expect(Date().timeIntervalSince(started) < 25)
+    a.pid = nil
+    #expect(
+      try String(contentsOf: a.state.appendingPathComponent("mount.log"), encoding: .utf8)
+        .contains("uploads left queued for the next mount"))
+
+    // With the store back, the next mount uploads it.
+    try FileManager.default.removeItem(at: store)
+    try FileManager.default.moveItem(at: aside, to: store)
+    try a.mount()
+    try a.sync()
+    let b = try SyncDevice("devB", in: dir, store: store, join: true)
+    defer { b.unmount(wait: false) }
+    try b.sync()
+    #expect(try Data(contentsOf: b.file("stalled.bin")) == content)
+  }
+
   @Test func unmountShowsWhatItWaitsForAndNoWaitStopsWaiting() throws {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
