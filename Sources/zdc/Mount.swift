@@ -99,8 +99,9 @@ extension ZDC {
     @Option(
       help: ArgumentHelp(
         "How many uploads (and other changes to the store) run at once, 1 to 64.",
-        discussion: "More help a store far away, where each object waits for its round trip "
-          + "(many small files to S3); an S3 store then also allows that many requests at once.",
+        discussion: "More of them speed up uploads to a store far away, where each object waits "
+          + "for its own round trip (many small files to S3); an S3 store then also allows that "
+          + "many requests at once.",
         valueName: "count"))
     var transfers: Int = PushConfiguration.defaultConcurrentOperations
 
