@@ -225,24 +225,17 @@ extension IoUringMountTests {
   }
 }
 
-/// `--io-uring-threads` outside 0…64 is refused before anything is created.
-@Suite struct IoUringOptionTests {
-  @Test(arguments: ["65", "-1", "two"])
-  func aCountOutOfRangeIsRefused(count: String) throws {
-    let (r, created) = try MountFixture.mountWithBadOption(["--io-uring-threads", count])
+/// Counts outside their range (`--io-uring-threads` 0…64, `--transfers` 1…64) are refused
+/// before anything is created.
+@Suite struct MountCountOptionTests {
+  @Test(arguments: [
+    ("--io-uring-threads", "65"), ("--io-uring-threads", "-1"), ("--io-uring-threads", "two"),
+    ("--transfers", "0"), ("--transfers", "65"), ("--transfers", "many"),
+  ])
+  func aCountOutOfRangeIsRefused(option: String, count: String) throws {
+    let (r, created) = try MountFixture.mountWithBadOption([option, count])
     #expect(r.status == 64)
-    #expect(r.stderr.contains("--io-uring-threads"), "\(r.stderr)")
-    #expect(!created)
-  }
-}
-
-/// `--transfers` outside 1…64 is refused before anything is created.
-@Suite struct TransfersOptionTests {
-  @Test(arguments: ["0", "65", "many"])
-  func aCountOutOfRangeIsRefused(count: String) throws {
-    let (r, created) = try MountFixture.mountWithBadOption(["--transfers", count])
-    #expect(r.status == 64)
-    #expect(r.stderr.contains("--transfers"), "\(r.stderr)")
+    #expect(r.stderr.contains(option), "\(r.stderr)")
     #expect(!created)
   }
 }

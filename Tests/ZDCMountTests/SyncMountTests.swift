@@ -698,10 +698,7 @@ final class SyncDevice: @unchecked Sendable {
       mountArguments: ["--pull-interval", "3600", "--upload-delay", "600", "--drain-stall", "2"])
     defer { a.unmount(wait: false) }
     let pid = try #require(a.pid)
-    // The store's folder is replaced by a file: uploads cannot finish.
-    let aside = dir.path("store-aside")
-    try FileManager.default.moveItem(at: store, to: aside)
-    try Data("not a store".utf8).write(to: store)
+    let aside = try Self.takeAway(store, in: dir)
     let content = try Self.random(50_000) + Self.marker("stalled")
     try content.write(to: a.file("stalled.bin"))
     let started = Date()
@@ -715,7 +712,23 @@ final class SyncDevice: @unchecked Sendable {
       try String(contentsOf: a.state.appendingPathComponent("mount.log"), encoding: .utf8)
         .contains("uploads left queued for the next mount"))
 
-    // With the store back, the next mount uploads it.
+    try Self.bringBack(store, from: aside, thenRemount: a, in: dir, expect: "stalled.bin", content)
+  }
+
+  /// Replaces the store's folder by a file (uploads cannot finish); returns where it went.
+  static func takeAway(_ store: URL, in dir: TemporaryDirectory) throws -> URL {
+    let aside = dir.path("store-aside")
+    try FileManager.default.moveItem(at: store, to: aside)
+    try Data("not a store".utf8).write(to: store)
+    return aside
+  }
+
+  /// Puts the store's folder back (see ``takeAway(_:in:)``), mounts `a` again, and checks that
+  /// its queued upload of `name` reaches a second device with `content`.
+  static func bringBack(
+    _ store: URL, from aside: URL, thenRemount a: SyncDevice, in dir: TemporaryDirectory,
+    expect name: String, _ content: Data
+  ) throws {
     try FileManager.default.removeItem(at: store)
     try FileManager.default.moveItem(at: aside, to: store)
     try a.mount()
@@ -723,7 +736,7 @@ final class SyncDevice: @unchecked Sendable {
     let b = try SyncDevice("devB", in: dir, store: store, join: true)
     defer { b.unmount(wait: false) }
     try b.sync()
-    #expect(try Data(contentsOf: b.file("stalled.bin")) == content)
+    #expect(try Data(contentsOf: b.file(name)) == content)
   }
 
   @Test func unmountShowsWhatItWaitsForAndNoWaitStopsWaiting() throws {
@@ -732,10 +745,7 @@ final class SyncDevice: @unchecked Sendable {
     let store = dir.path("store")
     let a = try SyncDevice("devA", in: dir, store: store, join: false)
     defer { a.unmount(wait: false) }
-    // The store's folder is replaced by a file: uploads cannot finish.
-    let aside = dir.path("store-aside")
-    try FileManager.default.moveItem(at: store, to: aside)
-    try Data("not a store".utf8).write(to: store)
+    let aside = try Self.takeAway(store, in: dir)
     let content = try Self.random(50_000) + Self.marker("waiting")
     try content.write(to: a.file("waiting.bin"))
     let out = dir.path("unmount.out")
@@ -761,15 +771,7 @@ final class SyncDevice: @unchecked Sendable {
       #expect(!SyncDevice.isAlive(pid))
     }
     #expect(try a.run(["status"]).stdout.contains("Not mounted."))
-
-    try FileManager.default.removeItem(at: store)
-    try FileManager.default.moveItem(at: aside, to: store)
-    try a.mount()
-    try a.sync()
-    let b = try SyncDevice("devB", in: dir, store: store, join: true)
-    defer { b.unmount(wait: false) }
-    try b.sync()
-    #expect(try Data(contentsOf: b.file("waiting.bin")) == content)
+    try Self.bringBack(store, from: aside, thenRemount: a, in: dir, expect: "waiting.bin", content)
   }
 
   /// On a terminal (a pty from script(1)), `zdc unmount` draws a progress bar in place.
@@ -780,8 +782,7 @@ final class SyncDevice: @unchecked Sendable {
     let a = try SyncDevice("devA", in: dir, store: store, join: false)
     defer { a.unmount(wait: false) }
     // Uploads cannot finish while the store's folder is a file.
-    try FileManager.default.moveItem(at: store, to: dir.path("store-aside"))
-    try Data("not a store".utf8).write(to: store)
+    _ = try Self.takeAway(store, in: dir)
     try Self.random(80_000).write(to: a.file("big.bin"))
     let typescript = dir.path("typescript")
     let waiting = try ChildProcess(
@@ -895,9 +896,7 @@ final class SyncDevice: @unchecked Sendable {
     let a = try SyncDevice("devA", in: dir, store: store, join: false)
     defer { a.unmount(wait: false) }
     // The store's folder is replaced by a file: every request fails.
-    let aside = dir.path("store-aside")
-    try FileManager.default.moveItem(at: store, to: aside)
-    try Data("not a store".utf8).write(to: store)
+    let aside = try Self.takeAway(store, in: dir)
     try Data("x\n".utf8).write(to: a.file("stuck.txt"))
     let r = try a.run(["sync", "--timeout", "3"])
     #expect(r.status != 0, "\(r.stdout)")
