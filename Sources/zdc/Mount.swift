@@ -409,14 +409,15 @@ extension ZDC {
     func run() throws {
       try runReportingErrors {
         let mp = URL(fileURLWithPath: mountpoint).standardizedFileURL.path
-        let sock = Self.stateDirectory(of: mp, given: state)
-          .appendingPathComponent("control.sock").path
+        let dir = Self.stateDirectory(of: mp, given: state)
+        let sock = dir.appendingPathComponent("control.sock").path
         let before = ControlClient.status(socketPath: sock)
         let server = (before?["pid"] as? Int).map { pid_t($0) }
         if before?["sync"] as? String == "draining" {
           // Already gone from the kernel and uploading: only wait (or stop waiting).
           waitForServer(sock, pid: server)
           print("Unmounted \(mp).")
+          reportQueued(dir)
           return
         }
         let p = Process()
@@ -441,7 +442,15 @@ extension ZDC {
         }
         waitForServer(sock, pid: server)
         print("Unmounted \(mp).")
+        reportQueued(dir)
       }
+    }
+
+    /// Says how many uploads the server left queued for the next mount (`--no-wait`, or a store
+    /// that stopped taking them), if any; not with `--lazy`, whose server may still be at work.
+    func reportQueued(_ dir: URL) {
+      guard !lazy, let count = queuedUploads(StateDirectory(url: dir)), count > 0 else { return }
+      print("Pending uploads left queued for the next mount: \(count) items.")
     }
 
     /// The state directory of the mount at `mountpoint`: the one the mount recorded as its
@@ -527,12 +536,7 @@ extension ZDC {
         let sock = state.stateDirectory.url.appendingPathComponent("control.sock").path
         guard let answer = ControlClient.request(socketPath: sock, command: "status") else {
           print("Not mounted.")
-          // The catalog needs no key: report what waits for upload.
-          let dir = state.stateDirectory
-          if dir.isInitialized, let config = try? Account.readConfig(dir),
-            let catalog = try? Catalog(path: dir.catalogURL.path),
-            let count = try? catalog.read(config.userID, { try $0.operationCount() })
-          {
+          if let count = queuedUploads(state.stateDirectory) {
             print("Pending uploads: \(count) items.")
           }
           return
@@ -602,4 +606,13 @@ extension FileHandle {
   func writeIgnoringErrors(_ data: Data) {
     try? write(contentsOf: data)
   }
+}
+
+/// How many uploads wait in the catalog of an account that is not mounted (the catalog needs no
+/// key), or nil when it cannot be read.
+func queuedUploads(_ dir: StateDirectory) -> Int? {
+  guard dir.isInitialized, let config = try? Account.readConfig(dir),
+    let catalog = try? Catalog(path: dir.catalogURL.path)
+  else { return nil }
+  return try? catalog.read(config.userID, { try $0.operationCount() })
 }

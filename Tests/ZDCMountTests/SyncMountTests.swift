@@ -620,6 +620,7 @@ final class SyncDevice: @unchecked Sendable {
     for (name, data) in files { try data.write(to: a.file(name)) }
     let r = try #require(a.unmount())
     #expect(r.status == 0, "\(r.stdout) \(r.stderr)")
+    #expect(!r.stdout.contains("left queued"), "\(r.stdout)")
     #expect(Self.dataObjects(store).count >= files.count)
     // What was uploaded left staging for the cache (it is not downloaded again).
     #expect(a.stagedFiles == [], "\(a.stagedFiles)")
@@ -766,6 +767,10 @@ final class SyncDevice: @unchecked Sendable {
     for _ in 0..<100 where waiting.isRunning { usleep(100_000) }
     #expect(!waiting.isRunning)
     #expect(waiting.wait() == 0)
+    // Both say what they left for the next mount.
+    #expect(r.stdout.contains("left queued for the next mount: 2 items"), "\(r.stdout)")
+    text = (try? String(contentsOf: out, encoding: .utf8)) ?? ""
+    #expect(text.contains("left queued for the next mount: 2 items"), "\(text)")
     if let pid = a.pid {
       for _ in 0..<100 where SyncDevice.isAlive(pid) { usleep(100_000) }
       #expect(!SyncDevice.isAlive(pid))
