@@ -74,9 +74,7 @@ public final class LocalFolderStore: StreamingPutStore {
     guard fd >= 0 else { return false }
     defer { Posix.close(fd) }
     let probe = "\(directory)/\(TempObject.namedForRenamePrefix)probe-\(Posix.randomHex(8))"
-    guard linkat(AT_FDCWD, "/proc/self/fd/\(fd)", AT_FDCWD, probe, AT_SYMLINK_FOLLOW) == 0 else {
-      return false
-    }
+    guard Posix.link(openFile: fd, to: probe) == 0 else { return false }
     unlink(probe)
     return true
   }

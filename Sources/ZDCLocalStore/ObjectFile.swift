@@ -101,8 +101,7 @@ func streamFile(
 /// (``name()``, an `l-` name) just before the rename, and its writer holds an exclusive `flock`
 /// on it from the start, so that a name left by a writer that died in between is one nobody
 /// locks: the next open of the store removes it (``LocalFolderStore/cleanStaleTemporaries()``).
-/// Elsewhere the file is written under a `w-` name, locked the same way, and left by a crash
-/// until it is a day old.
+/// Elsewhere the file is written under a `w-` name, which a crash leaves until it is a day old.
 final class TempObject {
   /// The file's name, once it has one.
   private(set) var path: String?
@@ -120,27 +119,22 @@ final class TempObject {
 
   init(directory: String, store: LocalFolderStore) throws {
     self.directory = directory
-    if store.unnamedTemporaries {
-      var fd = zdc_open_tmpfile(directory)
-      if fd == -ENOENT {
-        try store.makeDirectoryBelowRoot(directory)
-        fd = zdc_open_tmpfile(directory)
-      }
-      guard fd >= 0 else { throw Posix.error("create", directory, -fd) }
-      self.fd = fd
-    } else {
-      let path = "\(directory)/\(Self.writtenNamedPrefix)\(Posix.randomHex(12))"
-      var fd = Posix.open(path, O_RDWR | O_CREAT | O_EXCL)
-      if fd == -ENOENT {
-        try store.makeDirectoryBelowRoot(directory)
-        fd = Posix.open(path, O_RDWR | O_CREAT | O_EXCL)
-      }
-      guard fd >= 0 else { throw Posix.error("create", path, -fd) }
-      self.fd = fd
-      self.path = path
+    let unnamed = store.unnamedTemporaries
+    let path = unnamed ? nil : "\(directory)/\(Self.writtenNamedPrefix)\(Posix.randomHex(12))"
+    func create() -> Int32 {
+      guard let path else { return zdc_open_tmpfile(directory) }
+      return Posix.open(path, O_RDWR | O_CREAT | O_EXCL)
     }
-    // Only a marker for the cleanup: a file system without `flock` leaves it to the file's age.
-    _ = flock(fd, LOCK_EX | LOCK_NB)
+    var fd = create()
+    if fd == -ENOENT {
+      try store.makeDirectoryBelowRoot(directory)
+      fd = create()
+    }
+    guard fd >= 0 else { throw Posix.error("create", path ?? directory, -fd) }
+    self.fd = fd
+    self.path = path
+    // Held until the file is renamed or dropped: it tells the cleanup the name it gets is live.
+    if unnamed { _ = flock(fd, LOCK_EX | LOCK_NB) }
   }
 
   /// A temporary name for the object file open at `source` (a hard link to it, through
@@ -151,13 +145,12 @@ final class TempObject {
     self.directory = directory
     while flock(source, LOCK_SH) != 0 && errno == EINTR {}
     let path = "\(directory)/\(Self.namedForRenamePrefix)\(Posix.randomHex(12))"
-    let origin = "/proc/self/fd/\(source)"
-    var rc = linkat(AT_FDCWD, origin, AT_FDCWD, path, AT_SYMLINK_FOLLOW)
-    if rc != 0, errno == ENOENT, Posix.isDirectory(directory) != true {
+    var rc = Posix.link(openFile: source, to: path)
+    if rc == ENOENT, Posix.isDirectory(directory) != true {
       try store.makeDirectoryBelowRoot(directory)
-      rc = linkat(AT_FDCWD, origin, AT_FDCWD, path, AT_SYMLINK_FOLLOW)
+      rc = Posix.link(openFile: source, to: path)
     }
-    guard rc == 0 else { throw Posix.error("link", path, errno) }
+    guard rc == 0 else { throw Posix.error("link", path, rc) }
     self.path = path
     fd = -1
   }
@@ -168,12 +161,15 @@ final class TempObject {
     if fd >= 0 { Posix.close(fd) }
   }
 
+  /// The file's name, or its folder while it has none (for error messages).
+  private var label: String { path ?? directory }
+
   /// Content size so far.
   var size: UInt64 { offset - UInt64(ObjectFile.headerSize) }
 
   /// Appends content.
   func append(_ bytes: UnsafeRawBufferPointer) throws {
-    try Posix.pwrite(fd, bytes, offset, path: path ?? directory)
+    try Posix.pwrite(fd, bytes, offset, path: label)
     hasher.update(bytes)
     offset += UInt64(bytes.count)
   }
@@ -183,9 +179,9 @@ final class TempObject {
   func finish() throws -> String {
     let eTag = hasher.finish()
     try ObjectFile.header(eTag: eTag).withUnsafeBytes {
-      try Posix.pwrite(fd, $0, 0, path: path ?? directory)
+      try Posix.pwrite(fd, $0, 0, path: label)
     }
-    try Posix.fsync(fd, path: path ?? directory)
+    try Posix.fsync(fd, path: label)
     return eTag
   }
 
@@ -194,9 +190,8 @@ final class TempObject {
   func name() throws -> String {
     if let path { return path }
     let named = "\(directory)/\(Self.namedForRenamePrefix)\(Posix.randomHex(12))"
-    guard linkat(AT_FDCWD, "/proc/self/fd/\(fd)", AT_FDCWD, named, AT_SYMLINK_FOLLOW) == 0 else {
-      throw Posix.error("link", named, errno)
-    }
+    let rc = Posix.link(openFile: fd, to: named)
+    guard rc == 0 else { throw Posix.error("link", named, rc) }
     path = named
     return named
   }

@@ -84,6 +84,12 @@ enum Posix {
     close(fd)
   }
 
+  /// Gives the file open at `fd` (an unnamed one too) another name, `path` (`linkat(2)` of
+  /// `/proc/self/fd/N`); returns 0 or the errno.
+  static func link(openFile fd: Int32, to path: String) -> Int32 {
+    linkat(AT_FDCWD, "/proc/self/fd/\(fd)", AT_FDCWD, path, AT_SYMLINK_FOLLOW) == 0 ? 0 : errno
+  }
+
   /// `fstat(2)`.
   static func fstat(_ fd: Int32, path: String) throws -> stat {
     var st = stat()

@@ -920,6 +920,11 @@ struct PushExecutor {
     }
   }
 
+  /// The DATA upload of `node` is over: its progress entry goes.
+  private func endUploadReport(of node: Node) {
+    context.progress.update { p in p.operations.removeAll { $0.nodeID == node.id } }
+  }
+
   /// Uploads a large DATA object to a store that writes it as it is encoded (the local folder):
   /// one pass, no work file and no parts for the store to copy together. It gives way to the
   /// user between its chunks and, as an upload in parts does between parts, starts over when
@@ -965,7 +970,7 @@ struct PushExecutor {
           done += UInt64(piece.count)
         }
       }
-      context.progress.update { p in p.operations.removeAll { $0.nodeID == node.id } }
+      endUploadReport(of: node)
       return eTag
     }
     do {
@@ -1094,7 +1099,7 @@ struct PushExecutor {
     try? FileManager.default.removeItem(at: url)
     state.multipart = nil
     try saveState(state)
-    context.progress.update { p in p.operations.removeAll { $0.nodeID == node.id } }
+    endUploadReport(of: node)
     return eTag
   }
 
