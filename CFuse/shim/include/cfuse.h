@@ -79,16 +79,16 @@ int zdc_fuse_session_install_device_io(struct fuse_session *se);
 
 /// Busy polling of the device by the session's device I/O (installed by
 /// zdc_fuse_session_install_device_io): while the previous request came in less than a
-/// millisecond ago (and the last one answered took its thread less than 80 us: not a read that
-/// waited for the disk), the worker thread that reads the device polls for the next request
+/// millisecond ago (and the last one answered took its thread less than 80 us and did not end
+/// a run of reads), the worker thread that reads the device polls for the next request
 /// for up to `microseconds`, yielding between polls, before it blocks (0, the default, turns
 /// it off). Sequential workloads then find a running thread on a running CPU instead of waking
 /// a sleeping one.
 ///
 /// With polling on, the other workers wait off the device instead of sleeping in read(2) (the
 /// kernel would wake one of them for each request, and it would take the request from the
-/// poller): one thread reads the device while a burst goes on, and at most two while none
-/// does. A worker that has read a request which may take long (see
+/// poller): one thread reads the device while a burst goes on, at most two while none does,
+/// and every idle worker during a run of reads. A worker that has read a request which may take long (see
 /// zdc_fuse_request_may_take_long), or with more requests waiting, hands the device on to a
 /// waiting worker; after a short one it reads the next request itself, so a sequential
 /// program's requests are read and answered by one running thread. A waiting worker takes the
@@ -99,6 +99,13 @@ void zdc_fuse_set_busy_poll(unsigned int microseconds);
 /// Reads one request from the FUSE device `fd` into `buf` the way the session's workers do
 /// (polling and taking turns as zdc_fuse_set_busy_poll says); what read(2) returns.
 ssize_t zdc_fuse_read_request(int fd, void *buf, size_t len);
+
+/// Writes an answer to the FUSE device `fd` the way the session's workers do (what the thread
+/// that read its request notes for zdc_fuse_set_busy_poll); what writev(2) returns.
+ssize_t zdc_fuse_write_answer(int fd, struct iovec *iov, int count);
+
+/// Whether the device's reader would poll before it blocks now (zdc_fuse_set_busy_poll). 1 or 0.
+int zdc_fuse_polling_wanted(void);
 
 /// Whether a request (FUSE opcode, total length in bytes) may keep the worker serving it long
 /// enough to keep other requests waiting: data transfers past 64 KiB, reads (the disk, the
