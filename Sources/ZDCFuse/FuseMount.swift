@@ -132,7 +132,7 @@ public final class FuseMount: @unchecked Sendable {
   /// The other workers meanwhile wait off the device (the kernel would wake one of them per
   /// request, and it would take the request from the poller); the reader hands the device on
   /// before serving a request that may take long, and after a short one reads the next itself.
-  /// Outside bursts nothing polls.
+  /// Outside bursts, and during a run of reads, nothing polls.
   /// With `ioUringThreads` > 0, the mount takes the kernel's offer of FUSE over io_uring (made
   /// when the `fuse` module's `enable_uring` parameter is on): requests then come through one
   /// ring queue per CPU, served by a thread pinned to that CPU, so that a request is served on

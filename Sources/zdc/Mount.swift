@@ -114,7 +114,7 @@ extension ZDC {
           + "as much as the request itself. The polling thread yields to any other thread that "
           + "wants its CPU, and the server's other threads wait off the device meanwhile; "
           + "nothing polls while the mount is idle, after a request that waited for the disk, "
-          + "or on a single CPU.",
+          + "during a run of reads, or on a single CPU.",
         valueName: "microseconds"))
     var busyPoll: UInt32 = 200
 

@@ -157,7 +157,7 @@ import ZDCTestSupport
     var afterOneRead = 0
     var afterTwoReads = 0
     var afterThreeReads = 0
-    for _ in 0..<50 {
+    for _ in 0..<100 {
       afterLookup += polls(after: Self.lookup)
       afterOneRead += polls(after: Self.read)
       afterTwoReads += polls(after: Self.read)
