@@ -169,10 +169,11 @@ static void note_request(const void *buf, ssize_t n) {
 // queue. When nobody polls (the mount is idle, or its requests wait for the disk), up to
 // classic_readers threads sleep in read(2) and the rest wait here; during a run of reads, every
 // thread that is not busy does (outside the roles, see reader_enter), so that a thread that
-// reads a request which may take long leaves others on the device and wakes none. (With at most two there, the thread that had
-// answered the previous read was seldom back in read(2) when the next came, and each of fio's
-// random reads woke a waiting thread: 30 us each instead of 22-24 us.) The requests after the
-// run then find them there, and each takes one before it waits here.
+// reads a request which may take long leaves others on the device and wakes none. (With at
+// most two there, the thread that had answered the previous read was seldom back in read(2)
+// when the next came, and each of fio's random reads woke a waiting thread: 30 us each instead
+// of 22-24 us.) The requests after the run then find them there, and each takes one before it
+// waits here.
 //
 // A thread gives the seat up when it has read a request. If the request may take long (much
 // data, the disk, the network) or more requests wait, and no other thread sleeps in read(2),
@@ -280,8 +281,8 @@ static int reader_enter(void) {
   // During a run of reads a thread reads as it would with polling off, outside the roles'
   // bookkeeping (taking and leaving a role cost about 1.5 us of each cached 4 KiB read: 23.7
   // against 22.1 us, eight interleaved pairs). Uncounted, such readers add to those the others
-  // see on the device and never stand in for one: a waiting thread still goes to the device
-  // when it finds nobody counted there, at the latest after reader_takeover_ns.
+  // see on the device and never stand in for one: the standby still goes to the device when
+  // it finds nobody counted there, at its next check (reader_check_ns).
   if (in_read_run()) return READER_ALONE;
   int polling = polling_wanted();
   pthread_mutex_lock(&reader_lock);
