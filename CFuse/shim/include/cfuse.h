@@ -88,11 +88,12 @@ int zdc_fuse_session_install_device_io(struct fuse_session *se);
 /// With polling on, the other workers wait off the device instead of sleeping in read(2) (the
 /// kernel would wake one of them for each request, and it would take the request from the
 /// poller): one thread reads the device while a burst goes on, at most two while none does,
-/// and every idle worker during a run of reads. A worker that has read a request which may take long (see
-/// zdc_fuse_request_may_take_long), or with more requests waiting, hands the device on to a
-/// waiting worker; after a short one it reads the next request itself, so a sequential
-/// program's requests are read and answered by one running thread. A waiting worker takes the
-/// device over when nobody has read it for a millisecond (a short request that blocked).
+/// and every idle worker during a run of reads. A worker that has read a request which may
+/// take long (see zdc_fuse_request_may_take_long), or with more requests waiting, hands the
+/// device on to a waiting worker; after a short one it reads the next request itself, so a
+/// sequential program's requests are read and answered by one running thread. A waiting
+/// worker takes the device over when nobody has read it for a millisecond (a short request
+/// that blocked).
 /// Call before the loop starts.
 void zdc_fuse_set_busy_poll(unsigned int microseconds);
 
