@@ -347,6 +347,13 @@ static void reader_cancelled(void *arg) {
   pthread_mutex_unlock(&reader_lock);
 }
 
+// The device reported the end of the session: every thread waiting for it goes to see.
+static void session_ended_locked(void) {
+  device_ended = 1;
+  pthread_cond_broadcast(&reader_waiters);
+  pthread_cond_broadcast(&standby_cond);
+}
+
 // Leaves the device after a read that returned `n` bytes of `buf` (NULL: not looked at).
 static void reader_leave(int role, int fd, const void *buf, ssize_t n) {
   int ended = n == 0 || (n < 0 && errno == ENODEV);
@@ -355,9 +362,7 @@ static void reader_leave(int role, int fd, const void *buf, ssize_t n) {
     // theirs to see too.)
     if (ended && atomic_load_explicit(&busy_poll_us, memory_order_relaxed) != 0) {
       pthread_mutex_lock(&reader_lock);
-      device_ended = 1;
-      pthread_cond_broadcast(&reader_waiters);
-      pthread_cond_broadcast(&standby_cond);
+      session_ended_locked();
       pthread_mutex_unlock(&reader_lock);
     }
     return;
@@ -376,9 +381,7 @@ static void reader_leave(int role, int fd, const void *buf, ssize_t n) {
   }
   pthread_mutex_lock(&reader_lock);
   if (ended) {
-    device_ended = 1;
-    pthread_cond_broadcast(&reader_waiters);
-    pthread_cond_broadcast(&standby_cond);
+    session_ended_locked();
   } else if (!attended()) {
     if (busy) {
       hand_on_locked();
