@@ -43,6 +43,8 @@ public enum FileSystemError: Error, Sendable, Equatable, CustomStringConvertible
   case noSpace
   /// The caller's permission bits do not allow the access.
   case accessDenied
+  /// A name (or symlink target) is not UTF-8 text: the treesystem has no such names.
+  case illegalByteSequence
 
   public var description: String {
     switch self {
@@ -63,6 +65,7 @@ public enum FileSystemError: Error, Sendable, Equatable, CustomStringConvertible
     case .unavailable: return "content unavailable"
     case .noSpace: return "no space left on the local disk"
     case .accessDenied: return "permission denied"
+    case .illegalByteSequence: return "not a UTF-8 name"
     }
   }
 }

@@ -26,5 +26,6 @@ func errnoCode(for error: any Error) -> Int32 {
   case .unavailable: return EIO
   case .noSpace: return ENOSPC
   case .accessDenied: return EACCES
+  case .illegalByteSequence: return EILSEQ
   }
 }

@@ -18,7 +18,14 @@ enum FuseOperations {
     return ctx
   }
 
-  static func name(_ p: UnsafePointer<CChar>?) -> String { p.map { String(cString: $0) } ?? "" }
+  /// A name (or symlink target) the kernel sent. The treesystem's names are UTF-8 text: bytes
+  /// that are not UTF-8 name nothing here (`illegalByteSequence`, not a lossy conversion that
+  /// would make two names one).
+  static func name(_ p: UnsafePointer<CChar>?) throws -> String {
+    guard let p else { return "" }
+    guard let s = String(validatingCString: p) else { throw FileSystemError.illegalByteSequence }
+    return s
+  }
 
   /// The process a request comes from.
   static func caller(_ req: fuse_req_t?) -> Caller {
@@ -160,15 +167,16 @@ enum FuseOperations {
       conn.pointee.max_readahead = 1 << 20
     }
     ops.lookup = { req, parent, name in
-      let n = FuseOperations.name(name)
       let ctx = FuseOperations.context(req)
       do {
+        let n = try FuseOperations.name(name)
         try FuseOperations.require(req, ctx, parent, .execute)
         var e = FuseOperations.entry(try ctx.fs.lookup(parent: Inode(parent), name: n), ctx)
         fuse_reply_entry(req, &e)
-      } catch FileSystemError.notFound {
+      } catch FileSystemError.notFound, FileSystemError.illegalByteSequence {
         // A negative entry the kernel may cache (a pull that adds the name invalidates it),
-        // so `open(O_CREAT)` after a failed lookup does not ask again.
+        // so `open(O_CREAT)` after a failed lookup does not ask again. A name that is not
+        // UTF-8 names nothing (creating it is refused).
         var e = zdc_fuse_entry_param_zero()
         e.entry_timeout = ctx.timeout
         fuse_reply_entry(req, &e)
@@ -233,52 +241,52 @@ enum FuseOperations {
       } catch { FuseOperations.fail(req, error) }
     }
     ops.mkdir = { req, parent, name, mode in
-      let n = FuseOperations.name(name)
       FuseOperations.replyEntry(req) {
+        let n = try FuseOperations.name(name)
         try FuseOperations.requireEntryChange(req, parent)
         return try $0.mkdir(parent: Inode(parent), name: n, mode: UInt32(mode))
       }
     }
     ops.mknod = { req, parent, name, mode, _ in
-      let n = FuseOperations.name(name)
       FuseOperations.replyEntry(req) {
+        let n = try FuseOperations.name(name)
         try FuseOperations.requireEntryChange(req, parent)
         return try $0.mknod(parent: Inode(parent), name: n, mode: UInt32(mode))
       }
     }
     ops.symlink = { req, link, parent, name in
-      let n = FuseOperations.name(name)
-      let target = FuseOperations.name(link)
       FuseOperations.replyEntry(req) {
+        let n = try FuseOperations.name(name)
+        let target = try FuseOperations.name(link)
         try FuseOperations.requireEntryChange(req, parent)
         return try $0.symlink(target: target, parent: Inode(parent), name: n)
       }
     }
     ops.link = { req, ino, newParent, newName in
-      let n = FuseOperations.name(newName)
       FuseOperations.replyEntry(req) {
-        try $0.link(Inode(ino), newParent: Inode(newParent), newName: n)
+        let n = try FuseOperations.name(newName)
+        return try $0.link(Inode(ino), newParent: Inode(newParent), newName: n)
       }
     }
     ops.unlink = { req, parent, name in
-      let n = FuseOperations.name(name)
       FuseOperations.replyOK(req) {
+        let n = try FuseOperations.name(name)
         try FuseOperations.requireEntryChange(req, parent)
         try $0.unlink(parent: Inode(parent), name: n)
       }
     }
     ops.rmdir = { req, parent, name in
-      let n = FuseOperations.name(name)
       FuseOperations.replyOK(req) {
+        let n = try FuseOperations.name(name)
         try FuseOperations.requireEntryChange(req, parent)
         try $0.rmdir(parent: Inode(parent), name: n)
       }
     }
     ops.rename = { req, parent, name, newParent, newName, flags in
-      let a = FuseOperations.name(name)
-      let b = FuseOperations.name(newName)
       let ctx = FuseOperations.context(req)
       FuseOperations.replyOK(req) {
+        let a = try FuseOperations.name(name)
+        let b = try FuseOperations.name(newName)
         try FuseOperations.require(req, ctx, parent, [.write, .execute])
         if newParent != parent {
           try FuseOperations.require(req, ctx, newParent, [.write, .execute])
@@ -318,9 +326,9 @@ enum FuseOperations {
       } catch { FuseOperations.fail(req, error) }
     }
     ops.create = { req, parent, name, mode, fi in
-      let n = FuseOperations.name(name)
       let ctx = FuseOperations.context(req)
       do {
+        let n = try FuseOperations.name(name)
         guard let fi else { throw FileSystemError.badHandle }
         try FuseOperations.requireEntryChange(req, parent)
         let (attrs, opened) = try ctx.fs.create(
@@ -451,11 +459,11 @@ enum FuseOperations {
       fuse_reply_statfs(req, &v)
     }
     ops.setxattr = { req, ino, name, value, size, flags in
-      let n = FuseOperations.name(name)
       let data = value.map { Data(bytes: $0, count: size) } ?? Data()
       let mode: XattrMode =
         flags & 1 != 0 ? .create : (flags & 2 != 0 ? .replace : .any)  // XATTR_CREATE, _REPLACE
       FuseOperations.replyOK(req) {
+        let n = try FuseOperations.name(name)
         if n.hasPrefix("user.") {
           try FuseOperations.require(req, FuseOperations.context(req), ino, .write)
         }
@@ -463,8 +471,8 @@ enum FuseOperations {
       }
     }
     ops.getxattr = { req, ino, name, size in
-      let n = FuseOperations.name(name)
       do {
+        let n = try FuseOperations.name(name)
         // Only `user.` names are checked: the kernel's own `security.capability` question
         // before a write must not fail on a file the writer may not read.
         let ctx = FuseOperations.context(req)
@@ -486,8 +494,8 @@ enum FuseOperations {
       } catch { FuseOperations.fail(req, error) }
     }
     ops.removexattr = { req, ino, name in
-      let n = FuseOperations.name(name)
       FuseOperations.replyOK(req) {
+        let n = try FuseOperations.name(name)
         if n.hasPrefix("user.") {
           try FuseOperations.require(req, FuseOperations.context(req), ino, .write)
         }

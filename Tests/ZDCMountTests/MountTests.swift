@@ -537,6 +537,48 @@ import ZDCTestSupport
     #expect(!mounted())
   }
 
+  /// Names are UTF-8 text in the treesystem: bytes that are not UTF-8 are refused with
+  /// EILSEQ wherever a name or symlink target is made, and name nothing when looked up. (They
+  /// were once decoded lossily: `\x80X` and `\x81X` were then one file, shown as `\uFFFDX`.)
+  @Test func namesThatAreNotUTF8AreRefusedNotMerged() throws {
+    let m = try MountFixture()
+    try m.python(
+      """
+      import errno, os
+      def refused(what, *args):
+          try:
+              what(*args)
+          except OSError as e:
+              assert e.errno == errno.EILSEQ, (what, args, e)
+              return
+          raise AssertionError(f'{what} {args} accepted')
+      open('keep', 'w').write('kept')
+      os.mkdir('d')
+      for bad in (b'\\x80X', b'\\x81X', b'\\xffname', 'é'.encode()[:1] + b'x', b'ok\\xc3'):
+          refused(os.open, bad, os.O_CREAT | os.O_WRONLY, 0o600)
+          refused(os.open, b'd/' + bad, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+          refused(os.mkdir, bad)
+          refused(os.symlink, b'keep', bad)
+          refused(os.symlink, bad, b'link')
+          refused(os.rename, b'keep', bad)
+          refused(os.mkfifo, bad)
+          refused(os.setxattr, b'keep', b'user.' + bad, b'v')
+          for look in (os.stat, os.lstat):
+              try:
+                  look(bad)
+                  raise AssertionError('found')
+              except FileNotFoundError:
+                  pass
+      assert sorted(os.listdir('.')) == ['d', 'keep'], os.listdir('.')
+      assert os.listdir('d') == [] and open('keep').read() == 'kept'
+      # UTF-8 names of every length up to 255 bytes, multi-byte ones included, still work.
+      for name in ('é' * 127, 'a' * 255, '\\u20ac' * 85, 'x\\u00ff\\U0001F600'):
+          open(name, 'w').write(name)
+          assert name in os.listdir('.') and open(name).read() == name
+          os.unlink(name)
+      """)
+  }
+
   @Test func nameEscapeRoundTrips() throws {
     for name in [
       "plain", ".data", ".meta", ".thumb", ".", "..", "a/b", "%%x", "100%", "%%", "x\u{0}y",
