@@ -996,7 +996,7 @@ struct PushExecutor {
     condition initial: WriteCondition
   ) throws -> String? {
     var condition = initial
-    let partSize = max(manager.config.partSize, 1)
+    let partSize = manager.config.partSize(forObjectOf: size)
     var mp = state.multipart
     var parts: [UploadedPart] = []
     if let m = mp, m.generation == generation, m.key == loc.dataKey,

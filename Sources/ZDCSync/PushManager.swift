@@ -14,8 +14,12 @@ public struct PushConfiguration: Sendable {
   public var retryCap: TimeInterval
   /// DATA objects at least this large (encoded) are uploaded in parts.
   public var multipartThreshold: UInt64
-  /// Size of each part (the last may be smaller).
+  /// Size of each part (the last may be smaller); an object that would need more than
+  /// ``maxPartCount`` parts gets parts of a multiple of it instead.
   public var partSize: UInt64
+  /// The most parts one upload has (S3 takes part numbers 1 to 10,000): with parts of
+  /// ``partSize``, an object over 78 GiB would need more.
+  public var maxPartCount: Int
   /// Whether DATA objects of at least ``multipartThreshold`` go to a store that writes as it
   /// receives (`StreamingPutStore`: the local folder) in one streamed put instead of in parts
   /// (which the store would copy together again).
@@ -52,13 +56,23 @@ public struct PushConfiguration: Sendable {
   /// before taking it over (that device may have stopped for good in the middle of its move).
   public var moveClaimLease: TimeInterval
 
+  /// The size of the parts of an upload of `size` bytes: ``partSize``, or the smallest multiple
+  /// of it that keeps the upload within ``maxPartCount`` parts (a 100 GiB object in parts of
+  /// 8 MiB would need 12,800; it gets parts of 16 MiB). A recorded upload resumes with its own.
+  public func partSize(forObjectOf size: UInt64) -> UInt64 {
+    let unit = max(partSize, 1)
+    let parts = UInt64(max(maxPartCount, 1))
+    let smallest = size / parts + (size % parts == 0 ? 0 : 1)
+    return unit * max(1, smallest / unit + (smallest % unit == 0 ? 0 : 1))
+  }
+
   /// ``maxConcurrentOperations`` by default.
   public static let defaultConcurrentOperations = 6
 
   public init(
     workDirectory: URL, maxConcurrentOperations: Int = defaultConcurrentOperations,
     retryBase: TimeInterval = 1, retryCap: TimeInterval = 60, multipartThreshold: UInt64 = 10 << 20,
-    partSize: UInt64 = 8 << 20,
+    partSize: UInt64 = 8 << 20, maxPartCount: Int = 10_000,
     streamLargeUploads: Bool = true,
     pollInterval: TimeInterval = 0.5, logBatchWindow: TimeInterval = 0.2,
     logBatchMaxEntries: Int = 500, promiseTimeout: TimeInterval = 60,
@@ -73,6 +87,7 @@ public struct PushConfiguration: Sendable {
     self.retryCap = retryCap
     self.multipartThreshold = multipartThreshold
     self.partSize = partSize
+    self.maxPartCount = maxPartCount
     self.streamLargeUploads = streamLargeUploads
     self.pollInterval = pollInterval
     self.logBatchWindow = logBatchWindow

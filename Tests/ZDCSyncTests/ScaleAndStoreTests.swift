@@ -384,6 +384,54 @@ final class SourcesDelegate: SyncDelegate, @unchecked Sendable {
     a.engine.stop()
   }
 
+  @Test func partsGrowToKeepAnUploadWithinThePartLimit() {
+    let mib: UInt64 = 1 << 20
+    let config = PushConfiguration(workDirectory: URL(fileURLWithPath: "/tmp"))
+    #expect(config.partSize == 8 * mib && config.maxPartCount == 10_000)
+    #expect(config.partSize(forObjectOf: 40 * mib) == 8 * mib)
+    #expect(config.partSize(forObjectOf: 10_000 * 8 * mib) == 8 * mib)
+    #expect(config.partSize(forObjectOf: 10_000 * 8 * mib + 1) == 16 * mib)
+    // 100 GiB: 6,400 parts of 16 MiB rather than 12,800 of 8 MiB; 5 TiB (S3's largest
+    // object): 10,000 parts of 528 MiB at most.
+    #expect(config.partSize(forObjectOf: 100 << 30) == 16 * mib)
+    let big: UInt64 = 5 << 40
+    let part = config.partSize(forObjectOf: big)
+    #expect(part == 528 * mib && (big + part - 1) / part <= 10_000)
+    #expect(config.partSize(forObjectOf: 0) == 8 * mib)
+  }
+
+  /// An object that would need more parts than the store takes is uploaded in fewer, larger
+  /// parts (S3: 10,000 parts at most), and arrives whole.
+  @Test(arguments: StoreKind.all)
+  func aLargeObjectIsUploadedInLargerParts(_ kind: StoreKind) throws {
+    let backing = try kind.make("zdc-sync-parts")
+    // S3 takes parts of 5 MiB at least (but for the last).
+    let partSize: UInt64 = kind.isS3 ? 5 << 20 : 64 << 10
+    let size = kind.isS3 ? 16 << 20 : 1 << 20
+    let store = FaultInjectingStore(backing.store, seed: 7)
+    let user = try TestUser()
+    let a = try Device("alpha", user: user, store: store) { push, _ in
+      push.multipartThreshold = 2 * partSize
+      push.partSize = partSize
+      push.maxPartCount = 3
+    }
+    var content = Data(count: size)
+    for i in stride(from: 0, to: size, by: 4096) { content[i] = UInt8(truncatingIfNeeded: i >> 12) }
+    try a.catalog.write(user.userID) { tx in
+      let n = try tx.createNode(path: TreesystemPath(["big.bin"]))
+      a.delegate.setContent(content, for: n)
+      try tx.queueDataUpload(nodeID: n.id)
+    }
+    try a.start()
+    try a.sync()
+    // 16 MiB in 3 parts of at most 10 MiB: 2; 1 MiB in 3 parts of a multiple of 64 KiB: 3.
+    #expect(store.counts[.uploadPart, default: 0] == (kind.isS3 ? 2 : 3))
+    let b = try Device("beta", user: user, store: backing.store)
+    try b.engine.pull.pull()
+    #expect(try b.cloudContent("big.bin") == content)
+    a.engine.stop()
+  }
+
   @Test(arguments: StoreKind.all)
   func completionsShareChangeLogObjects(_ kind: StoreKind) throws {
     let backing = try kind.make("zdc-sync-batch")
