@@ -73,6 +73,8 @@ public final class CryptoFile: @unchecked Sendable {
   public let cipher: Cipher
   /// The file's AES-256-GCM key, expanded (AES-256-GCM files only).
   private let aes: AESGCMKey?
+  /// The largest physical size this file may reach (see `FileSizeLimit`).
+  private let maxPhysicalSize: UInt64
   /// Plaintext bytes per chunk of this file.
   public var chunkSize: Int { layout.chunkSize }
   /// Bytes of a full slot of this file: nonce ‖ ciphertext of a chunk ‖ tag.
@@ -116,8 +118,10 @@ public final class CryptoFile: @unchecked Sendable {
   /// `slot` must hold `headerSize + maxSlotSize` bytes; the file takes ownership of it.
   private init(
     fd: Int32, key: Data, fileID: [UInt8], layout: ChunkLayout, plaintextSize: UInt64,
-    physicalSize: UInt64, slot: UnsafeMutableRawBufferPointer, cipher: Cipher, aes: AESGCMKey?
+    physicalSize: UInt64, slot: UnsafeMutableRawBufferPointer, cipher: Cipher, aes: AESGCMKey?,
+    maxPhysicalSize: UInt64
   ) {
+    self.maxPhysicalSize = maxPhysicalSize
     self.cipher = cipher
     self.aes = aes
     self.layout = layout
@@ -342,7 +346,7 @@ public final class CryptoFile: @unchecked Sendable {
     let file = CryptoFile(
       fd: fd, key: key, fileID: [UInt8](fileID), layout: ChunkLayout(shift: chunkShift),
       plaintextSize: 0, physicalSize: UInt64(headerSize), slot: allocateSlotScratch(),
-      cipher: cipher, aes: aes)
+      cipher: cipher, aes: aes, maxPhysicalSize: FileSizeLimit.largest(forFileAt: path, fd: fd))
     file.bufferIndex = 0
     file.bufferLength = 0
     file.bufferDirty = true
@@ -383,7 +387,8 @@ public final class CryptoFile: @unchecked Sendable {
       }
       let file = CryptoFile(
         fd: fd, key: key, fileID: [UInt8](h[16..<32]), layout: layout, plaintextSize: size,
-        physicalSize: physical, slot: buf, cipher: cipher, aes: aes)
+        physicalSize: physical, slot: buf, cipher: cipher, aes: aes,
+        maxPhysicalSize: FileSizeLimit.largest(forFileAt: path, fd: fd))
       scratch = nil  // owned by the file now
       owned = true
       let last = layout.lastIndex(size)
@@ -670,7 +675,22 @@ public final class CryptoFile: @unchecked Sendable {
   }
 
   /// Grows the file with zeros to `newSize` (> current size).
+  /// Refuses a size whose slots the local file system (or the process's file size limit)
+  /// cannot hold, before anything changes: a later write of the buffered last chunk would
+  /// fail for good, and every operation after it.
+  private func checkFits(_ newSize: UInt64) throws {
+    guard newSize > plaintextSize else { return }
+    let physical = layout.physicalSize(plaintextSize: newSize)
+    guard physical <= maxPhysicalSize else {
+      throw StoreError.io(
+        "CryptoFile of \(newSize) bytes needs \(physical) on disk, more than the largest file "
+          + "(\(maxPhysicalSize) bytes) the local file system holds",
+        errno: EFBIG)
+    }
+  }
+
   private func extend(to newSize: UInt64) throws {
+    try checkFits(newSize)
     let oldLast = layout.lastIndex(plaintextSize)
     let newLast = layout.lastIndex(newSize)
     try load(oldLast, fresh: false)
@@ -812,6 +832,7 @@ public final class CryptoFile: @unchecked Sendable {
     guard offset <= UInt64(Int64.max) - UInt64(bytes.count) else {
       throw StoreError.io("CryptoFile write beyond the largest file size", errno: EFBIG)
     }
+    try checkFits(offset + UInt64(bytes.count))
     if offset > plaintextSize { try extend(to: offset) }
     let oldLast = layout.lastIndex(plaintextSize)
     let end = offset + UInt64(bytes.count)

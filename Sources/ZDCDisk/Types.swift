@@ -24,6 +24,9 @@ public enum DiskError: Error, Sendable, Equatable, CustomStringConvertible {
   case io(String)
   /// The disk holding the state directory is full (or over quota).
   case noSpace
+  /// A file would be larger than the local file system (or the process's file size limit)
+  /// allows.
+  case fileTooLarge
 
   public var description: String {
     switch self {
@@ -35,15 +38,18 @@ public enum DiskError: Error, Sendable, Equatable, CustomStringConvertible {
     case .gone: return "entry no longer in the disk index"
     case .io(let m): return "disk cache I/O: \(m)"
     case .noSpace: return "no space left on the disk holding the cache"
+    case .fileTooLarge: return "larger than the largest file the disk holding the cache takes"
     }
   }
 
   /// `error` (from the index database or a file operation) as a `DiskError`: a full disk stays
-  /// recognisable as `.noSpace`; anything else becomes `.io` with `context`.
+  /// recognisable as `.noSpace`, a file too large for it as `.fileTooLarge`; anything else
+  /// becomes `.io` with `context`.
   static func from(_ error: any Error, _ context: String) -> DiskError {
     switch error {
     case let e as DiskError: return e
     case StoreError.io(_, let code) where code == ENOSPC || code == EDQUOT: return .noSpace
+    case StoreError.io(_, let code) where code == EFBIG: return .fileTooLarge
     case let e as DatabaseError where e.resultCode == .SQLITE_FULL: return .noSpace
     default: return .io(context.isEmpty ? "\(error)" : "\(context): \(error)")
     }

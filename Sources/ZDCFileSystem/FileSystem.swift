@@ -221,9 +221,12 @@ public final class FileSystem: @unchecked Sendable {
       }
     case let e as DiskError:
       if case .noSpace = e { return FileSystemError.noSpace }
+      if case .fileTooLarge = e { return FileSystemError.fileTooLarge }
       return FileSystemError.io("disk: \(e)")
     case StoreError.io(_, let code) where code == ENOSPC || code == EDQUOT:
       return FileSystemError.noSpace
+    case StoreError.io(_, let code) where code == EFBIG:
+      return FileSystemError.fileTooLarge
     default: return FileSystemError.io("\(type(of: error))")
     }
   }

@@ -43,6 +43,9 @@ public enum FileSystemError: Error, Sendable, Equatable, CustomStringConvertible
   case noSpace
   /// The caller's permission bits do not allow the access.
   case accessDenied
+  /// A file would be larger than the local disk's file system (or the process's file size
+  /// limit) allows.
+  case fileTooLarge
   /// A name (or symlink target) is not UTF-8 text: the treesystem has no such names.
   case illegalByteSequence
 
@@ -66,6 +69,7 @@ public enum FileSystemError: Error, Sendable, Equatable, CustomStringConvertible
     case .noSpace: return "no space left on the local disk"
     case .accessDenied: return "permission denied"
     case .illegalByteSequence: return "not a UTF-8 name"
+    case .fileTooLarge: return "file too large for the local disk"
     }
   }
 }

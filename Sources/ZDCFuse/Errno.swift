@@ -27,5 +27,6 @@ func errnoCode(for error: any Error) -> Int32 {
   case .noSpace: return ENOSPC
   case .accessDenied: return EACCES
   case .illegalByteSequence: return EILSEQ
+  case .fileTooLarge: return EFBIG
   }
 }

@@ -279,6 +279,9 @@ extension ZDC {
         // Hold no directory of the caller's busy (paths here are absolute).
         _ = chdir("/")
       }
+      // A write past a file size limit (`ulimit -f`) fails with EFBIG, which the file system
+      // reports, instead of ending the process with SIGXFSZ.
+      signal(SIGXFSZ, SIG_IGN)
       let level: Logger.Level = verbose ? .debug : .info
       LoggingSystem.bootstrap { label in
         var h = StreamLogHandler.standardError(label: label)

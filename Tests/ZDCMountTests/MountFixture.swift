@@ -24,9 +24,12 @@ final class MountFixture: @unchecked Sendable {
 
   /// Extra arguments of `zdc mount`.
   let mountArguments: [String]
+  /// The serving process's `RLIMIT_FSIZE` (bytes), when it has one.
+  let fileSizeLimit: UInt64?
 
-  init(mountArguments: [String] = []) throws {
+  init(mountArguments: [String] = [], fileSizeLimit: UInt64? = nil) throws {
     self.mountArguments = mountArguments
+    self.fileSizeLimit = fileSizeLimit
     dir = try TemporaryDirectory("zdc-mount")
     state = dir.path("state")
     store = dir.path("store")
@@ -48,7 +51,13 @@ final class MountFixture: @unchecked Sendable {
   }
 
   func mount() throws {
-    let r = try runProcess(zdc, ["mount", mnt.path] + mountArguments, environment: env)
+    let arguments = ["mount", mnt.path] + mountArguments
+    let r =
+      try fileSizeLimit.map {
+        try runProcess(
+          URL(fileURLWithPath: "/usr/bin/prlimit"), ["--fsize=\($0)", zdc.path] + arguments,
+          environment: env)
+      } ?? runProcess(zdc, arguments, environment: env)
     try #require(r.status == 0, "mount failed: \(r.stdout) \(r.stderr)")
     if let range = r.stdout.range(of: "process ") {
       pid = pid_t(r.stdout[range.upperBound...].prefix { $0.isNumber })

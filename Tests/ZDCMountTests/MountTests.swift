@@ -223,6 +223,57 @@ import ZDCTestSupport
       """)
   }
 
+  /// A size the local disk cannot hold (here: the serving process's `ulimit -f` of 64 MiB; on
+  /// ext4, 16 TiB) is refused with EFBIG by `truncate`, `fallocate` and `write`, and leaves the
+  /// file as it was: it closes, and keeps its content across a remount. (Once, the refused
+  /// size stayed in the staging file, every later write of it failed with EIO, and closing it
+  /// lost what had been written.)
+  @Test func aSizeTheLocalDiskCannotHoldIsRefusedAndLosesNothing() throws {
+    let m = try MountFixture(fileSizeLimit: 64 << 20)
+    try m.python(
+      """
+      import errno, os
+      def too_large(what, *args):
+          try:
+              what(*args)
+          except OSError as e:
+              assert e.errno == errno.EFBIG, (what, args, e)
+              return
+          raise AssertionError(f'{what} {args} accepted')
+      head = os.urandom(100_000)
+      with open('f', 'wb') as f:
+          f.write(head)
+      fd = os.open('f', os.O_RDWR)
+      too_large(os.ftruncate, fd, 200 << 20)
+      too_large(os.posix_fallocate, fd, 100 << 20, 1)
+      too_large(os.pwrite, fd, b'x', 1 << 40)
+      os.pwrite(fd, b'tail', 10 << 20)
+      os.close(fd)
+      with open('f', 'rb') as f:
+          assert f.read(len(head)) == head
+      assert os.stat('f').st_size == (10 << 20) + 4
+      with open('g', 'wb') as g:
+          try:
+              for _ in range(100):
+                  g.write(bytes(1 << 20))
+                  g.flush()
+              raise AssertionError('100 MiB written')
+          except OSError as e:
+              assert e.errno == errno.EFBIG, e
+          g.truncate(1 << 20)
+      """)
+    m.unmount()
+    try m.mount()
+    try m.python(
+      """
+      import os
+      assert os.stat('f').st_size == (10 << 20) + 4 and os.stat('g').st_size == 1 << 20
+      with open('f', 'rb') as f:
+          f.seek(10 << 20)
+          assert f.read() == b'tail'
+      """)
+  }
+
   @Test func mknodThroughTheMount() throws {
     let m = try MountFixture()
     try m.python(

@@ -1,0 +1,59 @@
+import CLinux
+import Glibc
+import Synchronization
+
+/// The largest local file, in bytes, that the file system holding a file takes and that this
+/// process may write (its `RLIMIT_FSIZE`): ext4 with 4 KiB blocks stops at 16 TiB − 4 KiB.
+///
+/// Probed once per file system with an unnamed temporary file in the file's directory whose
+/// size is set (sparse, nothing written) by bisection; where that cannot be done, only the
+/// resource limit counts.
+enum FileSizeLimit {
+  private static let known = Mutex<[UInt64: UInt64]>([:])
+
+  /// The limit for the file open as `fd` at `path`.
+  static func largest(forFileAt path: String, fd: Int32) -> UInt64 {
+    var st = stat()
+    guard fstat(fd, &st) == 0 else { return resourceLimit() }
+    let device = UInt64(st.st_dev)
+    if let limit = known.withLock({ $0[device] }) { return limit }
+    let limit = probe(directory: directory(of: path), upTo: resourceLimit())
+    known.withLock { $0[device] = limit }
+    return limit
+  }
+
+  /// `RLIMIT_FSIZE`, or the largest `off_t` when there is none. (Staying within it, the probe
+  /// never raises SIGXFSZ.)
+  static func resourceLimit() -> UInt64 {
+    var rl = rlimit()
+    let most = UInt64(Int64.max)
+    guard getrlimit(__rlimit_resource_t(RLIMIT_FSIZE.rawValue), &rl) == 0, rl.rlim_cur != rlim_t.max
+    else { return most }
+    return min(most, UInt64(rl.rlim_cur))
+  }
+
+  /// The largest size up to `limit` that a temporary file in `directory` can be given.
+  static func probe(directory: String, upTo limit: UInt64) -> UInt64 {
+    let fd = zdc_open_tmpfile(directory)
+    guard fd >= 0 else { return limit }
+    defer { close(fd) }
+    var lo: UInt64 = 0
+    var hi = limit
+    while lo < hi {
+      let mid = lo + (hi - lo) / 2 + 1
+      if ftruncate(fd, off_t(mid)) == 0 {
+        lo = mid
+      } else if errno == EFBIG || errno == EINVAL {
+        hi = mid - 1
+      } else {
+        return limit  // not a question of size: leave it to the writes
+      }
+    }
+    return lo
+  }
+
+  static func directory(of path: String) -> String {
+    guard let slash = path.lastIndex(of: "/") else { return "." }
+    return slash == path.startIndex ? "/" : String(path[..<slash])
+  }
+}
