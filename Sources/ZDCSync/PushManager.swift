@@ -126,8 +126,9 @@ public final class PushManager: @unchecked Sendable {
   private var lastProgressCount = Date.distantPast
   private var failedAttempts = 0
 
-  /// How many times an operation has failed (and gone back to wait for a retry) since the
-  /// manager started: while it grows and nothing completes, the store is not taking uploads.
+  /// How many times an operation or a change-log write has failed (and gone back to wait for a
+  /// retry) since the manager started: while it grows and nothing completes, the store is not
+  /// taking uploads.
   public var failures: Int { cond.withLock { failedAttempts } }
   private let logQueue = DispatchQueue(label: "zdc.push.changelog")
   private var logScheduled = false
@@ -611,8 +612,11 @@ public final class PushManager: @unchecked Sendable {
         }
         cond.withLock { logAttempt = nil }
       } catch {
+        // Counted with the operations' failures too: a store that takes no change-log
+        // object is one that takes no uploads (an unmount's drain stops waiting for it).
         let n = cond.withLock { () -> Int in
           logFailures += 1
+          failedAttempts += 1
           return logFailures
         }
         let delay = min(config.retryCap, config.retryBase * pow(2, Double(min(n - 1, 30))))

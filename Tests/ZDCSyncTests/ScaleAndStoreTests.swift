@@ -432,6 +432,31 @@ final class SourcesDelegate: SyncDelegate, @unchecked Sendable {
     a.engine.stop()
   }
 
+  /// A store that takes everything but change-log objects leaves the push side busy, and its
+  /// failures show in `failures` (an unmount's drain gives up on a store making no progress
+  /// by it: once, with only the change log left, the process waited the whole hour).
+  @Test func failedChangeLogWritesCountAsFailures() throws {
+    let backing = try StoreKind.local.make("zdc-sync-logfail")
+    let store = FaultInjectingStore(backing.store, seed: 11)
+    let user = try TestUser()
+    let a = try Device("alpha", user: user, store: store) { push, _ in
+      push.retryBase = 0.05
+      push.retryCap = 0.2
+    }
+    try a.start()
+    defer { a.engine.stop() }
+    store.inject([.transientBefore], into: [.put], rate: 1, keysContaining: "/changes/")
+    try a.catalog.write(user.userID) { tx in
+      _ = try tx.createNode(path: TreesystemPath(["d"]), kind: .directory)
+    }
+    let deadline = Date().addingTimeInterval(10)
+    while a.engine.push.failures < 3 && Date() < deadline { Thread.sleep(forTimeInterval: 0.02) }
+    #expect(a.engine.push.failures >= 3)
+    #expect(!a.engine.push.waitUntilIdle(timeout: 0.2))
+    store.heal()
+    #expect(a.engine.push.waitUntilIdle(timeout: 10))
+  }
+
   @Test(arguments: StoreKind.all)
   func completionsShareChangeLogObjects(_ kind: StoreKind) throws {
     let backing = try kind.make("zdc-sync-batch")

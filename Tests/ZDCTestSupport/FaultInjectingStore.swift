@@ -27,7 +27,7 @@ public final class FaultInjectingStore: CloudStore, @unchecked Sendable {
 
   private let inner: any CloudStore
   private let lock = NSLock()
-  private var rules: [Operation: (rate: Double, faults: [Fault])] = [:]
+  private var rules: [Operation: (rate: Double, faults: [Fault], keys: String?)] = [:]
   private var rng: any RandomNumberGenerator
   private var _counts: [Operation: Int] = [:]
   private var _injected = 0
@@ -38,9 +38,12 @@ public final class FaultInjectingStore: CloudStore, @unchecked Sendable {
     if let seed { rng = SplitMix64(seed: seed) } else { rng = SystemRandomNumberGenerator() }
   }
 
-  /// Makes `operation` fail with one of `faults` with probability `rate` (0 disables).
-  public func inject(_ faults: [Fault], into operations: [Operation], rate: Double) {
-    lock.withLock { for op in operations { rules[op] = (rate, faults) } }
+  /// Makes `operation` fail with one of `faults` with probability `rate` (0 disables); with
+  /// `keysContaining`, only calls on keys that contain it.
+  public func inject(
+    _ faults: [Fault], into operations: [Operation], rate: Double, keysContaining: String? = nil
+  ) {
+    lock.withLock { for op in operations { rules[op] = (rate, faults, keysContaining) } }
   }
 
   /// Removes every fault.
@@ -52,10 +55,11 @@ public final class FaultInjectingStore: CloudStore, @unchecked Sendable {
   /// Faults injected so far.
   public var injectedCount: Int { lock.withLock { _injected } }
 
-  private func pick(_ op: Operation) -> Fault? {
+  private func pick(_ op: Operation, key: String? = nil) -> Fault? {
     lock.withLock {
       _counts[op, default: 0] += 1
       guard let rule = rules[op], rule.rate > 0, !rule.faults.isEmpty else { return nil }
+      if let part = rule.keys, !(key ?? "").contains(part) { return nil }
       let roll = Double(rng.next() % 1_000_000) / 1_000_000
       guard roll < rule.rate else { return nil }
       _injected += 1
@@ -65,7 +69,7 @@ public final class FaultInjectingStore: CloudStore, @unchecked Sendable {
 
   private func run<T>(_ op: Operation, write: Bool, key: String, _ body: () throws -> T) throws -> T
   {
-    switch pick(op) {
+    switch pick(op, key: key) {
     case nil, .partialList?: return try body()
     case .transientBefore?: throw StoreError.transient("injected fault before \(op)")
     case .transientAfter?:
