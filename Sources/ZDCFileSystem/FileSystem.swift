@@ -358,8 +358,8 @@ public final class FileSystem: @unchecked Sendable {
         type = .directory
         size = 4096
       } else {
-        type = .regular
-        size = node.dataSize
+        type = Self.fileType(node.mode)
+        size = type == .regular ? node.dataSize : 0
       }
     case .data:
       type = .regular
@@ -548,7 +548,7 @@ public final class FileSystem: @unchecked Sendable {
           if let m = changes.mode, n.mode & 0o555 & ~m != 0, try isDirectory(n, tx) {
             lost = (n.mode & 0o111 & ~m != 0, n.mode & 0o444 & ~m != 0)
           }
-          if let m = changes.mode { n.mode = m & 0o7777 }
+          if let m = changes.mode { n.mode = n.mode & UInt32(S_IFMT) | m & 0o7777 }
           if let mtime { n.mtime = mtime }
           if n.kind != .trunk { try tx.updateNode(n) }
           if mtime != nil, lock.withLock({ recentCommits[id] }) != nil {
@@ -603,7 +603,8 @@ public final class FileSystem: @unchecked Sendable {
           Node(
             uuid: "", localUserID: userID, parentID: p.id, name: name, kind: kind,
             shareList: .owner(userID), encryptionKey: Data(), dirSalt: Data(), dirPrefix: "",
-            cloudID: "", mode: mode & 0o7777, mtime: FileTime(Date()), symlinkTarget: target))
+            cloudID: "", mode: Self.storedMode(mode, kind: kind), mtime: FileTime(Date()),
+            symlinkTarget: target))
       }
       return (try attributes(of: node, .node, tx, hasChildren: false), node)
     }
@@ -635,13 +636,33 @@ public final class FileSystem: @unchecked Sendable {
   }
 
   /// `mknod(2)`: a regular file (type `S_IFREG`, or none) is made empty, as `create` makes it,
-  /// without opening it. Devices, FIFOs and sockets are refused with `notPermitted` (`EPERM`,
-  /// what mknod(2) answers for a type the file system does not support): a treesystem holds
-  /// files, directories and symbolic links.
+  /// without opening it; so are a FIFO (`mkfifo`) and a socket's name (`bind(2)`), as file
+  /// nodes whose mode keeps their type (the kernel carries their data). Devices are refused
+  /// with `notPermitted` (`EPERM`, what mknod(2) answers for a type the file system does not
+  /// support): a file in a treesystem is content that syncs.
   public func mknod(parent: Inode, name: String, mode: UInt32) throws -> Attributes {
     let type = mode & UInt32(S_IFMT)
-    guard type == 0 || type == UInt32(S_IFREG) else { throw FileSystemError.notPermitted }
+    guard [0, S_IFREG, S_IFIFO, S_IFSOCK].contains(type) else {
+      throw FileSystemError.notPermitted
+    }
     return try makeNode(parent: parent, name: name, kind: .file, mode: mode, target: nil)
+  }
+
+  /// The mode a new node keeps: its permission bits, and the type of a FIFO or socket (file
+  /// nodes otherwise: the type of the others follows from their kind).
+  static func storedMode(_ mode: UInt32, kind: NodeKind) -> UInt32 {
+    let type = mode & UInt32(S_IFMT)
+    let special = kind == .file && (type == UInt32(S_IFIFO) || type == UInt32(S_IFSOCK))
+    return mode & 0o7777 | (special ? type : 0)
+  }
+
+  /// How a file node presents: a FIFO or a socket when its mode says so, else a regular file.
+  static func fileType(_ mode: UInt32) -> FileType {
+    switch mode & UInt32(S_IFMT) {
+    case UInt32(S_IFIFO): return .fifo
+    case UInt32(S_IFSOCK): return .socket
+    default: return .regular
+    }
   }
 
   /// Hard links are refused: a treesystem is a tree.
@@ -799,7 +820,8 @@ public final class FileSystem: @unchecked Sendable {
         // file's), and so do its reads and writes. (A target open read-only reads the new
         // content: the editors' rule keeps it, as `sed -i` closes the original just before.)
         if src.kind == .file && dst.kind == .file && !isOpen(dst.id, writable: true)
-          && !isOpen(src.id, writable: false)
+          && !isOpen(src.id, writable: false) && Self.fileType(src.mode) == .regular
+          && Self.fileType(dst.mode) == .regular
         {
           return .replaceContent(source: src, target: dst.id, section: .node)
         }

@@ -115,6 +115,10 @@ public enum FileType: Sendable, Hashable {
   case directory
   /// A symbolic link.
   case symlink
+  /// A named pipe (FIFO): the kernel carries its data; the file system keeps the name.
+  case fifo
+  /// A UNIX-domain socket's name (what `bind(2)` makes): likewise.
+  case socket
 }
 
 /// The attributes of an inode, as `stat(2)` shows them.

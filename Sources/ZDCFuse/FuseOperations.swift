@@ -74,6 +74,8 @@ enum FuseOperations {
     case .regular: typeBits = S_IFREG
     case .directory: typeBits = S_IFDIR
     case .symlink: typeBits = S_IFLNK
+    case .fifo: typeBits = S_IFIFO
+    case .socket: typeBits = S_IFSOCK
     }
     st.st_mode = mode_t(typeBits | a.mode)
     st.st_nlink = nlink_t(a.linkCount)

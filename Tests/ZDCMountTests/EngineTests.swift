@@ -548,7 +548,7 @@ import ZDCSync
     }
   }
 
-  @Test func mknodMakesRegularFilesAndRefusesOtherTypes() throws {
+  @Test func mknodMakesFilesFifosAndSocketsAndRefusesDevices() throws {
     let w = try LazyDownloadTests.World()
     let fs = try w.fileSystem(online: false)
     let a = try fs.mknod(parent: 1, name: "plain", mode: UInt32(S_IFREG) | 0o640)
@@ -559,7 +559,17 @@ import ZDCSync
     #expect(throws: FileSystemError.exists) {
       try fs.mknod(parent: 1, name: "plain", mode: UInt32(S_IFREG) | 0o600)
     }
-    for type in [S_IFIFO, S_IFSOCK, S_IFCHR, S_IFBLK] {
+    // A FIFO and a socket keep their type through a chmod; they have no size.
+    let fifo = try fs.mknod(parent: 1, name: "fifo", mode: UInt32(S_IFIFO) | 0o640)
+    #expect(fifo.type == .fifo && fifo.mode == 0o640 && fifo.size == 0)
+    var chmod = AttributeChanges()
+    chmod.mode = 0o600
+    #expect(try fs.setattr(fifo.inode, chmod).type == .fifo)
+    #expect(try fs.getattr(fifo.inode).mode == 0o600)
+    let sock = try fs.mknod(parent: 1, name: "sock", mode: UInt32(S_IFSOCK) | 0o755)
+    #expect(sock.type == .socket && sock.mode == 0o755)
+    #expect(try fs.lookup(parent: 1, name: "sock").type == .socket)
+    for type in [S_IFCHR, S_IFBLK] {
       #expect(throws: FileSystemError.notPermitted) {
         try fs.mknod(parent: 1, name: "special", mode: UInt32(type) | 0o600)
       }

@@ -278,25 +278,64 @@ import ZDCTestSupport
     let m = try MountFixture()
     try m.python(
       """
-      import errno, os, socket, stat
+      import errno, os, socket, stat, threading
       os.mknod('reg', 0o640 | stat.S_IFREG)
       st = os.stat('reg')
       assert stat.S_ISREG(st.st_mode) and st.st_size == 0, st
       open('reg', 'a').write('made by mknod')
       assert open('reg').read() == 'made by mknod'
-      for make in (lambda: os.mkfifo('fifo'), lambda: os.mknod('dev', 0o600 | stat.S_IFCHR, 0)):
-          try:
-              make()
-              raise AssertionError('special file made')
-          except PermissionError:
-              pass
-      s = socket.socket(socket.AF_UNIX)
+      # A FIFO carries data between a writer and a reader, as on a local file system.
+      os.umask(0o022)
+      os.mkfifo('fifo', 0o640)
+      st = os.stat('fifo')
+      assert stat.S_ISFIFO(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o640, st
+      got = []
+      reader = threading.Thread(target=lambda: got.append(open('fifo', 'rb').read()))
+      reader.start()
+      with open('fifo', 'wb') as w:
+          w.write(b'through the pipe')
+      reader.join(10)
+      assert got == [b'through the pipe'], got
+      os.chmod('fifo', 0o600)
+      assert stat.S_ISFIFO(os.stat('fifo').st_mode) and stat.S_IMODE(os.stat('fifo').st_mode) == 0o600
+      # A UNIX socket bound in the mount takes connections by its path.
+      server = socket.socket(socket.AF_UNIX)
+      server.bind('sock')
+      server.listen(1)
+      assert stat.S_ISSOCK(os.stat('sock').st_mode)
+      client = socket.socket(socket.AF_UNIX)
+      client.connect('sock')
+      conn, _ = server.accept()
+      client.sendall(b'hello')
+      assert conn.recv(5) == b'hello'
+      for s in (conn, client, server):
+          s.close()
+      # A FIFO renamed over a file replaces it (the editors' rule is for regular files).
+      open('target', 'w').write('old')
+      os.mkfifo('f2')
+      os.rename('f2', 'target')
+      assert stat.S_ISFIFO(os.stat('target').st_mode)
       try:
-          s.bind('sock')
-          raise AssertionError('socket bound')
-      except OSError as e:
-          assert e.errno == errno.EPERM, e
-      assert sorted(os.listdir('.')) == ['reg'], os.listdir('.')
+          os.mknod('dev', 0o600 | stat.S_IFCHR, 0)
+          raise AssertionError('device made')
+      except PermissionError:
+          pass
+      entries = {e.name: e for e in os.scandir('.')}
+      assert sorted(entries) == ['fifo', 'reg', 'sock', 'target'], sorted(entries)
+      assert stat.S_ISFIFO(entries['fifo'].stat(follow_symlinks=False).st_mode)
+      assert stat.S_ISSOCK(entries['sock'].stat(follow_symlinks=False).st_mode)
+      """)
+    m.unmount()
+    try m.mount()
+    try m.python(
+      """
+      import os, stat
+      assert stat.S_ISFIFO(os.stat('fifo').st_mode) and stat.S_IMODE(os.stat('fifo').st_mode) == 0o600
+      assert stat.S_ISSOCK(os.stat('sock').st_mode) and stat.S_ISFIFO(os.stat('target').st_mode)
+      assert stat.S_ISREG(os.stat('reg').st_mode)
+      os.unlink('sock')
+      os.unlink('fifo')
+      assert sorted(os.listdir('.')) == ['reg', 'target']
       """)
   }
 

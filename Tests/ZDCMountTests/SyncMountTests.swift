@@ -348,6 +348,23 @@ final class SyncDevice: @unchecked Sendable {
   /// One device removes a folder while the other adds files to it: the folder comes back with
   /// the files, and each device reads them (found by tools/fsx-sync: the device that had
   /// uploaded a file before it heard of the delete lost track of its content, EIO).
+  /// A FIFO and a socket's name made on one device are the same on the other: names with
+  /// their type and permission bits (the kernel of each carries their data).
+  @Test func fifosAndSocketNamesSyncWithTheirType() throws {
+    let dir = try TemporaryDirectory("zdc-sync-mount")
+    defer { Self.expectNoFuseMounts(under: dir) }
+    let store = dir.path("store")
+    let (a, b) = try SyncDevice.pair(in: dir, store: store)
+    defer { SyncDevice.unmountAll([a, b]) }
+    try a.sh(
+      "mkfifo -m 0640 pipe && python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\""
+    )
+    try a.sync()
+    try b.sync()
+    #expect(try b.sh("stat -c '%F %a' pipe sock").stdout == "fifo 640\nsocket 755\n")
+    #expect(try b.sh("ls -l pipe sock | cut -c1").stdout == "p\ns\n")
+  }
+
   @Test func filesAddedToAFolderAnotherDeviceRemovesStayReadableOnBoth() throws {
     let dir = try TemporaryDirectory("zdc-sync-mount")
     defer { Self.expectNoFuseMounts(under: dir) }
