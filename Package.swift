@@ -79,7 +79,7 @@ let package = Package(
     .target(
       name: "ZDCDisk",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "CSQLiteTuning", "ZDCSQLite",
+        "ZDCCore", "ZDCCrypto", "CLinux", "CSQLiteTuning", "ZDCSQLite",
         .product(name: "GRDB", package: "GRDB.swift"),
         .product(name: "Logging", package: "swift-log"),
       ],

@@ -20,6 +20,14 @@ int zdc_open_tmpfile(const char *directory) {
   return fd < 0 ? -errno : fd;
 }
 
+long zdc_copy_file_range(int in, int out, unsigned long length) {
+  ssize_t n;
+  do {
+    n = copy_file_range(in, NULL, out, NULL, length, 0);
+  } while (n < 0 && errno == EINTR);
+  return n < 0 ? -errno : (long)n;
+}
+
 int zdc_set_thread_name(const char *name) {
   char shortened[16];
   strncpy(shortened, name, sizeof shortened - 1);

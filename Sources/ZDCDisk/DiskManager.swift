@@ -1,3 +1,4 @@
+import CLinux
 public import Foundation
 import Glibc
 import Logging
@@ -993,7 +994,7 @@ public final class DiskManager: @unchecked Sendable {
     }
     // Build the new version outside the locks (copying may be long).
     let name: String
-    let file: CryptoFile
+    var file: CryptoFile
     if let spare = spares.take() {
       (name, file) = spare
     } else {
@@ -1007,7 +1008,11 @@ public final class DiskManager: @unchecked Sendable {
         // Pinned: an upload finishing meanwhile moves the entry to the cache, the handle stays.
         if let latest = try openStaged(forNode: nodeID) {
           defer { latest.close() }
-          try copy(from: { try latest.read(into: $0, at: $1) }, size: latest.size, to: file)
+          let cloned: Bool
+          (file, cloned) = try clone(latest, replacing: file, at: path)
+          if !cloned {
+            try copy(from: { try latest.read(into: $0, at: $1) }, size: latest.size, to: file)
+          }
         } else if let base {
           try copy(from: { try base.read(into: $0, at: $1) }, size: base.size, to: file)
         }
@@ -1042,6 +1047,57 @@ public final class DiskManager: @unchecked Sendable {
       stateLock.withLock { add(e) }
       return StagingFile(manager: self, entry: e, file: file)
     }
+  }
+
+  /// `source`'s file copied byte for byte (ciphertext, header and all: the same content under
+  /// the same key) over `file`, the new version's empty file at `path`, by the kernel
+  /// (`copy_file_range(2)`): no decryption or encryption, and a reflink where the file system
+  /// shares extents (btrfs, XFS), so that a write after a commit does not cost a pass over the
+  /// whole file there. The file at `path` afterwards, and whether it is the copy: not when
+  /// the source has another chunk size or cipher than new files (copying through the
+  /// plaintext brings it to them) or the kernel cannot copy between the two files (it is
+  /// then still empty).
+  private func clone(_ source: StagingFile, replacing file: CryptoFile, at path: String) throws
+    -> (CryptoFile, Bool)
+  {
+    guard source.file.chunkShift == chunkShift, source.file.cipher == CryptoFile.defaultCipher
+    else { return (file, false) }
+    try source.file.flushBuffer()
+    // Closed first: closing writes what it holds (an empty file's first chunk).
+    try file.close()
+    func reopened() throws -> (CryptoFile, Bool) {
+      (try CryptoFile.open(path: path, key: key), false)
+    }
+    let from = Glibc.open(self.path(of: source.entry), O_RDONLY | O_CLOEXEC)
+    guard from >= 0 else { return try reopened() }
+    defer { Glibc.close(from) }
+    let to = Glibc.open(path, O_WRONLY | O_CLOEXEC)
+    guard to >= 0 else { return try reopened() }
+    var closeTo = true
+    defer { if closeTo { Glibc.close(to) } }
+    var copied = zdc_copy_file_range(from, to, 1 << 30)
+    if copied == -Int(EXDEV) || copied == -Int(EOPNOTSUPP) || copied == -Int(ENOSYS)
+      || copied == -Int(EINVAL)
+    {
+      return try reopened()
+    }
+    var total = max(0, copied)
+    while copied > 0 {
+      copied = zdc_copy_file_range(from, to, 1 << 30)
+      total += max(0, copied)
+    }
+    if copied == 0, ftruncate(to, off_t(total)) != 0 { copied = -Int(errno) }
+    if copied < 0 {
+      throw DiskError.from(
+        StoreError.io(
+          "copy_file_range: \(String(cString: strerror(Int32(-copied))))", errno: Int32(-copied)),
+        "copying a staged version")
+    }
+    closeTo = false
+    guard Glibc.close(to) == 0 else {
+      throw DiskError.from(StoreError.io("close", errno: errno), "copying a staged version")
+    }
+    return (try CryptoFile.open(path: path, key: key), true)
   }
 
   private func copy(

@@ -503,6 +503,41 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(disk.usage.entries == 0)
   }
 
+  /// A new version of a node with a committed one starts as the kernel's byte-for-byte copy of
+  /// its file (`copy_file_range`: a reflink on btrfs and XFS), not as a decryption and
+  /// re-encryption of every chunk: a write after a commit of a 100 MiB file took 110 ms that
+  /// way on ext4 (25 ms now; 1 ms on XFS). Writing the copy leaves the committed version as
+  /// it was.
+  @Test func aNewVersionStartsAsTheKernelsCopyOfTheCommittedOne() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let disk = try makeDisk(tmp, key: key)
+    let v1 = marked("committed", count: 300_000)
+    let s1 = try disk.stagingFile(forNode: 7)
+    try s1.write(v1, at: 0)
+    try disk.commitStaging(s1)
+    s1.close()
+    let committed = try #require(disk.stagedData(forNode: 7)).url
+    let committedBytes = try Data(contentsOf: committed)
+    let s2 = try disk.stagingFile(forNode: 7)
+    #expect(s2.version == 2 && s2.url != committed)
+    #expect(try Data(contentsOf: s2.url) == committedBytes)
+    #expect(try s2.read(offset: 0, count: 400_000) == v1)
+    try s2.write(Data("changed".utf8), at: 1000)
+    try s2.write(Data("grown".utf8), at: 400_000)
+    #expect(try Data(contentsOf: committed) == committedBytes)
+    #expect(try CryptoFile.open(at: committed, key: key).read(offset: 0, count: 400_000) == v1)
+    try disk.commitStaging(s2)
+    s2.close()
+    var expected = v1
+    expected.replaceSubrange(1000..<1007, with: Data("changed".utf8))
+    expected.append(Data(count: 400_000 - expected.count))
+    expected.append(Data("grown".utf8))
+    let staged = try #require(disk.stagedData(forNode: 7))
+    #expect(staged.version == 2)
+    #expect(
+      try CryptoFile.open(at: staged.url, key: key).read(offset: 0, count: 500_000) == expected)
+  }
+
   @Test func partialEntriesFillChunkByChunk() throws {
     let tmp = try TemporaryDirectory("disk")
     let disk = try makeDisk(tmp, key: key)

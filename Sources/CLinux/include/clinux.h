@@ -13,6 +13,12 @@ int zdc_start_writeback(int fd);
 /// `-errno` (`EOPNOTSUPP` or `EISDIR` where the file system or kernel has no such files).
 int zdc_open_tmpfile(const char *directory);
 
+/// Copies up to `length` bytes from `in` to `out` at their file offsets, inside the kernel
+/// (`copy_file_range(2)`: shared extents, a reflink, where the file system has them — btrfs,
+/// XFS — else a copy in the page cache). Returns the count copied (0 at the end of `in`), or
+/// `-errno` (`EXDEV`, `EOPNOTSUPP`, `ENOSYS` or `EINVAL` where it cannot).
+long zdc_copy_file_range(int in, int out, unsigned long length);
+
 /// Names the calling thread (`pthread_setname_np`; the first 15 bytes are kept). Returns 0 or
 /// an error number.
 int zdc_set_thread_name(const char *name);
