@@ -187,11 +187,14 @@ public final class Catalog: Sendable {
   /// Makes every commit so far durable against power loss (with ``Durability/normal`` a commit
   /// survives a crash of the process but may wait in the write-ahead log for the next
   /// checkpoint's flush): flushes the log and the database file.
-  public func makeDurable() throws {
+  public func makeDurable() throws { try LocalDurability.sync(paths: try prepareDurable()) }
+
+  /// Commits what is pending and returns the files whose flush makes every commit so far
+  /// durable (see ``makeDurable()``), for a caller that flushes them with its own.
+  public func prepareDurable() throws -> [String] {
     try commitPending()
-    guard let path else { return }
-    try LocalDurability.sync(path: path + "-wal")
-    try LocalDurability.sync(path: path)
+    guard let path else { return [] }
+    return [path + "-wal", path]
   }
 
   /// Rows whose reference to another row is dangling, as `table: count` (empty when the catalog

@@ -1,3 +1,4 @@
+import CLinux
 import Foundation
 import Glibc  // zdcfs is Linux-only (FUSE 3).
 import ZDCCore
@@ -13,6 +14,28 @@ public enum LocalDurability {
     }
     defer { Glibc.close(fd) }
     try POSIXIO.fsync(fd)
+  }
+
+  /// Flushes several files and directories to stable storage (missing ones are fine), the
+  /// writeback of all of them started before the first flush waits: that flush then commits
+  /// the file system's journal for all of them at once (ext4), and the others find their data
+  /// written and their metadata committed. Three files cost about one flush, not three.
+  /// `before` runs between the two steps (to flush a file known by descriptor).
+  public static func sync(paths: [String], before: () throws -> Void = {}) throws {
+    var fds: [Int32] = []
+    defer { for fd in fds { Glibc.close(fd) } }
+    for path in paths {
+      let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+      if fd < 0 {
+        if errno == ENOENT { continue }
+        throw POSIXIO.error("open \(path)")
+      }
+      fds.append(fd)
+      // Directories and some file systems refuse it: their flush below then does it all.
+      _ = zdc_start_writeback(fd)
+    }
+    try before()
+    for fd in fds { try POSIXIO.fsync(fd) }
   }
 }
 

@@ -1274,15 +1274,17 @@ public final class DiskManager: @unchecked Sendable {
   }
 
   /// Flushes a node's newest committed staged version, the staging directory's entries and the
-  /// index to stable storage (what `fsync(2)` of the file promises).
-  public func makeDurable(nodeID: NodeID) throws {
+  /// index to stable storage (what `fsync(2)` of the file promises), and with them the files
+  /// at `otherPaths` (the catalog's): all their writebacks start before the first flush
+  /// waits (see `LocalDurability.sync(paths:before:)`).
+  public func makeDurable(nodeID: NodeID, with otherPaths: [String] = []) throws {
     try mutationLock.withLock { try flushInsertsLocked() }
-    if let staged = try openStaged(forNode: nodeID) {
-      defer { staged.close() }
-      try staged.file.sync()
+    let staged = try openStaged(forNode: nodeID)
+    defer { staged?.close() }
+    try staged?.file.startSync()
+    try LocalDurability.sync(paths: [stagingDirectory.path] + index.durablePaths + otherPaths) {
+      try staged?.file.sync()
     }
-    try LocalDurability.sync(path: stagingDirectory.path)
-    try index.makeDurable()
   }
 
   /// The newest committed staged version of a node, or `nil`.

@@ -685,8 +685,8 @@ extension FileSystem {
     let oh = try handle(h)
     try oh.content.lock.withLock { try commitLocked(oh.content) }
     do {
-      try disk.makeDurable(nodeID: oh.content.key.nodeID)
-      try catalog.makeDurable()
+      // One batch of flushes: the staged content, the disk index and the catalog.
+      try disk.makeDurable(nodeID: oh.content.key.nodeID, with: try catalog.prepareDurable())
     } catch { throw Self.map(error) }
   }
 

@@ -14,6 +14,39 @@ let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
 
   func all(_ f: CryptoFile) throws -> Data { try f.read(offset: 0, count: Int(f.size) + 10) }
 
+  /// Several files and a directory flushed as one batch (writebacks started first, `before`
+  /// run between the two steps); a missing path is skipped, as a file gone meanwhile.
+  @Test func severalFilesAreMadeDurableInOneBatch() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let a = dir.appendingPathComponent("a")
+    let b = dir.appendingPathComponent("b")
+    try Data("first".utf8).write(to: a)
+    try Data("second".utf8).write(to: b)
+    var ran = false
+    try LocalDurability.sync(
+      paths: [a.path, dir.path, b.path, dir.appendingPathComponent("missing").path]
+    ) { ran = true }
+    #expect(ran)
+    #expect(throws: StoreError.self) {
+      try LocalDurability.sync(paths: [a.path]) { throw StoreError.io("before", errno: EIO) }
+    }
+    #expect(throws: StoreError.self) {
+      try LocalDurability.sync(paths: [a.appendingPathComponent("under-a-file").path])
+    }
+  }
+
+  /// The largest file probe: within a limit any file system allows, that limit; a directory
+  /// that cannot hold a temporary file leaves the limit as given.
+  @Test func theLargestFileProbeStaysWithinItsLimit() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    #expect(FileSizeLimit.probe(directory: dir.path, upTo: 12_345_678) == 12_345_678)
+    #expect(FileSizeLimit.probe(directory: dir.path + "/missing", upTo: 99) == 99)
+    #expect(FileSizeLimit.directory(of: "/a/b/c") == "/a/b")
+    #expect(FileSizeLimit.directory(of: "/c") == "/" && FileSizeLimit.directory(of: "c") == ".")
+  }
+
   @Test(arguments: testedChunkShifts) func emptyFileHasOneChunkAndReopens(shift: UInt8) throws {
     let dir = try temporaryDirectory()
     defer { try? FileManager.default.removeItem(at: dir) }
