@@ -11,6 +11,19 @@ import ZDCTestSupport
 
 /// Mounts real FUSE filesystems and drives them with ordinary tools.
 @Suite(.serialized) struct MountTests {
+  /// A Python preamble: `fails_with(code, what, *args)` asserts that `what(*args)` raises an
+  /// `OSError` with errno `code`.
+  static let failsWith = """
+    import errno, os
+    def fails_with(code, what, *args):
+        try:
+            what(*args)
+        except OSError as e:
+            assert e.errno == code, (what, args, e)
+            return
+        raise AssertionError(f'{what} {args} accepted')
+    """
+
   /// Writes a tree of `dirs` × `files` files of random sizes (some empty, some > 64 KiB).
   static func makeTree(at root: URL, dirs: Int, files: Int) throws {
     let random = try #require(FileHandle(forReadingAtPath: "/dev/urandom"))
@@ -232,14 +245,9 @@ import ZDCTestSupport
     let m = try MountFixture(fileSizeLimit: 64 << 20)
     try m.python(
       """
-      import errno, os
+      \(Self.failsWith)
       def too_large(what, *args):
-          try:
-              what(*args)
-          except OSError as e:
-              assert e.errno == errno.EFBIG, (what, args, e)
-              return
-          raise AssertionError(f'{what} {args} accepted')
+          fails_with(errno.EFBIG, what, *args)
       head = os.urandom(100_000)
       with open('f', 'wb') as f:
           f.write(head)
@@ -634,14 +642,9 @@ import ZDCTestSupport
     let m = try MountFixture()
     try m.python(
       """
-      import errno, os
+      \(Self.failsWith)
       def refused(what, *args):
-          try:
-              what(*args)
-          except OSError as e:
-              assert e.errno == errno.EILSEQ, (what, args, e)
-              return
-          raise AssertionError(f'{what} {args} accepted')
+          fails_with(errno.EILSEQ, what, *args)
       open('keep', 'w').write('kept')
       os.mkdir('d')
       for bad in (b'\\x80X', b'\\x81X', b'\\xffname', 'é'.encode()[:1] + b'x', b'ok\\xc3'):
