@@ -346,7 +346,7 @@ public final class CryptoFile: @unchecked Sendable {
     let file = CryptoFile(
       fd: fd, key: key, fileID: [UInt8](fileID), layout: ChunkLayout(shift: chunkShift),
       plaintextSize: 0, physicalSize: UInt64(headerSize), slot: allocateSlotScratch(),
-      cipher: cipher, aes: aes, maxPhysicalSize: FileSizeLimit.largest(forFileAt: path, fd: fd))
+      cipher: cipher, aes: aes, maxPhysicalSize: FileSizeLimit.largest(forFileAt: path))
     file.bufferIndex = 0
     file.bufferLength = 0
     file.bufferDirty = true
@@ -388,7 +388,7 @@ public final class CryptoFile: @unchecked Sendable {
       let file = CryptoFile(
         fd: fd, key: key, fileID: [UInt8](h[16..<32]), layout: layout, plaintextSize: size,
         physicalSize: physical, slot: buf, cipher: cipher, aes: aes,
-        maxPhysicalSize: FileSizeLimit.largest(forFileAt: path, fd: fd))
+        maxPhysicalSize: FileSizeLimit.largest(forFileAt: path))
       scratch = nil  // owned by the file now
       owned = true
       let last = layout.lastIndex(size)
@@ -690,7 +690,6 @@ public final class CryptoFile: @unchecked Sendable {
   }
 
   private func extend(to newSize: UInt64) throws {
-    try checkFits(newSize)
     let oldLast = layout.lastIndex(plaintextSize)
     let newLast = layout.lastIndex(newSize)
     try load(oldLast, fresh: false)
@@ -905,7 +904,10 @@ public final class CryptoFile: @unchecked Sendable {
     guard newSize <= UInt64(Int64.max) else {
       throw StoreError.io("CryptoFile truncate beyond the largest file size", errno: EFBIG)
     }
-    if newSize > plaintextSize { return try extend(to: newSize) }
+    if newSize > plaintextSize {
+      try checkFits(newSize)
+      return try extend(to: newSize)
+    }
     try flush()
     let newLast = layout.lastIndex(newSize)
     if let b = bufferIndex, b > newLast { bufferIndex = nil }

@@ -5,20 +5,17 @@ import Synchronization
 /// The largest local file, in bytes, that the file system holding a file takes and that this
 /// process may write (its `RLIMIT_FSIZE`): ext4 with 4 KiB blocks stops at 16 TiB − 4 KiB.
 ///
-/// Probed once per file system with an unnamed temporary file in the file's directory whose
-/// size is set (sparse, nothing written) by bisection; where that cannot be done, only the
-/// resource limit counts.
+/// Probed once per directory with an unnamed temporary file in it whose size is set (sparse,
+/// nothing written) by bisection; where that cannot be done, only the resource limit counts.
 enum FileSizeLimit {
-  private static let known = Mutex<[UInt64: UInt64]>([:])
+  private static let known = Mutex<[String: UInt64]>([:])
 
-  /// The limit for the file open as `fd` at `path`.
-  static func largest(forFileAt path: String, fd: Int32) -> UInt64 {
-    var st = stat()
-    guard fstat(fd, &st) == 0 else { return resourceLimit() }
-    let device = UInt64(st.st_dev)
-    if let limit = known.withLock({ $0[device] }) { return limit }
-    let limit = probe(directory: directory(of: path), upTo: resourceLimit())
-    known.withLock { $0[device] = limit }
+  /// The limit for a file at `path` (remembered per directory: no system call once known).
+  static func largest(forFileAt path: String) -> UInt64 {
+    let dir = directory(of: path)
+    if let limit = known.withLock({ $0[dir] }) { return limit }
+    let limit = probe(directory: dir, upTo: resourceLimit())
+    known.withLock { $0[dir] = limit }
     return limit
   }
 

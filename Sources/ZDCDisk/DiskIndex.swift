@@ -77,8 +77,6 @@ final class DiskIndex: Sendable {
 
   /// Flushes committed changes to stable storage (commits are `synchronous=NORMAL`: they
   /// survive a crash of the process, and wait in the write-ahead log for power-loss safety).
-  func makeDurable() throws { try LocalDurability.sync(paths: durablePaths) }
-
   /// The files whose flush makes committed changes durable.
   var durablePaths: [String] { [path + "-wal", path] }
 
