@@ -5,7 +5,7 @@ import Logging
 import Synchronization
 public import ZDCCore
 import ZDCCrypto
-import ZDCSQLite
+public import ZDCSQLite
 
 /// The local catalog: every local user's treesystem metadata and push queue, in one SQLite
 /// database.
@@ -54,6 +54,8 @@ public final class Catalog: Sendable {
   let writer: any DatabaseWriter
   /// The database file, or `nil` in memory.
   public let path: String?
+  /// What of the write-ahead log is on stable storage (`nil` in memory).
+  private let walFlush: WALFlush?
   private let temporaryDirectory: URL?
   private let failpointBox = LockedBox<String?>(nil)
   /// Share lists decoded and encoded, shared by every transaction.
@@ -124,6 +126,7 @@ public final class Catalog: Sendable {
     self.writer = writer
     self.batchWindowSeconds = batchWindow
     self.path = path
+    walFlush = path.map { WALFlush(path: $0) }
     self.temporaryDirectory = temporaryDirectory
     self.commitHooks = CommitHooks(nodes: nodes, deferred: deferredUploads, held: heldRows)
     try Schema.migrator.migrate(writer)
@@ -186,15 +189,20 @@ public final class Catalog: Sendable {
 
   /// Makes every commit so far durable against power loss (with ``Durability/normal`` a commit
   /// survives a crash of the process but may wait in the write-ahead log for the next
-  /// checkpoint's flush): flushes the log and the database file.
-  public func makeDurable() throws { try LocalDurability.sync(paths: try prepareDurable()) }
+  /// checkpoint's flush): flushes the log, unless no change was made since its last flush.
+  public func makeDurable() throws {
+    let flush = try prepareDurable()
+    try LocalDurability.sync(paths: flush.paths)
+    flush.done()
+  }
 
-  /// Commits what is pending and returns the files whose flush makes every commit so far
-  /// durable (see ``makeDurable()``), for a caller that flushes them with its own.
-  public func prepareDurable() throws -> [String] {
+  /// Commits what is pending and returns the flush that makes every commit so far durable
+  /// (see ``makeDurable()``), for a caller that flushes its files with its own and then calls
+  /// its `done()`.
+  public func prepareDurable() throws -> PendingFlush {
     try commitPending()
-    guard let path else { return [] }
-    return [path + "-wal", path]
+    guard let walFlush else { return .none }
+    return writer.writeWithoutTransaction { walFlush.pending($0) }
   }
 
   /// Rows whose reference to another row is dangling, as `table: count` (empty when the catalog

@@ -473,6 +473,10 @@ public final class CryptoFile: @unchecked Sendable {
 
   /// Bytes written since the file's writeback was last started.
   private var unsubmitted = 0
+  /// False while everything written through this object is on stable storage (after a
+  /// ``sync()`` with no write since): a file opened here may hold what another writer left
+  /// unflushed, so it starts true.
+  private var unsynced = true
   /// How much is written before the file's writeback is started: the device writes a large
   /// file while it is being written, instead of all of it at the `fsync` that ends it.
   static let writebackStep = 8 << 20
@@ -480,6 +484,7 @@ public final class CryptoFile: @unchecked Sendable {
   /// Records a write of slots ending at `end` (`count` bytes); cuts the file there when they
   /// end it.
   private func wrote(_ count: Int, to end: UInt64, endsFile: Bool) throws {
+    unsynced = true
     unsubmitted += count
     if unsubmitted >= Self.writebackStep {
       unsubmitted = 0
@@ -933,12 +938,18 @@ public final class CryptoFile: @unchecked Sendable {
     }
   }
 
-  /// Writes the buffered chunk and flushes the file to stable storage.
-  public func sync() throws {
+  /// Writes the buffered chunk and flushes the file to stable storage (no flush when nothing
+  /// was written through this object since its last one: an `fsync` that has nothing to do
+  /// costs the device a cache flush all the same). True when it flushed.
+  @discardableResult
+  public func sync() throws -> Bool {
     try exclusive {
       try checkOpen()
       try flush()
+      guard unsynced else { return false }
       try POSIXIO.fsync(fd)
+      unsynced = false
+      return true
     }
   }
 

@@ -65,6 +65,7 @@ final class DiskIndex: Sendable {
     // Before the process's first connection (a no-op afterwards).
     _ = zdc_sqlite_tune_process()
     self.path = path
+    walFlush = WALFlush(path: path)
     var config = Configuration()
     config.busyMode = .timeout(10)
     config.prepareDatabase { db in
@@ -75,10 +76,14 @@ final class DiskIndex: Sendable {
     try Self.migrator.migrate(queue)
   }
 
-  /// Flushes committed changes to stable storage (commits are `synchronous=NORMAL`: they
-  /// survive a crash of the process, and wait in the write-ahead log for power-loss safety).
-  /// The files whose flush makes committed changes durable.
-  var durablePaths: [String] { [path + "-wal", path] }
+  /// Commits are `synchronous=NORMAL`: they survive a crash of the process, and wait in the
+  /// write-ahead log for power-loss safety.
+  private let walFlush: WALFlush
+
+  /// The flush that makes every commit so far durable (nothing when one already did).
+  func pendingFlush() -> PendingFlush {
+    queue.inDatabase { walFlush.pending($0) }
+  }
 
   func allRows() throws -> [IndexRow] {
     try queue.read { db in

@@ -2,8 +2,10 @@ import CLinux
 public import Foundation
 import Glibc
 import Logging
+import Synchronization
 public import ZDCCore
 public import ZDCCrypto
+public import ZDCSQLite
 
 /// The encrypted local disk cache and write-back staging area of one state directory.
 ///
@@ -93,6 +95,8 @@ public final class DiskManager: @unchecked Sendable {
   /// `stagingFile` takes one made earlier. A crash leaves them as uncommitted files, which
   /// start-up deletes.
   private let spares: SpareStagingFiles
+  /// Which staging files have their directory entries on stable storage.
+  private let stagingDirectoryFlush = DirectoryFlush()
 
   struct CacheKey: Hashable {
     var cloudID: String
@@ -138,7 +142,8 @@ public final class DiskManager: @unchecked Sendable {
     totals.capBytes = capBytes ?? .max
     commitLog = try StagingCommitLog(path: directory.appendingPathComponent("staging.log").path)
     spares = SpareStagingFiles(
-      directory: stagingPath, key: key, chunkShift: chunkShift, queue: background)
+      directory: stagingPath, key: key, chunkShift: chunkShift, queue: background,
+      directoryFlush: stagingDirectoryFlush)
     try reconcile()
     if capBytes == nil {
       let held = stateLock.withLock { totals.bytes }
@@ -551,7 +556,13 @@ public final class DiskManager: @unchecked Sendable {
       do { try e.file?.close() } catch { logger.debug("closing a disk cache file: \(error)") }
       e.file = nil
     }
-    if deleteFile { unlink(url(of: e)) }
+    if deleteFile {
+      if stateLock.withLock({ e.unlinkLater }) {
+        unlinkSoon([path(of: e)])
+      } else {
+        unlink(url(of: e))
+      }
+    }
     if discard {
       background.async { [weak self] in self?.discardIfUnused(e) }
     }
@@ -604,16 +615,26 @@ public final class DiskManager: @unchecked Sendable {
       }
       return out
     }
-    if unlinkLater, !unpinned.isEmpty {
-      let go = stateLock.withLock { () -> Bool in
-        pendingUnlinks += unpinned
-        defer { unlinksScheduled = true }
-        return !unlinksScheduled
-      }
-      if go { background.async { [weak self] in self?.unlinkPending() } }
+    if unlinkLater {
+      // Those still open go on the maintenance queue too when their last handle closes.
+      stateLock.withLock { for e in entries where e.pins > 0 { e.unlinkLater = true } }
+    }
+    if unlinkLater {
+      unlinkSoon(unpinned)
     } else {
       for u in unpinned { unlink(path: u) }
     }
+  }
+
+  /// Deletes files on the maintenance queue.
+  private func unlinkSoon(_ paths: [String]) {
+    guard !paths.isEmpty else { return }
+    let go = stateLock.withLock { () -> Bool in
+      pendingUnlinks += paths
+      defer { unlinksScheduled = true }
+      return !unlinksScheduled
+    }
+    if go { background.async { [weak self] in self?.unlinkPending() } }
   }
 
   /// Deletes the files ``remove(nodeID:)`` left for later.
@@ -995,12 +1016,14 @@ public final class DiskManager: @unchecked Sendable {
     // Build the new version outside the locks (copying may be long).
     let name: String
     var file: CryptoFile
+    let madeAt: UInt64
     if let spare = spares.take() {
-      (name, file) = spare
+      (name, file, madeAt) = spare
     } else {
       name = Self.randomName()
       file = try CryptoFile.create(
         path: stagingPath + "/" + name, key: key, chunkShift: chunkShift)
+      madeAt = stagingDirectoryFlush.noteMade()
     }
     let path = stagingPath + "/" + name
     do {
@@ -1044,6 +1067,7 @@ public final class DiskManager: @unchecked Sendable {
       let e = Entry(row: row)
       e.file = file
       e.pins = 1
+      e.madeAt = madeAt
       stateLock.withLock { add(e) }
       return StagingFile(manager: self, entry: e, file: file)
     }
@@ -1138,8 +1162,8 @@ public final class DiskManager: @unchecked Sendable {
   /// Commits a staging version: writes it out and marks it dirty (to upload). Older committed
   /// versions of the node are superseded and removed. The version is sealed.
   ///
-  /// The commit survives a crash of this process; ``makeDurable(nodeID:)`` makes it survive a
-  /// power loss too.
+  /// The commit survives a crash of this process; ``makeDurable(nodeID:with:)`` makes it
+  /// survive a power loss too.
   public func commitStaging(_ staging: StagingFile) throws {
     let e = staging.entry
     try staging.file.flushBuffer()
@@ -1178,7 +1202,10 @@ public final class DiskManager: @unchecked Sendable {
           $0 !== e && $0.row.committed && $0.row.version < row.version
         }
       }
-      removeEntries(older)
+      // Their files go on the maintenance queue: unlinking a file that was just written (a
+      // version superseded by the next commit, as each transaction of a database in the mount
+      // supersedes the last) cost the commit a third of a millisecond.
+      removeEntries(older, unlinkLater: true)
       if deferred { scheduleInsertFlush() }
     }
     scheduleEviction()
@@ -1274,17 +1301,36 @@ public final class DiskManager: @unchecked Sendable {
   }
 
   /// Flushes a node's newest committed staged version, the staging directory's entries and the
-  /// index to stable storage (what `fsync(2)` of the file promises), and with them the files
-  /// at `otherPaths` (the catalog's): all their writebacks start before the first flush
-  /// waits (see `LocalDurability.sync(paths:before:)`).
-  public func makeDurable(nodeID: NodeID, with otherPaths: [String] = []) throws {
+  /// index to stable storage (what `fsync(2)` of the file promises), and with them `other`
+  /// (the catalog's): all their writebacks start before the first flush waits (see
+  /// `LocalDurability.sync(paths:before:)`). Each is flushed only when something of it may not
+  /// be on stable storage yet (the version not flushed since its commit, a file made in the
+  /// staging directory since its last flush, a change of the index since its last flush): a
+  /// flush with nothing to do costs the device a cache flush all the same. Returns how many
+  /// files it flushed.
+  @discardableResult
+  public func makeDurable(nodeID: NodeID, with other: PendingFlush = .none) throws -> Int {
     try mutationLock.withLock { try flushInsertsLocked() }
     let staged = try openStaged(forNode: nodeID)
     defer { staged?.close() }
-    try staged?.file.startSync()
-    try LocalDurability.sync(paths: [stagingDirectory.path] + index.durablePaths + otherPaths) {
-      try staged?.file.sync()
+    // Read before the flush: it covers every file made so far.
+    let made = stagingDirectoryFlush.made
+    let directory =
+      staged.map { stagingDirectoryFlush.needsFlush(madeAt: $0.entry.madeAt) } ?? false
+    let index = index.pendingFlush()
+    // A committed version never changes: once flushed, it stays on stable storage.
+    let flushed = staged.map { s in stateLock.withLock { s.entry.flushed } } ?? true
+    if !flushed { try staged?.file.startSync() }
+    let paths = (directory ? [stagingDirectory.path] : []) + index.paths + other.paths
+    var content = false
+    try LocalDurability.sync(paths: paths) {
+      if !flushed, let staged { content = try staged.file.sync() }
     }
+    if let staged, !flushed { stateLock.withLock { staged.entry.flushed = true } }
+    if directory { stagingDirectoryFlush.didFlush(made) }
+    index.done()
+    other.done()
+    return paths.count + (content ? 1 : 0)
   }
 
   /// The newest committed staged version of a node, or `nil`.
@@ -1380,31 +1426,61 @@ public final class DiskManager: @unchecked Sendable {
   }
 }
 
+/// Which files made in a directory are known to have their entries on stable storage: files
+/// are numbered as they are made (from 2; files found at start-up count as 1) and a flush of
+/// the directory covers every one made before it started.
+final class DirectoryFlush: Sendable {
+  private let state = Mutex<(made: UInt64, flushed: UInt64)>((1, 0))
+
+  /// Numbers a file just made.
+  func noteMade() -> UInt64 {
+    state.withLock {
+      $0.made += 1
+      return $0.made
+    }
+  }
+
+  /// The number of the last file made.
+  var made: UInt64 { state.withLock { $0.made } }
+
+  /// True when the entry of file number `madeAt` may not be on stable storage yet.
+  func needsFlush(madeAt: UInt64) -> Bool { state.withLock { madeAt > $0.flushed } }
+
+  /// Records a flush of the directory that started after file number `made` was made.
+  func didFlush(_ made: UInt64) { state.withLock { $0.flushed = max($0.flushed, made) } }
+}
+
 /// Spare empty staging files (see `DiskManager.spares`). Refills run on the manager's
 /// maintenance queue and hold only this object, so a released manager is never kept alive.
 final class SpareStagingFiles: @unchecked Sendable {
   // @unchecked: `files`, `refilling` and `closed` are guarded by `lock`.
   private let lock = NSLock()
-  private var files: [(String, CryptoFile)] = []
+  private var files: [(String, CryptoFile, UInt64)] = []
   private var refilling = false
   private var closed = false
   let directory: String
   let key: Data
   let chunkShift: UInt8
   let queue: DispatchQueue
+  let directoryFlush: DirectoryFlush
   /// How many spare files are kept ready.
   static let target = 16
 
-  init(directory: String, key: Data, chunkShift: UInt8, queue: DispatchQueue) {
+  init(
+    directory: String, key: Data, chunkShift: UInt8, queue: DispatchQueue,
+    directoryFlush: DirectoryFlush
+  ) {
     self.directory = directory
     self.key = key
     self.chunkShift = chunkShift
     self.queue = queue
+    self.directoryFlush = directoryFlush
   }
 
-  /// A spare file (its name and open CryptoFile), or `nil`; starts a refill when running low.
-  func take() -> (String, CryptoFile)? {
-    let (spare, refill) = lock.withLock { () -> ((String, CryptoFile)?, Bool) in
+  /// A spare file (its name, open CryptoFile and ``DirectoryFlush`` mark), or `nil`; starts a
+  /// refill when running low.
+  func take() -> (String, CryptoFile, UInt64)? {
+    let (spare, refill) = lock.withLock { () -> ((String, CryptoFile, UInt64)?, Bool) in
       let spare = files.popLast()
       let refill = !closed && files.count < Self.target / 2 && !refilling
       if refill { refilling = true }
@@ -1427,9 +1503,10 @@ final class SpareStagingFiles: @unchecked Sendable {
     do {
       let file = try CryptoFile.create(
         path: path, key: key, chunkShift: chunkShift, deferringFirstChunk: true)
+      let madeAt = directoryFlush.noteMade()
       let kept = lock.withLock { () -> Bool in
         guard !closed else { return false }
-        files.append((name, file))
+        files.append((name, file, madeAt))
         return true
       }
       if !kept {
@@ -1447,7 +1524,7 @@ final class SpareStagingFiles: @unchecked Sendable {
   /// Deletes the spare files — spares were never anyone's content —; with `closing`, for good
   /// (a refill under way deletes what it still makes), else new ones are made when needed.
   func discard(closing: Bool = true) {
-    let spares = lock.withLock { () -> [(String, CryptoFile)] in
+    let spares = lock.withLock { () -> [(String, CryptoFile, UInt64)] in
       closed = true
       defer { files.removeAll() }
       return files
@@ -1457,7 +1534,7 @@ final class SpareStagingFiles: @unchecked Sendable {
       queue.sync {}
       lock.withLock { closed = false }
     }
-    for (name, file) in spares {
+    for (name, file, _) in spares {
       try? file.close()
       Glibc.unlink(directory + "/" + name)
     }

@@ -12,8 +12,15 @@ final class Entry: @unchecked Sendable {
   var pins = 0
   /// Out of the index: its file is deleted when the last handle closes.
   var removed = false
+  /// Its file is deleted on the maintenance queue rather than by the last handle's close.
+  var unlinkLater = false
+  /// A committed staging version flushed to stable storage (it never changes afterwards).
+  var flushed = false
   /// The shared open CryptoFile while pinned.
   var file: CryptoFile?
+  /// When the file was made in its directory (see `DirectoryFlush`); 1 for files found at
+  /// start-up.
+  var madeAt: UInt64 = 1
   let openLock = NSLock()
 
   init(row: IndexRow) {

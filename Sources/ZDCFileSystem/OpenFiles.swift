@@ -685,7 +685,8 @@ extension FileSystem {
     let oh = try handle(h)
     try oh.content.lock.withLock { try commitLocked(oh.content) }
     do {
-      // One batch of flushes: the staged content, the disk index and the catalog.
+      // One batch of flushes: the staged content, the disk index and the catalog (each
+      // only when something of it is not on stable storage yet).
       try disk.makeDurable(nodeID: oh.content.key.nodeID, with: try catalog.prepareDurable())
     } catch { throw Self.map(error) }
   }

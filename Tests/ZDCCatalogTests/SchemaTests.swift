@@ -2,6 +2,7 @@ import Foundation
 import Testing
 @_spi(Testing) import ZDCCatalog
 import ZDCCore
+import ZDCCrypto
 
 @Suite struct SchemaTests {
   @Test func migrationsAppliedAndReopen() throws {
@@ -31,6 +32,22 @@ import ZDCCore
 
     let normal = try Catalog(path: path, options: .init(durability: .normal))
     #expect(try normal.pragma("synchronous") == "1")  // NORMAL
+  }
+
+  /// Making the catalog durable flushes its write-ahead log only when a change was made since
+  /// the last flush (never the database file: a checkpoint flushes it itself).
+  @Test func makeDurableFlushesTheLogOnlyAfterAChange() throws {
+    let catalog = try Catalog.temporary(options: .init(durability: .normal))
+    try catalog.createLocalUser(makeUser("alice"))
+    let first = try catalog.prepareDurable()
+    #expect(first.paths == [try #require(catalog.path) + "-wal"])
+    try LocalDurability.sync(paths: first.paths)
+    first.done()
+    #expect(try catalog.prepareDurable().paths.isEmpty)
+    try catalog.write("alice", commit: .soon) { _ = try $0.createNode(path: p("a")) }
+    #expect(try catalog.prepareDurable().paths.count == 1)
+    try catalog.makeDurable()
+    #expect(try catalog.prepareDurable().paths.isEmpty)
   }
 
   /// Without foreign-key actions, deleting nodes, finishing and dropping operations and

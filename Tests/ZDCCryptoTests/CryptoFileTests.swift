@@ -36,6 +36,32 @@ let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
     }
   }
 
+  /// A flush with nothing written since the last one is skipped (it would cost the device a
+  /// cache flush all the same); any write, a truncation, or a file opened anew flushes again.
+  @Test func aSyncWithNothingWrittenSinceTheLastFlushesNothing() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let url = dir.appendingPathComponent("f")
+    let f = try CryptoFile.create(at: url, key: key)
+    try f.write(Data(repeating: 7, count: 10_000), at: 0)
+    #expect(try f.sync())
+    #expect(try !f.sync())
+    try f.write(Data([1]), at: 5)
+    #expect(try f.sync())
+    #expect(try !f.sync())
+    try f.truncate(to: 3)
+    #expect(try f.sync())
+    try f.truncate(to: 9_000)
+    #expect(try f.sync())
+    #expect(try !f.sync())
+    try f.close()
+    let reopened = try CryptoFile.open(at: url, key: key)
+    defer { try? reopened.close() }
+    #expect(try reopened.sync())
+    #expect(try !reopened.sync())
+    #expect(try reopened.read(offset: 0, count: 3) == Data(repeating: 7, count: 3))
+  }
+
   /// The largest file probe: within a limit any file system allows, that limit; a directory
   /// that cannot hold a temporary file leaves the limit as given.
   @Test func theLargestFileProbeStaysWithinItsLimit() throws {

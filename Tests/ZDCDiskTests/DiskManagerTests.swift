@@ -130,6 +130,38 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(disk.usage.entries == 1)
   }
 
+  /// `fsync(2)`'s flushes: the staged version, the staging directory (while it may not hold
+  /// the version's file durably yet) and the index, each only when something of it is not on
+  /// stable storage yet; a version superseded by a commit is deleted soon after, not by it.
+  @Test func makeDurableFlushesOnlyWhatIsNotOnStableStorageYet() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let disk = try makeDisk(tmp, key: key)
+    var s = try disk.stagingFile(forNode: 7)
+    try s.write(marked("one", count: 20_000), at: 0)
+    try disk.commitStaging(s)
+    s.close()
+    // The version, the directory (a file made since start) and the index (its row).
+    #expect(try disk.makeDurable(nodeID: 7) == 3)
+    #expect(try disk.makeDurable(nodeID: 7) == 0)
+    let first = try #require(disk.stagedData(forNode: 7)).url
+    s = try disk.stagingFile(forNode: 7)
+    try s.write(marked("two", count: 100), at: 50)
+    try disk.commitStaging(s)
+    s.close()
+    let flushed = try disk.makeDurable(nodeID: 7)
+    #expect(flushed >= 2 && flushed <= 3)
+    #expect(try disk.makeDurable(nodeID: 7) == 0)
+    // A node with nothing staged has nothing of its own to flush.
+    #expect(try disk.makeDurable(nodeID: 8) == 0)
+    disk.flush()
+    #expect(!FileManager.default.fileExists(atPath: first.path))
+    let staged = try #require(disk.stagedData(forNode: 7))
+    var expected = marked("one", count: 20_000)
+    expected.replaceSubrange(50..<150, with: marked("two", count: 100))
+    #expect(
+      try CryptoFile.open(at: staged.url, key: key).read(offset: 0, count: 20_000) == expected)
+  }
+
   @Test func indexSurvivesARestart() throws {
     let tmp = try TemporaryDirectory("disk")
     let one = CryptoFile.physicalSize(plaintextSize: 70_000)
