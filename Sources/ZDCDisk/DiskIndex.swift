@@ -22,6 +22,10 @@ struct IndexRow: Sendable {
   var committed: Bool
   var complete: Bool
   var chunks: Data?
+  /// A committed staging version whose file is a copy made when its own file went on as the
+  /// next version's, written in place: that file (see `DiskManager.stagingFile`). Start-up
+  /// falls back to it when the copy did not survive a power loss.
+  var origin: String? = nil
 }
 
 /// The index database (`disk.sqlite`): schema, migrations and the few statements the disk
@@ -58,6 +62,9 @@ final class DiskIndex: Sendable {
           CREATE INDEX entries_node ON entries (nodeID, version);
           """)
     }
+    m.registerMigration("v2") { db in
+      try db.execute(sql: "ALTER TABLE entries ADD COLUMN origin TEXT")
+    }
     return m
   }
 
@@ -93,7 +100,7 @@ final class DiskIndex: Sendable {
           version: r["version"], cloudID: r["cloudID"], eTag: r["eTag"], fileName: r["fileName"],
           size: UInt64(bitPattern: r["size"]), diskBytes: UInt64(bitPattern: r["diskBytes"]),
           lastAccess: r["lastAccess"], dirty: r["dirty"], committed: r["committed"],
-          complete: r["complete"], chunks: r["chunks"])
+          complete: r["complete"], chunks: r["chunks"], origin: r["origin"])
       }
     }
   }
@@ -142,6 +149,14 @@ final class DiskIndex: Sendable {
           Int64(bitPattern: row.size), Int64(bitPattern: row.diskBytes), row.lastAccess,
           row.dirty, row.committed, row.complete, row.chunks, row.id,
         ])
+    }
+  }
+
+  /// Gives a row another file (and records the one it had as its `origin`).
+  func moveFile(id: Int64, to fileName: String, origin: String?) throws {
+    try write { db in
+      try db.cachedStatement(sql: "UPDATE entries SET fileName = ?, origin = ? WHERE id = ?")
+        .execute(arguments: [fileName, origin, id])
     }
   }
 

@@ -481,6 +481,30 @@ public final class DiskManager: @unchecked Sendable {
     for r in commitLog.records() where files[.staging]?.contains(r.name) == true {
       committed[r.name] = (r.nodeID, r.version)
     }
+    // A version whose file went on as the next version's, written in place, is its copy; with
+    // the next version never committed, that file is left over. A copy a power loss cut short
+    // gives way to it (see `writeInPlace`).
+    for e in keep where e.row.pool == .staging && e.row.committed {
+      guard let origin = e.row.origin, committed[origin] == nil,
+        files[.staging]?.contains(origin) == true
+      else { continue }
+      let copy = url(pool: .staging, fileName: e.row.fileName).path
+      let original = url(pool: .staging, fileName: origin).path
+      guard !Self.isIntactCopy(copy, of: original, size: e.row.size, key: key) else { continue }
+      do { try index.moveFile(id: e.id, to: origin, origin: nil) } catch {
+        throw DiskError.from(error, "cannot read the disk index")
+      }
+      logger.error(
+        "staged content of node \(e.row.nodeID ?? 0) version \(e.row.version): its copy did not survive; the file it was written over in place is used"
+      )
+      files[.staging]?.remove(origin)
+      files[.staging]?.insert(e.row.fileName)
+      e.row.fileName = origin
+      e.row.origin = nil
+      if let layout = try? CryptoFile.layout(ofFileAt: URL(fileURLWithPath: original)) {
+        e.row.size = layout.plaintextSize
+      }
+    }
     var adoptedRows: [IndexRow] = []
     for (name, (nodeID, version)) in committed {
       let path = url(pool: .staging, fileName: name)
@@ -518,6 +542,47 @@ public final class DiskManager: @unchecked Sendable {
       logger.info(
         "disk index reconciled: \(drop.count) rows dropped, \(files.values.map(\.count).reduce(0, +)) stray files deleted"
       )
+    }
+  }
+
+  /// Whether `copy` holds what `original` held when it was copied, as far as a power loss
+  /// can tell: a CryptoFile of `size` bytes whose last chunk authenticates, and no 4 KiB page
+  /// of zeros (a block the device never got) where `original` has bytes — `original` has
+  /// been written in place since only where the next version wrote, and falling back to it
+  /// gives the version some of that version's writes, which no `fsync` had acknowledged.
+  static func isIntactCopy(_ copy: String, of original: String, size: UInt64, key: Data) -> Bool {
+    guard let f = try? CryptoFile.open(path: copy, key: key) else { return false }
+    let plaintext = f.size
+    try? f.close()
+    guard plaintext == size else { return false }
+    let a = Glibc.open(copy, O_RDONLY | O_CLOEXEC)
+    let b = Glibc.open(original, O_RDONLY | O_CLOEXEC)
+    defer {
+      if a >= 0 { Glibc.close(a) }
+      if b >= 0 { Glibc.close(b) }
+    }
+    guard a >= 0, b >= 0 else { return a >= 0 }
+    let page = 4096
+    let x = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: page)
+    let y = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: page)
+    defer {
+      x.deallocate()
+      y.deallocate()
+    }
+    var offset: off_t = 0
+    while true {
+      let n = Glibc.pread(a, x.baseAddress, x.count, offset)
+      guard n > 0 else { return n == 0 }
+      let m = max(0, Glibc.pread(b, y.baseAddress, n, offset))
+      var p = 0
+      while p < n {
+        let end = min(p + page, n)
+        if x[p..<end].allSatisfy({ $0 == 0 }), p < m, !y[p..<min(end, m)].allSatisfy({ $0 == 0 }) {
+          return false
+        }
+        p = end
+      }
+      offset += off_t(n)
     }
   }
 
@@ -999,7 +1064,9 @@ public final class DiskManager: @unchecked Sendable {
 
   /// A writable staging version of a node: the node's open uncommitted version if there is
   /// one, else a new version holding a copy of its newest committed staged version, else a
-  /// copy of `base`, else empty. With `truncate`, a new version starts empty.
+  /// copy of `base`, else empty. With `truncate`, a new version starts empty. The new version
+  /// is written in the committed version's own file where it can (`writeInPlace`), and the
+  /// committed version keeps the copy.
   ///
   /// A caller that found the node's current content itself passes it as `base`: a staged
   /// version it holds may meanwhile have become a cache entry (its upload finished), and would
@@ -1035,6 +1102,10 @@ public final class DiskManager: @unchecked Sendable {
           (file, cloned) = try clone(latest, replacing: file, at: path)
           if !cloned {
             try copy(from: { try latest.read(into: $0, at: $1) }, size: latest.size, to: file)
+          } else if let inPlace = try writeInPlace(
+            latest, copy: file, copyName: name, copyMadeAt: madeAt, base: base)
+          {
+            return inPlace
           }
         } else if let base {
           try copy(from: { try base.read(into: $0, at: $1) }, size: base.size, to: file)
@@ -1070,6 +1141,84 @@ public final class DiskManager: @unchecked Sendable {
       e.madeAt = madeAt
       stateLock.withLock { add(e) }
       return StagingFile(manager: self, entry: e, file: file)
+    }
+  }
+
+  /// The next version of `latest`'s node written in place: when the newest committed version
+  /// was made durable (an `fsync`), nobody else has it open and no upload took its file, that
+  /// version takes `copy` (its copy, just made) as its file and the new version goes on in the
+  /// file the version had, or `nil` (the caller makes the new version from `copy`).
+  ///
+  /// Either way a whole copy of the committed content is made; but the new version's file is
+  /// the one whose blocks are allocated and on stable storage already, so that its `fsync`
+  /// writes the chunks written since, not the whole file (a database in the mount, each of
+  /// whose transactions writes a few pages and `fsync`s them, wrote the whole database per
+  /// transaction), while the copy is written back by the kernel at leisure and usually deleted
+  /// first (superseded at the next commit). The exchange is in the index (the version's row
+  /// names the copy) before anything writes the old file in place: after a crash the version
+  /// is the copy, and the new version, uncommitted, goes. The row keeps the old file's name
+  /// (`origin`): a copy a power loss left incomplete falls back to it at start-up. A version
+  /// never made durable gains nothing from it (nothing is flushed; a file appended to and
+  /// closed again and again would pay the index's write for nothing), and is copied as before.
+  private func writeInPlace(
+    _ latest: StagingFile, copy: CryptoFile, copyName: String, copyMadeAt: UInt64,
+    base: StagingBase?
+  ) throws -> StagingFile? {
+    let e = latest.entry
+    let nodeID = latest.nodeID
+    // Handles on the version besides `latest`: the caller's `base` (the same version).
+    var expectedPins = 1
+    if case .staged(let b) = base, b.entry === e { expectedPins += 1 }
+    return try mutationLock.withLock { () -> StagingFile? in
+      func eligible(locked: Bool = false) -> Bool {
+        func check() -> Bool {
+          !e.removed && e.row.committed && e.row.pool == .staging && e.flushed && !e.exported
+            && e.pins == expectedPins && stagingEntries[nodeID]?.last === e
+        }
+        return locked ? check() : stateLock.withLock(check)
+      }
+      guard eligible() else { return nil }
+      if e.id < 0 {
+        try flushInsertsLocked()
+        guard e.id > 0, eligible() else { return nil }
+      }
+      // The version's open lock, then the state lock (the order of `openFile` and `unpin`),
+      // held from the last look at its handles to the exchange: a handle taken meanwhile
+      // opens the copy.
+      let next = e.openLock.withLock { () -> Entry? in
+        let next = stateLock.withLock { () -> Entry? in
+          guard eligible(locked: true) else { return nil }
+          let original = e.row.fileName
+          do {
+            try index.moveFile(id: e.id, to: copyName, origin: original)
+          } catch {
+            logger.warning("cannot write a staged version in place: \(error)")
+            return nil
+          }
+          e.row.fileName = copyName
+          e.row.origin = original
+          let originalMadeAt = e.madeAt
+          e.madeAt = copyMadeAt
+          e.flushed = false
+          provisionalIDs -= 1
+          let size = latest.file.size
+          let row = IndexRow(
+            id: provisionalIDs, pool: .staging, nodeID: nodeID, version: e.row.version + 1,
+            cloudID: nil, eTag: nil, fileName: original, size: size,
+            diskBytes: Self.diskBytes(size: size, bitmap: nil, chunkShift: latest.file.chunkShift),
+            lastAccess: nextTick(), dirty: false, committed: false, complete: true, chunks: nil)
+          let next = Entry(row: row)
+          next.file = latest.file
+          next.pins = 1
+          next.madeAt = originalMadeAt
+          add(next)
+          return next
+        }
+        if next != nil { e.file = copy }
+        return next
+      }
+      guard let next else { return nil }
+      return StagingFile(manager: self, entry: next, file: latest.file)
     }
   }
 
@@ -1333,12 +1482,15 @@ public final class DiskManager: @unchecked Sendable {
     return paths.count + (content ? 1 : 0)
   }
 
-  /// The newest committed staged version of a node, or `nil`.
-  public func stagedData(forNode nodeID: NodeID) -> StagedData? {
+  /// The newest committed staged version of a node, or `nil`. With `exporting` (an upload
+  /// reads its file), that file is never written in place afterwards (see
+  /// ``stagingFile(forNode:truncate:base:)``).
+  public func stagedData(forNode nodeID: NodeID, exporting: Bool = false) -> StagedData? {
     stateLock.withLock {
       guard let e = stagingEntries[nodeID]?.last(where: { $0.row.committed && $0.row.dirty }) else {
         return nil
       }
+      if exporting { e.exported = true }
       return StagedData(
         nodeID: nodeID, version: e.row.version,
         url: url(pool: .staging, fileName: e.row.fileName), key: key, size: e.row.size)

@@ -16,6 +16,8 @@ final class Entry: @unchecked Sendable {
   var unlinkLater = false
   /// A committed staging version flushed to stable storage (it never changes afterwards).
   var flushed = false
+  /// Its file was handed out by path (an upload reads it): never written in place.
+  var exported = false
   /// The shared open CryptoFile while pinned.
   var file: CryptoFile?
   /// When the file was made in its directory (see `DirectoryFlush`); 1 for files found at

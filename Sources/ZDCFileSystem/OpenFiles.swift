@@ -286,6 +286,10 @@ extension FileSystem {
       return w
     }
     let id = c.key.nodeID
+    // This content's own handles on the committed version go first: with no other handle on
+    // it, the new version is written in its file, in place (see `DiskManager.stagingFile`).
+    c.closeCommitted()
+    c.resetReader()
     var base: StagingBase?
     defer { base?.close() }
     if !truncate && !c.isNew {

@@ -158,7 +158,7 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
   /// Before, such a node's content went up empty.
   private func stagedOrStagingCached(_ node: Node) -> StagedData? {
     let disk = fileSystem.disk
-    if let staged = disk.stagedData(forNode: node.id) { return staged }
+    if let staged = disk.stagedData(forNode: node.id, exporting: true) { return staged }
     guard let cached = cachedForUpload(node) else { return nil }
     defer { cached.close() }
     do {
@@ -170,7 +170,7 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
         "cannot stage cached content for upload", metadata: ["error": "\(error)"])
       return nil
     }
-    return disk.stagedData(forNode: node.id)
+    return disk.stagedData(forNode: node.id, exporting: true)
   }
 
   public func hasContent(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
