@@ -144,8 +144,10 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(try disk.makeDurable(nodeID: 7) == 3)
     #expect(try disk.makeDurable(nodeID: 7) == 0)
     s = try disk.stagingFile(forNode: 7)
-    // The committed version's copy (the new version goes on in its file).
+    // The committed version's file: a file this small is copied, not written in place (see
+    // `DiskManager.inPlaceMinimumSize`); the commit below supersedes it.
     let first = try #require(disk.stagedData(forNode: 7)).url
+    #expect(s.url != first)
     try s.write(marked("two", count: 100), at: 50)
     try disk.commitStaging(s)
     s.close()
@@ -415,7 +417,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     let disk = try makeDisk(tmp, key: key)
     for (node, exported) in [(NodeID(1), true), (NodeID(2), false)] {
       var s = try disk.stagingFile(forNode: node)
-      try s.write(marked("v1", count: 50_000), at: 0)
+      try s.write(marked("v1", count: 300_000), at: 0)
       try disk.commitStaging(s)
       s.close()
       try disk.makeDurable(nodeID: node)
@@ -425,7 +427,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
       #expect(s.url != committedFile)
       #expect(try #require(disk.stagedData(forNode: node)).url == committedFile)
       try s.write(marked("v2", count: 10), at: 0)
-      #expect(try stagedContent(disk, node) == marked("v1", count: 50_000))
+      #expect(try stagedContent(disk, node) == marked("v1", count: 300_000))
       if let reader {
         #expect(try reader.read(offset: 0, count: 10) == marked("v1", count: 10))
         reader.close()
@@ -440,7 +442,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
   @Test func aCopyAPowerLossCutShortGivesWayToTheFileWrittenInPlace() throws {
     let tmp = try TemporaryDirectory("disk")
     let crashed = try TemporaryDirectory("disk-crashed")
-    let original = marked("db", count: 200_000)
+    let original = marked("db", count: 300_000)
     var copyName = ""
     do {
       let disk = try makeDisk(tmp, key: key)
