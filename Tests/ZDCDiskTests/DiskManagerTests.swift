@@ -354,6 +354,15 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     for node in [Int64(2), 4] { #expect(!reopened.isDirty(nodeID: node)) }
   }
 
+  /// Commits `content` as a new staged version of `node` (made durable with `durable`).
+  func commit(_ disk: DiskManager, _ node: NodeID, _ content: Data, durable: Bool = true) throws {
+    let s = try disk.stagingFile(forNode: node, truncate: true)
+    defer { s.close() }
+    try s.write(content, at: 0)
+    try disk.commitStaging(s)
+    if durable { try disk.makeDurable(nodeID: node) }
+  }
+
   /// Reads a node's newest committed staged version whole.
   func stagedContent(_ disk: DiskManager, _ node: NodeID) throws -> Data {
     let staged = try #require(disk.stagedData(forNode: node))
@@ -375,13 +384,10 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     edited.replaceSubrange(65_536..<131_072, with: edit)
     do {
       let disk = try makeDisk(tmp, key: key)
-      var s = try disk.stagingFile(forNode: 7)
-      try s.write(original, at: 0)
-      try disk.commitStaging(s)
-      s.close()
+      try commit(disk, 7, original, durable: false)
       let committedFile = try #require(disk.stagedData(forNode: 7)).url
       // Not made durable yet: copied, as any version never flushed.
-      s = try disk.stagingFile(forNode: 7)
+      var s = try disk.stagingFile(forNode: 7)
       #expect(s.url != committedFile)
       s.close()
       try disk.makeDurable(nodeID: 7)
@@ -416,14 +422,10 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     let tmp = try TemporaryDirectory("disk")
     let disk = try makeDisk(tmp, key: key)
     for (node, exported) in [(NodeID(1), true), (NodeID(2), false)] {
-      var s = try disk.stagingFile(forNode: node)
-      try s.write(marked("v1", count: 300_000), at: 0)
-      try disk.commitStaging(s)
-      s.close()
-      try disk.makeDurable(nodeID: node)
+      try commit(disk, node, marked("v1", count: 300_000))
       let committedFile = try #require(disk.stagedData(forNode: node, exporting: exported)).url
       let reader = exported ? nil : try disk.openStaged(forNode: node)
-      s = try disk.stagingFile(forNode: node)
+      let s = try disk.stagingFile(forNode: node)
       #expect(s.url != committedFile)
       #expect(try #require(disk.stagedData(forNode: node)).url == committedFile)
       try s.write(marked("v2", count: 10), at: 0)
@@ -446,12 +448,8 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     var copyName = ""
     do {
       let disk = try makeDisk(tmp, key: key)
-      var s = try disk.stagingFile(forNode: 5)
-      try s.write(original, at: 0)
-      try disk.commitStaging(s)
-      s.close()
-      try disk.makeDurable(nodeID: 5)
-      s = try disk.stagingFile(forNode: 5)
+      try commit(disk, 5, original)
+      let s = try disk.stagingFile(forNode: 5)
       copyName = try #require(disk.stagedData(forNode: 5)).url.lastPathComponent
       try FileManager.default.copyItem(at: tmp.path("state"), to: crashed.path("state"))
       s.close()
