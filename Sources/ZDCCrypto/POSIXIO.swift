@@ -21,11 +21,12 @@ public enum LocalDurability {
   /// writeback of all of them started before the first flush waits: that flush then commits
   /// the file system's journal for all of them at once (ext4), and the others find their data
   /// written and their metadata committed. Three files cost about one flush, not three. The
-  /// flushes then wait at the same time (`before`'s on the calling thread, the others' on the
-  /// global queue), so that a file system that sends the device a flush per `fsync` (ext4
-  /// without a journal) has them merged. `before` runs between the two steps (to flush a file
-  /// known by descriptor).
-  public static func sync(paths: [String], before: () throws -> Void = {}) throws {
+  /// flushes then wait at the same time (one on the calling thread — `before`'s, else the
+  /// first file's —, the others on the global queue), so that a file system that sends the
+  /// device a flush per `fsync` (ext4 without a journal) has them merged; a lone flush never
+  /// leaves the calling thread. `before` runs between the two steps (to flush a file known by
+  /// descriptor).
+  public static func sync(paths: [String], before: (() throws -> Void)? = nil) throws {
     var fds: [Int32] = []
     defer { for fd in fds { Glibc.close(fd) } }
     for path in paths {
@@ -38,17 +39,23 @@ public enum LocalDurability {
       // Directories and some file systems refuse it: their flush below then does it all.
       _ = zdc_start_writeback(fd)
     }
-    if fds.isEmpty { return try before() }
-    // The flushes wait together: the block layer merges flush requests that are pending at
-    // the same time (ext4 without a journal sends one per `fsync`).
+    var others = fds[...]
+    let here: () throws -> Void
+    if let before {
+      here = before
+    } else if let first = others.popFirst() {
+      here = { try POSIXIO.fsync(first) }
+    } else {
+      return
+    }
     let failure = Mutex<(any Error)?>(nil)
     let group = DispatchGroup()
-    for fd in fds {
+    for fd in others {
       DispatchQueue.global(qos: .userInitiated).async(group: group) {
         do { try POSIXIO.fsync(fd) } catch { failure.withLock { $0 = $0 ?? error } }
       }
     }
-    do { try before() } catch { failure.withLock { $0 = $0 ?? error } }
+    do { try here() } catch { failure.withLock { $0 = $0 ?? error } }
     group.wait()
     if let error = failure.withLock({ $0 }) { throw error }
   }

@@ -1171,25 +1171,23 @@ public final class DiskManager: @unchecked Sendable {
     var expectedPins = 1
     if case .staged(let b) = base, b.entry === e { expectedPins += 1 }
     return try mutationLock.withLock { () -> StagingFile? in
-      func eligible(locked: Bool = false) -> Bool {
-        func check() -> Bool {
-          !e.removed && e.row.committed && e.row.pool == .staging && e.flushed && !e.exported
-            && e.row.size >= Self.inPlaceMinimumSize && e.pins == expectedPins
-            && stagingEntries[nodeID]?.last === e
-        }
-        return locked ? check() : stateLock.withLock(check)
+      // Caller holds `stateLock`.
+      func eligible() -> Bool {
+        !e.removed && e.row.committed && e.row.pool == .staging && e.flushed && !e.exported
+          && e.row.size >= Self.inPlaceMinimumSize && e.pins == expectedPins
+          && stagingEntries[nodeID]?.last === e
       }
-      guard eligible() else { return nil }
+      guard stateLock.withLock(eligible) else { return nil }
       if e.id < 0 {
         try flushInsertsLocked()
-        guard e.id > 0, eligible() else { return nil }
+        guard e.id > 0, stateLock.withLock(eligible) else { return nil }
       }
       // The version's open lock, then the state lock (the order of `openFile` and `unpin`),
       // held from the last look at its handles to the exchange: a handle taken meanwhile
       // opens the copy.
       let next = e.openLock.withLock { () -> Entry? in
         let next = stateLock.withLock { () -> Entry? in
-          guard eligible(locked: true) else { return nil }
+          guard eligible() else { return nil }
           let original = e.row.fileName
           do {
             try index.moveFile(id: e.id, to: copyName, origin: original)
