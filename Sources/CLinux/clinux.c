@@ -8,9 +8,26 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 int zdc_start_writeback(int fd) { return sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); }
+
+int zdc_write_and_wait(int fd) {
+  int r;
+  do {
+    r = sync_file_range(fd, 0, 0,
+                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                            SYNC_FILE_RANGE_WAIT_AFTER);
+  } while (r < 0 && errno == EINTR);
+  return r;
+}
+
+long zdc_file_system_type(int fd) {
+  struct statfs s;
+  if (fstatfs(fd, &s) != 0) return -1;
+  return (long)s.f_type;
+}
 
 int zdc_open_tmpfile(const char *directory) {
   int fd;

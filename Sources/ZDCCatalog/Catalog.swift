@@ -130,6 +130,7 @@ public final class Catalog: Sendable {
     self.temporaryDirectory = temporaryDirectory
     self.commitHooks = CommitHooks(nodes: nodes, deferred: deferredUploads, held: heldRows)
     try Schema.migrator.migrate(writer)
+    // Before the log's first flush: `WALFlush` learns its size then (sealing may shorten it).
     fields = try Self.sealFields(writer, key: fieldKey, level: sealingLevel)
     writer.add(transactionObserver: commitHooks, extent: .databaseLifetime)
     if let path {
@@ -192,7 +193,7 @@ public final class Catalog: Sendable {
   /// checkpoint's flush): flushes the log, unless no change was made since its last flush.
   public func makeDurable() throws {
     let flush = try prepareDurable()
-    try LocalDurability.sync(paths: flush.paths)
+    try LocalDurability.sync(paths: flush.paths, dataOnly: flush.dataOnly)
     flush.done()
   }
 

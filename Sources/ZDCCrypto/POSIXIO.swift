@@ -20,34 +20,76 @@ public enum LocalDurability {
   /// Flushes several files and directories to stable storage (missing ones are fine), the
   /// writeback of all of them started before the first flush waits: that flush then commits
   /// the file system's journal for all of them at once (ext4), and the others find their data
-  /// written and their metadata committed. Three files cost about one flush, not three. The
-  /// flushes then wait at the same time (one on the calling thread — `before`'s, else the
-  /// first file's —, the others on the global queue), so that a file system that sends the
-  /// device a flush per `fsync` (ext4 without a journal) has them merged; a lone flush never
-  /// leaves the calling thread. `before` runs between the two steps (to flush a file known by
-  /// descriptor).
-  public static func sync(paths: [String], before: (() throws -> Void)? = nil) throws {
+  /// written and their metadata committed. The flushes then wait at the same time (one on the
+  /// calling thread — `before`'s, else the first file's —, the others on the global queue);
+  /// a lone flush never leaves the calling thread.
+  ///
+  /// `dataOnly` are files whose metadata (size, blocks) is on stable storage already, so that
+  /// only their data has to be: on a file system whose every flush sends the device a cache
+  /// flush (``flushingFileSystems``), one whose device another file here is flushed on gets its
+  /// data written and waited for before any flush starts, and no flush of its own — the other
+  /// file's flush covers it. A device's cache flush is what an `fsync` costs most (three
+  /// `fsync`s at once took 0.37–0.41 ms on this project's test machine, one `fsync` after
+  /// two such waits 0.18–0.25 ms). The others are flushed like `paths`.
+  ///
+  /// `before` runs between the two steps (to flush a file known by descriptor, on the device
+  /// `beforeDevice`) and returns whether it flushed; when it did not, one file relying on its
+  /// flush is flushed instead. Returns how many flushes it made.
+  @discardableResult
+  public static func sync(
+    paths: [String], dataOnly: [String] = [], before: (() throws -> Bool)? = nil,
+    beforeDevice: UInt64? = nil
+  ) throws -> Int {
     var fds: [Int32] = []
-    defer { for fd in fds { Glibc.close(fd) } }
-    for path in paths {
+    var waited: [Int32] = []
+    defer { for fd in fds + waited { Glibc.close(fd) } }
+    func open(_ path: String) throws -> Int32? {
       let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
       if fd < 0 {
-        if errno == ENOENT { continue }
+        if errno == ENOENT { return nil }
         throw POSIXIO.error("open \(path)")
       }
-      fds.append(fd)
       // Directories and some file systems refuse it: their flush below then does it all.
       _ = zdc_start_writeback(fd)
+      return fd
+    }
+    for path in paths { if let fd = try open(path) { fds.append(fd) } }
+    var candidates: [Int32] = []
+    for path in dataOnly {
+      if let fd = try open(path) { candidates.append(fd) }
+    }
+    var flushed = Set(fds.compactMap(device))
+    if before != nil, let beforeDevice { flushed.insert(beforeDevice) }
+    var onBefore: Int32?
+    for fd in candidates {
+      guard let d = device(fd), flushesDevice(fd) else {
+        fds.append(fd)
+        continue
+      }
+      if flushed.contains(d), zdc_write_and_wait(fd) == 0 {
+        waited.append(fd)
+        if onBefore == nil, d == beforeDevice, !fds.contains(where: { device($0) == d }) {
+          onBefore = fd
+        }
+      } else {
+        // Nothing flushed on its device yet: this file is, and the next ones ride on it.
+        fds.append(fd)
+        flushed.insert(d)
+      }
     }
     var others = fds[...]
-    let here: () throws -> Void
+    let here: () throws -> Bool
     if let before {
       here = before
     } else if let first = others.popFirst() {
-      here = { try POSIXIO.fsync(first) }
+      here = {
+        try POSIXIO.fsync(first)
+        return true
+      }
     } else {
-      return
+      return 0
     }
+    var count = others.count
     let failure = Mutex<(any Error)?>(nil)
     let group = DispatchGroup()
     for fd in others {
@@ -55,9 +97,48 @@ public enum LocalDurability {
         do { try POSIXIO.fsync(fd) } catch { failure.withLock { $0 = $0 ?? error } }
       }
     }
-    do { try here() } catch { failure.withLock { $0 = $0 ?? error } }
+    do {
+      if try here() {
+        count += 1
+      } else if let onBefore {
+        try POSIXIO.fsync(onBefore)
+        count += 1
+      }
+    } catch { failure.withLock { $0 = $0 ?? error } }
     group.wait()
     if let error = failure.withLock({ $0 }) { throw error }
+    return count
+  }
+
+  /// File systems (`statfs`'s `f_type`) whose `fsync` of a file always sends the device a
+  /// cache flush, even with nothing of the file to write (ext2/3/4, XFS): their flush of one
+  /// file makes durable every write the device completed before it, another file's too.
+  public static let flushingFileSystems: Set<Int> = [0xEF53, 0x5846_5342]
+
+  /// The device of the file system holding `path`, or `nil`.
+  public static func device(ofPath path: String) -> UInt64? {
+    var st = stat()
+    guard stat(path, &st) == 0 else { return nil }
+    return UInt64(st.st_dev)
+  }
+
+  /// Whether the file system holding `path` is one of ``flushingFileSystems``.
+  public static func flushesDevice(ofPath path: String) -> Bool {
+    let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { return false }
+    defer { Glibc.close(fd) }
+    return flushesDevice(fd)
+  }
+
+  private static func device(_ fd: Int32) -> UInt64? {
+    var st = stat()
+    guard fstat(fd, &st) == 0 else { return nil }
+    return UInt64(st.st_dev)
+  }
+
+  private static func flushesDevice(_ fd: Int32) -> Bool {
+    let type = zdc_file_system_type(fd)
+    return type >= 0 && flushingFileSystems.contains(Int(type))
   }
 }
 

@@ -97,6 +97,8 @@ public final class DiskManager: @unchecked Sendable {
   private let spares: SpareStagingFiles
   /// Which staging files have their directory entries on stable storage.
   private let stagingDirectoryFlush = DirectoryFlush()
+  /// The staging directory's device (for `LocalDurability.sync`'s `beforeDevice`).
+  private let stagingDevice: UInt64?
 
   struct CacheKey: Hashable {
     var cloudID: String
@@ -134,6 +136,7 @@ public final class DiskManager: @unchecked Sendable {
       try FileManager.default.createDirectory(
         at: d, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
     }
+    stagingDevice = LocalDurability.device(ofPath: stagingPath)
     do {
       index = try DiskIndex(path: directory.appendingPathComponent("disk.sqlite").path)
     } catch {
@@ -1477,15 +1480,19 @@ public final class DiskManager: @unchecked Sendable {
     let flushed = staged.map { s in stateLock.withLock { s.entry.flushed } } ?? true
     if !flushed { try staged?.file.startSync() }
     let paths = (directory ? [stagingDirectory.path] : []) + index.paths + other.paths
+    let dataOnly = index.dataOnly + other.dataOnly
     var content = false
-    try LocalDurability.sync(paths: paths) {
-      if !flushed, let staged { content = try staged.file.sync() }
-    }
+    try LocalDurability.sync(
+      paths: paths, dataOnly: dataOnly,
+      before: {
+        if !flushed, let staged { content = try staged.file.sync() }
+        return content
+      }, beforeDevice: stagingDevice)
     if let staged, !flushed { stateLock.withLock { staged.entry.flushed = true } }
     if directory { stagingDirectoryFlush.didFlush(made) }
     index.done()
     other.done()
-    return paths.count + (content ? 1 : 0)
+    return paths.count + dataOnly.count + (content ? 1 : 0)
   }
 
   /// The newest committed staged version of a node, or `nil`. With `exporting` (an upload

@@ -1,4 +1,5 @@
 public import GRDB
+import Glibc
 import Synchronization
 
 /// Which commits of a write-ahead-log database (`synchronous=NORMAL`: a commit survives a crash
@@ -6,11 +7,25 @@ import Synchronization
 /// stable storage, counted in the writer connection's changes (`sqlite3_total_changes`).
 ///
 /// The main database file never needs a flush of its own here: a checkpoint flushes it before
-/// the log starts over.
+/// the log starts over. The log itself needs only its data written when it has the size it had
+/// at its last flush (SQLite reuses the log from its start after a checkpoint and never
+/// shortens it unless told to): its blocks are allocated and its size on stable storage.
 public final class WALFlush: Sendable {
   /// The database file's path.
   public let path: String
-  private let flushed = Mutex<Int?>(nil)
+  private let state = Mutex<State>(State())
+
+  private struct State {
+    /// Changes made durable.
+    var flushed: Int?
+    /// The log's inode and size when a flush of it began.
+    var shape: Shape?
+  }
+
+  struct Shape: Equatable {
+    var inode: UInt64
+    var size: Int64
+  }
 
   public init(path: String) { self.path = path }
 
@@ -18,29 +33,96 @@ public final class WALFlush: Sendable {
   /// or nothing when no change was made since a flush that covered them all.
   public func pending(_ db: Database) -> PendingFlush {
     let count = db.totalChangesCount
-    let clean = flushed.withLock { $0.map { count <= $0 } ?? false }
-    return PendingFlush(paths: clean ? [] : [path + "-wal"], mark: clean ? nil : (self, count))
+    let log = path + "-wal"
+    let (clean, known) = state.withLock { s in
+      (s.flushed.map { count <= $0 } ?? false, s.shape)
+    }
+    if clean { return .none }
+    var shape = Self.shape(log)
+    if let s = shape, s == known {
+      return PendingFlush(paths: [], dataOnly: [log], mark: (self, count, s))
+    }
+    // The log grew (or is new to us): its size goes to stable storage with this flush, and
+    // room for the next commits with it, so that they need only their data written.
+    if let s = shape, s.size > 0 { shape = Self.extend(log, db, from: s) ?? s }
+    return PendingFlush(paths: [log], dataOnly: [], mark: (self, count, shape))
   }
 
-  fileprivate func didFlush(_ count: Int) {
-    flushed.withLock { $0 = max($0 ?? count, count) }
+  /// The log lengthened with zeros to the next multiple of ``extensionStep`` at least
+  /// ``extensionReserve`` past its end, under SQLite's write lock (no connection of any
+  /// process appends to it meanwhile), and its new shape, or `nil` when it could not be.
+  /// SQLite ignores what follows a log's last valid frame (the zeros fail its checksums), as
+  /// it does after a checkpoint, when it starts the log over without shortening it.
+  static func extend(_ log: String, _ db: Database, from shape: Shape) -> Shape? {
+    try? db.inTransaction(.immediate) {
+      guard let now = Self.shape(log), now.inode == shape.inode else { return .commit }
+      let target = (now.size + extensionReserve) / extensionStep * extensionStep + extensionStep
+      let fd = Glibc.open(log, O_WRONLY | O_CLOEXEC)
+      guard fd >= 0 else { return .commit }
+      defer { Glibc.close(fd) }
+      let zeros = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 16, alignment: 4096)
+      defer { zeros.deallocate() }
+      zeros.initializeMemory(as: UInt8.self, repeating: 0)
+      var offset = now.size
+      while offset < target {
+        let n = Glibc.pwrite(
+          fd, zeros.baseAddress, min(zeros.count, Int(target - offset)), off_t(offset))
+        if n < 0, errno == EINTR { continue }
+        // A full disk: the log keeps the size it has; what was written is zeros past its end.
+        guard n > 0 else { break }
+        offset += Int64(n)
+      }
+      return .commit
+    }
+    return Self.shape(log)
+  }
+
+  /// The log is lengthened in steps of this many bytes (1 MiB: SQLite's default checkpoint
+  /// starts a log over at about 4 MB).
+  static let extensionStep: Int64 = 1 << 20
+  /// At least this much room follows the log's end after it was lengthened.
+  static let extensionReserve: Int64 = 256 << 10
+
+  /// Forgets the log's shape: the next flush flushes its metadata too (after something that
+  /// may have shortened it, such as `PRAGMA wal_checkpoint(TRUNCATE)`).
+  public func forgetShape() {
+    state.withLock { $0.shape = nil }
+  }
+
+  static func shape(_ path: String) -> Shape? {
+    var st = stat()
+    guard stat(path, &st) == 0 else { return nil }
+    return Shape(inode: UInt64(st.st_ino), size: Int64(st.st_size))
+  }
+
+  fileprivate func didFlush(_ count: Int, _ shape: Shape?) {
+    state.withLock { s in
+      s.flushed = max(s.flushed ?? count, count)
+      if let shape { s.shape = shape }
+    }
   }
 }
 
 /// Files to flush to make some commits durable; ``done()`` after they were flushed.
 public struct PendingFlush: Sendable {
-  /// The files, for `LocalDurability.sync(paths:before:)`.
+  /// The files, for `LocalDurability.sync(paths:dataOnly:before:beforeDevice:)`.
   public let paths: [String]
-  fileprivate let mark: (WALFlush, Int)?
+  /// Files whose metadata is on stable storage: only their data needs to be (`dataOnly`).
+  public let dataOnly: [String]
+  fileprivate let mark: (WALFlush, Int, WALFlush.Shape?)?
 
   /// Nothing to flush.
-  public static let none = PendingFlush(paths: [], mark: nil)
+  public static let none = PendingFlush(paths: [], dataOnly: [], mark: nil)
 
-  fileprivate init(paths: [String], mark: (WALFlush, Int)?) {
+  fileprivate init(paths: [String], dataOnly: [String], mark: (WALFlush, Int, WALFlush.Shape?)?) {
     self.paths = paths
+    self.dataOnly = dataOnly
     self.mark = mark
   }
 
-  /// Records that ``paths`` were flushed.
-  public func done() { mark.map { $0.0.didFlush($0.1) } }
+  /// Whether there is nothing to flush.
+  public var isEmpty: Bool { paths.isEmpty && dataOnly.isEmpty }
+
+  /// Records that ``paths`` and ``dataOnly`` were flushed.
+  public func done() { mark.map { $0.0.didFlush($0.1, $0.2) } }
 }

@@ -39,15 +39,57 @@ import ZDCCrypto
   @Test func makeDurableFlushesTheLogOnlyAfterAChange() throws {
     let catalog = try Catalog.temporary(options: .init(durability: .normal))
     try catalog.createLocalUser(makeUser("alice"))
+    let wal = try #require(catalog.path) + "-wal"
     let first = try catalog.prepareDurable()
-    #expect(first.paths == [try #require(catalog.path) + "-wal"])
+    #expect(first.paths == [wal] && first.dataOnly.isEmpty)
     try LocalDurability.sync(paths: first.paths)
     first.done()
-    #expect(try catalog.prepareDurable().paths.isEmpty)
+    // The log was lengthened with room for the next commits, its size flushed with it.
+    let size = try #require(try FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int)
+    #expect(size > 0 && size % (1 << 20) == 0)
+    #expect(try catalog.prepareDurable().isEmpty)
     try catalog.write("alice", commit: .soon) { _ = try $0.createNode(path: p("a")) }
-    #expect(try catalog.prepareDurable().paths.count == 1)
+    // A commit that fits: only the log's data needs to reach stable storage.
+    let second = try catalog.prepareDurable()
+    #expect(second.paths.isEmpty && second.dataOnly == [wal])
     try catalog.makeDurable()
-    #expect(try catalog.prepareDurable().paths.isEmpty)
+    #expect(try catalog.prepareDurable().isEmpty)
+  }
+
+  /// A log lengthened with zeros past its last frame (see `WALFlush`) loses nothing: a copy of
+  /// the catalog taken while it is open (as a crash leaves it: no shared-memory index) reopens
+  /// with every commit, also after the log outgrew the room it was given.
+  @Test func aLengthenedLogKeepsEveryCommit() throws {
+    let catalog = try Catalog.temporary(options: .init(durability: .normal))
+    try catalog.createLocalUser(makeUser("alice"))
+    let wal = try #require(catalog.path) + "-wal"
+    var grew = Set<Int>()
+    for batch in 0..<12 {
+      try catalog.write("alice") { tx in
+        for i in 0..<60 {
+          var n = try tx.createNode(path: p("b\(batch)-\(i)"))
+          n.xattrs["user.pad"] = Data(repeating: UInt8(i), count: 1500)
+          _ = try tx.updateNode(n)
+        }
+      }
+      try catalog.makeDurable()
+      grew.insert(
+        try #require(try FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int))
+    }
+    #expect(grew.count > 1)
+    let copy = FileManager.default.temporaryDirectory.appendingPathComponent(
+      "zdc-schema-\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: copy, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(at: copy) }
+    let path = copy.appendingPathComponent("catalog.sqlite").path
+    try FileManager.default.copyItem(atPath: try #require(catalog.path), toPath: path)
+    try FileManager.default.copyItem(atPath: wal, toPath: path + "-wal")
+    let reopened = try Catalog(path: path)
+    for batch in 0..<12 {
+      let node = try reopened.read("alice") { try $0.node(path: p("b\(batch)-59")) }
+      #expect(node != nil)
+    }
+    #expect(try reopened.pragma("integrity_check") == "ok")
   }
 
   /// Without foreign-key actions, deleting nodes, finishing and dropping operations and

@@ -24,15 +24,70 @@ let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
     try Data("first".utf8).write(to: a)
     try Data("second".utf8).write(to: b)
     var ran = false
-    try LocalDurability.sync(
+    let flushes = try LocalDurability.sync(
       paths: [a.path, dir.path, b.path, dir.appendingPathComponent("missing").path]
-    ) { ran = true }
+    ) {
+      ran = true
+      return true
+    }
     #expect(ran)
+    #expect(flushes == 4)
     #expect(throws: StoreError.self) {
       try LocalDurability.sync(paths: [a.path]) { throw StoreError.io("before", errno: EIO) }
     }
     #expect(throws: StoreError.self) {
       try LocalDurability.sync(paths: [a.appendingPathComponent("under-a-file").path])
+    }
+  }
+
+  /// Files whose metadata is on stable storage already (`dataOnly`) ride on another file's
+  /// flush when the file system sends the device a cache flush per `fsync` and the other file
+  /// is on the same device: one flush, not one each. Elsewhere each gets its own, and when
+  /// the flush they counted on does not happen (`before` had nothing to flush), one of them
+  /// is flushed instead.
+  @Test func filesWithOnlyDataToFlushRideOnAnotherFilesFlush() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let names = ["a", "b", "c"]
+    let paths = names.map { dir.appendingPathComponent($0).path }
+    for p in paths { try Data(repeating: 1, count: 8192).write(to: URL(fileURLWithPath: p)) }
+    func dirty() throws {
+      for p in paths {
+        let h = try FileHandle(forWritingTo: URL(fileURLWithPath: p))
+        try h.write(contentsOf: Data(repeating: 2, count: 100))
+        try h.close()
+      }
+    }
+    let flushing = LocalDurability.flushesDevice(ofPath: dir.path)
+    let device = try #require(LocalDurability.device(ofPath: dir.path))
+    try dirty()
+    // One file flushed, two riding on it.
+    #expect(
+      try LocalDurability.sync(paths: [paths[0]], dataOnly: Array(paths[1...]))
+        == (flushing ? 1 : 3))
+    try dirty()
+    // Only riders: one of them is flushed.
+    #expect(try LocalDurability.sync(paths: [], dataOnly: paths) == (flushing ? 1 : 3))
+    try dirty()
+    // Riding on `before`'s flush, which happens; then on one that does not.
+    #expect(
+      try LocalDurability.sync(paths: [], dataOnly: paths, before: { true }, beforeDevice: device)
+        == (flushing ? 1 : 4))
+    try dirty()
+    #expect(
+      try LocalDurability.sync(paths: [], dataOnly: paths, before: { false }, beforeDevice: device)
+        == (flushing ? 1 : 3))
+    // `before` on another device: nothing rides on it.
+    #expect(
+      try LocalDurability.sync(
+        paths: [], dataOnly: paths, before: { true }, beforeDevice: device &+ 1)
+        == (flushing ? 2 : 4))
+    // A file on a file system that is not known to flush the device (tmpfs) is flushed itself.
+    if FileManager.default.fileExists(atPath: "/dev/shm") {
+      let shm = "/dev/shm/zdc-test-\(UUID().uuidString)"
+      try Data("x".utf8).write(to: URL(fileURLWithPath: shm))
+      defer { unlink(shm) }
+      #expect(try LocalDurability.sync(paths: [paths[0]], dataOnly: [shm]) == 2)
     }
   }
 

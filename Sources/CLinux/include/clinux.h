@@ -7,6 +7,16 @@
 /// to write. Returns 0, or -1 with `errno` set.
 int zdc_start_writeback(int fd);
 
+/// Writes the file's dirty pages to its device and waits until the device has them
+/// (`sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+/// SYNC_FILE_RANGE_WAIT_AFTER)`), without writing the file's metadata or flushing the device's
+/// cache. Returns 0, or -1 with `errno` set.
+int zdc_write_and_wait(int fd);
+
+/// The type of the file system holding `fd` (`fstatfs(2)`'s `f_type`, e.g. `0xEF53` for ext4),
+/// or -1 with `errno` set.
+long zdc_file_system_type(int fd);
+
 /// Creates an unnamed regular file (mode 0600) in `directory`, open for reading and writing
 /// (`open(directory, O_TMPFILE | O_RDWR | O_CLOEXEC)`): it disappears with its last descriptor
 /// unless it is given a name (`linkat` of `/proc/self/fd/N`). Returns the descriptor, or
