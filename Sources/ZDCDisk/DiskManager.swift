@@ -1162,8 +1162,9 @@ public final class DiskManager: @unchecked Sendable {
   /// is the copy, and the new version, uncommitted, goes. The row keeps the old file's name
   /// (`origin`): a copy a power loss left incomplete falls back to it at start-up. A version
   /// never made durable gains nothing from it (nothing is flushed; a file appended to and
-  /// closed again and again would pay the index's write for nothing), and is copied as before,
-  /// as is one smaller than ``inPlaceMinimumSize``.
+  /// closed again and again would pay the index's write for nothing), and is copied as before.
+  /// A small file gains too: its new version's `fsync` flushes no directory (the file is not
+  /// new), and the index's write is only written, not flushed (see `WALFlush`).
   private func writeInPlace(
     _ latest: StagingFile, copy: CryptoFile, copyName: String, copyMadeAt: UInt64,
     base: StagingBase?
@@ -1177,7 +1178,7 @@ public final class DiskManager: @unchecked Sendable {
       // Caller holds `stateLock`.
       func eligible() -> Bool {
         !e.removed && e.row.committed && e.row.pool == .staging && e.flushed && !e.exported
-          && e.row.size >= Self.inPlaceMinimumSize && e.pins == expectedPins
+          && e.pins == expectedPins
           && stagingEntries[nodeID]?.last === e
       }
       guard stateLock.withLock(eligible) else { return nil }
@@ -1224,12 +1225,6 @@ public final class DiskManager: @unchecked Sendable {
       return StagingFile(manager: self, entry: next, file: latest.file)
     }
   }
-
-  /// The smallest committed version a new version is written in place of (see
-  /// `writeInPlace`): below it, copying the file and flushing the whole copy cost less than
-  /// the index's write that records the exchange (a 100 KB file's write and `fsync` took
-  /// about 0.1 ms longer in place).
-  public static let inPlaceMinimumSize: UInt64 = 256 << 10
 
   /// `source`'s file copied byte for byte (ciphertext, header and all: the same content under
   /// the same key) over `file`, the new version's empty file at `path`, by the kernel
