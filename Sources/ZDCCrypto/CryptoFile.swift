@@ -114,6 +114,8 @@ public final class CryptoFile: @unchecked Sendable {
   private(set) var chunkEncryptions = 0
   /// Number of writes of slots to the file so far (for tests of the run).
   private(set) var slotWrites = 0
+  /// Told before each change of the file (see ``guardWrites(with:)``).
+  private var writeGuard: CopyBeforeWrite?
 
   /// `slot` must hold `headerSize + maxSlotSize` bytes; the file takes ownership of it.
   private init(
@@ -464,6 +466,7 @@ public final class CryptoFile: @unchecked Sendable {
     guard runCount > 0 else { return }
     let endsFile = runStart + UInt64(runCount) - 1 == layout.lastIndex(plaintextSize)
     let offset = layout.slotOffset(runStart)
+    try writeGuard?.willWrite(at: offset, count: runBytes)
     try POSIXIO.pwrite(fd, UnsafeRawBufferPointer(rebasing: slot[0..<runBytes]), offset)
     slotWrites += 1
     try wrote(runBytes, to: offset + UInt64(runBytes), endsFile: endsFile)
@@ -492,7 +495,10 @@ public final class CryptoFile: @unchecked Sendable {
       _ = zdc_start_writeback(fd)
     }
     if endsFile {
-      if physicalSize > end { try POSIXIO.truncate(fd, end) }
+      if physicalSize > end {
+        try writeGuard?.willTruncate(to: end)
+        try POSIXIO.truncate(fd, end)
+      }
       physicalSize = end
     } else {
       physicalSize = max(physicalSize, end)
@@ -553,6 +559,7 @@ public final class CryptoFile: @unchecked Sendable {
     let tail = chunks.upperBound - 1
     let count = (n - 1) * layout.slotSize + Self.slotOverhead + layout.chunkLength(tail, size)
     let offset = layout.slotOffset(chunks.lowerBound)
+    try writeGuard?.willWrite(at: offset, count: count)
     try POSIXIO.pwrite(fd, UnsafeRawBufferPointer(rebasing: scratch[0..<count]), offset)
     slotWrites += 1
     try wrote(count, to: offset + UInt64(count), endsFile: tail == last)
@@ -896,6 +903,15 @@ public final class CryptoFile: @unchecked Sendable {
   /// Writes bytes at any offset; writing beyond the end fills the gap with zeros.
   public func write(_ data: Data, at offset: UInt64) throws {
     try data.withUnsafeBytes { try write($0, at: offset) }
+  }
+
+  /// Has `copy` told before each change of the file from now on (its blocks copied first), or
+  /// nobody with `nil`. Writes already buffered are written first, unguarded.
+  public func guardWrites(with copy: CopyBeforeWrite?) throws {
+    try exclusive {
+      if copy != nil { try flush() }
+      writeGuard = copy
+    }
   }
 
   /// Shrinks or grows (with zeros) the file to `newSize` bytes.

@@ -26,6 +26,9 @@ struct IndexRow: Sendable {
   /// next version's, written in place: that file (see `DiskManager.stagingFile`). Start-up
   /// falls back to it when the copy did not survive a power loss.
   var origin: String? = nil
+  /// The copy is made as it is needed (`CopyBeforeWrite`): its holes are blocks not copied
+  /// yet, which `origin` still has unchanged.
+  var copiedAsNeeded = false
 }
 
 /// The index database (`disk.sqlite`): schema, migrations and the few statements the disk
@@ -65,6 +68,10 @@ final class DiskIndex: Sendable {
     m.registerMigration("v2") { db in
       try db.execute(sql: "ALTER TABLE entries ADD COLUMN origin TEXT")
     }
+    m.registerMigration("v3") { db in
+      try db.execute(
+        sql: "ALTER TABLE entries ADD COLUMN copiedAsNeeded INTEGER NOT NULL DEFAULT 0")
+    }
     return m
   }
 
@@ -100,7 +107,8 @@ final class DiskIndex: Sendable {
           version: r["version"], cloudID: r["cloudID"], eTag: r["eTag"], fileName: r["fileName"],
           size: UInt64(bitPattern: r["size"]), diskBytes: UInt64(bitPattern: r["diskBytes"]),
           lastAccess: r["lastAccess"], dirty: r["dirty"], committed: r["committed"],
-          complete: r["complete"], chunks: r["chunks"], origin: r["origin"])
+          complete: r["complete"], chunks: r["chunks"], origin: r["origin"],
+          copiedAsNeeded: r["copiedAsNeeded"])
       }
     }
   }
@@ -152,11 +160,16 @@ final class DiskIndex: Sendable {
     }
   }
 
-  /// Gives a row another file (and records the one it had as its `origin`).
-  func moveFile(id: Int64, to fileName: String, origin: String?) throws {
+  /// Gives a row another file (and records the one it had as its `origin`, and whether the
+  /// new one is a copy made as it is needed).
+  func moveFile(id: Int64, to fileName: String, origin: String?, copiedAsNeeded: Bool = false)
+    throws
+  {
     try write { db in
-      try db.cachedStatement(sql: "UPDATE entries SET fileName = ?, origin = ? WHERE id = ?")
-        .execute(arguments: [fileName, origin, id])
+      try db.cachedStatement(
+        sql: "UPDATE entries SET fileName = ?, origin = ?, copiedAsNeeded = ? WHERE id = ?"
+      )
+      .execute(arguments: [fileName, origin, copiedAsNeeded, id])
     }
   }
 

@@ -20,6 +20,13 @@ final class Entry: @unchecked Sendable {
   var exported = false
   /// The shared open CryptoFile while pinned.
   var file: CryptoFile?
+  /// A committed version whose file (a copy) is being made while a newer version writes the
+  /// file it had in place: complete it before its file is read (see `writeInPlace`).
+  var copying: CopyBeforeWrite?
+  /// An uncommitted version written in place of a committed one that is being copied: its
+  /// writes copy blocks first (its files are guarded with it), and it completes the copy
+  /// before its file goes.
+  var guarding: CopyBeforeWrite?
   /// When the file was made in its directory (see `DirectoryFlush`); 1 for files found at
   /// start-up.
   var madeAt: UInt64 = 1

@@ -772,7 +772,7 @@ extension FileSystem {
   /// that an upload caused by a section change carries the data too, not an empty section.
   func stageCurrentContent(_ id: NodeID) throws {
     let node = try read { tx in try existingNode(id, tx) }
-    guard node.eTagData != nil, node.dataSize > 0, disk.stagedData(forNode: id) == nil else {
+    guard node.eTagData != nil, node.dataSize > 0, !disk.hasStagedData(forNode: id) else {
       return
     }
     if let open = lock.withLock({ contents[ContentKey(id, .data)] }),

@@ -176,7 +176,7 @@ public final class FileSystemSyncDelegate: SyncDelegate, @unchecked Sendable {
   public func hasContent(for node: Node, at path: TreesystemPath, transaction: CloudTransaction)
     -> Bool
   {
-    if fileSystem.disk.stagedData(forNode: node.id) != nil { return true }
+    if fileSystem.disk.hasStagedData(forNode: node.id) { return true }
     guard let cached = cachedForUpload(node) else { return false }
     cached.close()
     return true

@@ -416,6 +416,69 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(recovered.stagedNodeIDs() == [7])
   }
 
+  /// Where the file system reports holes, the committed version's copy is made as it is
+  /// needed: the blocks the new version writes (or cuts off) are copied first, the rest when
+  /// something reads the committed version, when the new version is dropped, or after a crash
+  /// (its holes are the blocks the new version did not change).
+  @Test func theCommittedVersionIsCopiedAsItIsNeeded() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let crashed = try TemporaryDirectory("disk-crashed")
+    let disk = try makeDisk(tmp, key: key)
+    guard CopyBeforeWrite.supports(path: disk.stagingDirectory.path) else { return }
+    let original = marked("db", count: 2_000_000)
+    let page = marked("page", count: 4096)
+    var edited = original
+    edited.replaceSubrange(40_960..<45_056, with: page)
+    edited = edited.prefix(1_500_000)
+    func allocated(_ url: URL) throws -> Int {
+      var st = stat()
+      #expect(stat(url.path, &st) == 0)
+      return Int(st.st_blocks) * 512
+    }
+    try commit(disk, 7, original)
+    var s = try disk.stagingFile(forNode: 7)
+    try s.write(page, at: 40_960)
+    try s.truncate(to: 1_500_000)
+    try s.file.flushBuffer()
+    // A few blocks copied and the tail the truncation cut off, not the whole file.
+    let copy = try #require(disk.committedFile(forNode: 7))
+    #expect(copy != s.url)
+    #expect(try allocated(copy) < 700_000)
+    #expect(
+      try FileManager.default.attributesOfItem(atPath: copy.path)[.size] as? Int
+        == Int(CryptoFile.physicalSize(plaintextSize: 2_000_000)))
+    // What a crash now leaves (holes kept).
+    let cp = try ChildProcess(
+      "/bin/cp", ["-a", "--sparse=always", tmp.path("state").path, crashed.path("state").path])
+    #expect(cp.wait() == 0)
+    // Reading the committed version completes its copy; later writes copy nothing more.
+    #expect(try stagedContent(disk, 7) == original)
+    #expect(try allocated(copy) >= Int(CryptoFile.physicalSize(plaintextSize: 2_000_000)))
+    try s.write(page, at: 0)
+    #expect(try stagedContent(disk, 7) == original)
+    disk.discardStaging(s)
+    s.close()
+    #expect(try stagedContent(disk, 7) == original)
+    // Dropped before anything read the committed version: the copy is completed first.
+    s = try disk.stagingFile(forNode: 7)
+    try s.write(page, at: 40_960)
+    try s.file.flushBuffer()
+    disk.discardStaging(s)
+    s.close()
+    #expect(try stagedContent(disk, 7) == original)
+    let recovered = try makeDisk(crashed, key: key)
+    #expect(recovered.lostStagedNodes.isEmpty)
+    #expect(try stagedContent(recovered, 7) == original)
+    // And a commit keeps the new version, with no copy left behind.
+    try commit(disk, 7, original)
+    s = try disk.stagingFile(forNode: 7)
+    try s.write(page, at: 40_960)
+    try s.truncate(to: 1_500_000)
+    try disk.commitStaging(s)
+    s.close()
+    #expect(try stagedContent(disk, 7) == edited)
+  }
+
   /// A committed version whose file an upload took by path, or that another handle has open,
   /// is never written in place: the new version is a copy, and the version's file stays.
   @Test func aVersionAnUploadOrAReaderHoldsIsCopiedNotWrittenInPlace() throws {
