@@ -99,6 +99,9 @@ public final class DiskManager: @unchecked Sendable {
   private let stagingDirectoryFlush = DirectoryFlush()
   /// The staging directory's device (for `LocalDurability.sync`'s `beforeDevice`).
   private let stagingDevice: UInt64?
+  /// Whether a new file's `fsync` makes its entry in the staging directory durable
+  /// (`makeDurable`).
+  private let stagingFlushesNewEntries: Bool
   /// Whether a version written in place of a committed one copies it as needed
   /// (`writeInPlaceLazily`): where the file system reports holes exactly.
   private let lazyCopies: Bool
@@ -141,6 +144,7 @@ public final class DiskManager: @unchecked Sendable {
     }
     stagingDevice = LocalDurability.device(ofPath: stagingPath)
     lazyCopies = CopyBeforeWrite.supports(path: stagingPath)
+    stagingFlushesNewEntries = LocalDurability.flushesDevice(ofPath: stagingPath)
     do {
       index = try DiskIndex(path: directory.appendingPathComponent("disk.sqlite").path)
     } catch {
@@ -1565,13 +1569,18 @@ public final class DiskManager: @unchecked Sendable {
     defer { staged?.close() }
     // Read before the flush: it covers every file made so far.
     let made = stagingDirectoryFlush.made
-    let directory =
-      staged.map { stagingDirectoryFlush.needsFlush(madeAt: $0.entry.madeAt) } ?? false
-    let index = index.pendingFlush()
     // A committed version never changes: once flushed, it stays on stable storage.
     let flushed = staged.map { s in stateLock.withLock { s.entry.flushed } } ?? true
+    // On ext4 and XFS a new file's `fsync` makes its directory entry durable too (ext4
+    // commits the journal transaction that made it, or without a journal writes the parent
+    // directory's blocks with the file; XFS forces its log past the file's creation): the
+    // directory is flushed only when the version's file is not.
+    let directory =
+      staged.map { stagingDirectoryFlush.needsFlush(madeAt: $0.entry.madeAt) } ?? false
+    let flushDirectory = directory && (flushed || !stagingFlushesNewEntries)
+    let index = index.pendingFlush()
     if !flushed { try staged?.file.startSync() }
-    let paths = (directory ? [stagingDirectory.path] : []) + index.paths + other.paths
+    let paths = (flushDirectory ? [stagingDirectory.path] : []) + index.paths + other.paths
     let dataOnly = index.dataOnly + other.dataOnly
     var content = false
     try LocalDurability.sync(
@@ -1580,8 +1589,14 @@ public final class DiskManager: @unchecked Sendable {
         if !flushed, let staged { content = try staged.file.sync() }
         return content
       }, beforeDevice: stagingDevice)
-    if let staged, !flushed { stateLock.withLock { staged.entry.flushed = true } }
-    if directory { stagingDirectoryFlush.didFlush(made) }
+    if let staged, !flushed {
+      stateLock.withLock {
+        staged.entry.flushed = true
+        // Its directory entry too (see above).
+        if directory && !flushDirectory { staged.entry.madeAt = 0 }
+      }
+    }
+    if flushDirectory { stagingDirectoryFlush.didFlush(made) }
     index.done()
     other.done()
     return paths.count + dataOnly.count + (content ? 1 : 0)
