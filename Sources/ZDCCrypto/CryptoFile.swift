@@ -906,12 +906,10 @@ public final class CryptoFile: @unchecked Sendable {
   }
 
   /// Has `copy` told before each change of the file from now on (its blocks copied first), or
-  /// nobody with `nil`. Writes already buffered are written first, unguarded.
-  public func guardWrites(with copy: CopyBeforeWrite?) throws {
-    try exclusive {
-      if copy != nil { try flush() }
-      writeGuard = copy
-    }
+  /// nobody with `nil`. A chunk still buffered (the caller flushes it first: ``flushBuffer()``)
+  /// is written when it is written, guarded.
+  public func guardWrites(with copy: CopyBeforeWrite?) {
+    exclusive { writeGuard = copy }
   }
 
   /// Shrinks or grows (with zeros) the file to `newSize` bytes.

@@ -503,6 +503,7 @@ public final class DiskManager: @unchecked Sendable {
       let original = url(pool: .staging, fileName: origin).path
       if e.row.copiedAsNeeded {
         // A crash interrupted it: the blocks not copied yet are the original's, unchanged.
+        // Then checked as any copy: a block a power loss lost may read as zeros.
         do {
           let filled = try CopyBeforeWrite.fillHoles(copy: copy, from: original)
           logger.info(
@@ -620,7 +621,7 @@ public final class DiskManager: @unchecked Sendable {
       try copying?.fill()
       if let f = e.file { return f }
       let f = try CryptoFile.open(path: path(of: e), key: key)
-      if let guarding, !guarding.isFinished { try f.guardWrites(with: guarding) }
+      if let guarding, !guarding.isFinished { f.guardWrites(with: guarding) }
       e.file = f
       return f
     }
@@ -1269,7 +1270,7 @@ public final class DiskManager: @unchecked Sendable {
       }
       guard let next else { return nil }
       // Before anything writes the file: its blocks are copied first.
-      if let copying { try latest.file.guardWrites(with: copying) }
+      if let copying { latest.file.guardWrites(with: copying) }
       return StagingFile(manager: self, entry: next, file: latest.file)
     }
   }
@@ -1304,7 +1305,12 @@ public final class DiskManager: @unchecked Sendable {
         }
       }
     }
-    copying = try CopyBeforeWrite(source: path(of: e), copy: copyPath)
+    do {
+      copying = try CopyBeforeWrite(source: path(of: e), copy: copyPath)
+    } catch {
+      logger.warning("cannot copy a staged version as needed: \(error)")
+      return nil
+    }
     next = try writeInPlace(
       latest, copy: nil, copyName: copyName, copyMadeAt: copyMadeAt, base: base,
       copying: copying)
@@ -1460,7 +1466,7 @@ public final class DiskManager: @unchecked Sendable {
       return e.guarding
     }) {
       guarding.finish()
-      try? staging.file.guardWrites(with: nil)
+      staging.file.guardWrites(with: nil)
     }
     scheduleEviction()
   }

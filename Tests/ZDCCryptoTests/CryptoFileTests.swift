@@ -91,6 +91,52 @@ let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
     }
   }
 
+  /// A file written in place under a `CopyBeforeWrite` leaves in the copy the content it had
+  /// when the copy began: each block copied before its first change, the rest by `fill()`, or
+  /// from the file's unchanged blocks into the copy's holes after a crash (`fillHoles`).
+  @Test func aCopyBeforeWriteKeepsTheContentAsItWas() throws {
+    let dir = try temporaryDirectory()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    guard CopyBeforeWrite.supports(path: dir.path) else { return }
+    let url = dir.appendingPathComponent("f")
+    let original = Data((0..<600_000).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 9) })
+    let f = try CryptoFile.create(at: url, key: key)
+    try f.write(original, at: 0)
+    try f.close()
+    let before = try Data(contentsOf: url)
+    for finish in ["fill", "crash"] {
+      let copy = dir.appendingPathComponent("copy-\(finish)")
+      try Data("old".utf8).write(to: copy)
+      let cow = try CopyBeforeWrite(source: url.path, copy: copy.path)
+      let w = try CryptoFile.open(at: url, key: key)
+      w.guardWrites(with: cow)
+      try w.write(Data(repeating: 1, count: 5000), at: 100_000)
+      try w.truncate(to: 300_000)
+      try w.write(Data(repeating: 2, count: 10), at: 700_000)
+      try w.flushBuffer()
+      if finish == "fill" {
+        try cow.fill()
+        #expect(cow.isFinished)
+        // Later writes no longer reach the copy.
+        try w.write(Data(repeating: 3, count: 100), at: 0)
+        try w.flushBuffer()
+      } else {
+        cow.finish()
+        #expect(try CopyBeforeWrite.fillHoles(copy: copy.path, from: url.path) > 0)
+      }
+      try w.close()
+      #expect(try Data(contentsOf: copy) == before)
+      #expect(try CryptoFile.open(at: copy, key: key).read(offset: 0, count: 700_000) == original)
+      // The file itself has the new content.
+      let now = try CryptoFile.open(at: url, key: key)
+      #expect(now.size == 700_010)
+      try now.close()
+      // The next round starts from the content as it was.
+      try FileManager.default.removeItem(at: url)
+      try FileManager.default.copyItem(at: copy, to: url)
+    }
+  }
+
   /// A flush with nothing written since the last one is skipped (it would cost the device a
   /// cache flush all the same); any write, a truncation, or a file opened anew flushes again.
   @Test func aSyncWithNothingWrittenSinceTheLastFlushesNothing() throws {
