@@ -146,8 +146,8 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(try disk.makeDurable(nodeID: 7) == (entries ? 2 : 3))
     #expect(try disk.makeDurable(nodeID: 7) == 0)
     s = try disk.stagingFile(forNode: 7)
-    // The committed version's file: the copy it took when the new version went on in its file
-    // (see `DiskManager.writeInPlace`); the commit below supersedes it.
+    // The committed version's file: a file this small is copied, not written in place (see
+    // `DiskManager.inPlaceMinimumSize`); the commit below supersedes it.
     let first = try #require(disk.stagedData(forNode: 7)).url
     #expect(s.url != first)
     try s.write(marked("two", count: 100), at: 50)
