@@ -1,4 +1,3 @@
-import CLinux
 import Foundation
 import Glibc
 import Synchronization
@@ -30,9 +29,9 @@ public final class CopyBeforeWrite: Sendable {
     var finished = false
   }
 
-  /// Starts a copy of the file at `source` into the empty file at `copy` (made its size, all
-  /// holes), with `eager` byte ranges of the source copied at once.
-  public init(source: String, copy: String, eager: [Range<UInt64>] = []) throws {
+  /// Starts a copy of the file at `source` into the file at `copy` (emptied, then made its
+  /// size: all holes).
+  public init(source: String, copy: String) throws {
     let s = Glibc.open(source, O_RDONLY | O_CLOEXEC)
     guard s >= 0 else { throw POSIXIO.error("open \(source)") }
     let c = Glibc.open(copy, O_WRONLY | O_CLOEXEC)
@@ -55,7 +54,6 @@ public final class CopyBeforeWrite: Sendable {
       State(
         source: s, copy: c, copied: [UInt64](repeating: 0, count: (blocks + 63) / 64),
         remaining: blocks))
-    for range in eager { try save(range) }
   }
 
   deinit {
@@ -66,11 +64,7 @@ public final class CopyBeforeWrite: Sendable {
 
   /// Whether the file system holding `path` reports holes exactly (ext4, XFS, btrfs, tmpfs).
   public static func supports(path: String) -> Bool {
-    let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
-    guard fd >= 0 else { return false }
-    defer { Glibc.close(fd) }
-    let type = zdc_file_system_type(fd)
-    return type >= 0 && exactHoles.contains(Int(type))
+    POSIXIO.fileSystemType(ofPath: path).map(exactHoles.contains) ?? false
   }
 
   /// `lseek(2)` whences Glibc's module leaves out (they need `_GNU_SOURCE`).

@@ -58,19 +58,18 @@ public enum LocalDurability {
     for path in dataOnly {
       if let fd = try open(path) { candidates.append(fd) }
     }
+    // Devices a flush of a file here covers, and those `before`'s flush covers besides.
     var flushed = Set(fds.compactMap(device))
-    if before != nil, let beforeDevice { flushed.insert(beforeDevice) }
+    let onlyBefore = before == nil ? nil : beforeDevice.flatMap { flushed.contains($0) ? nil : $0 }
     var onBefore: Int32?
     for fd in candidates {
       guard let d = device(fd), flushesDevice(fd) else {
         fds.append(fd)
         continue
       }
-      if flushed.contains(d), zdc_write_and_wait(fd) == 0 {
+      if flushed.contains(d) || d == onlyBefore, zdc_write_and_wait(fd) == 0 {
         waited.append(fd)
-        if onBefore == nil, d == beforeDevice, !fds.contains(where: { device($0) == d }) {
-          onBefore = fd
-        }
+        if onBefore == nil, d == onlyBefore { onBefore = fd }
       } else {
         // Nothing flushed on its device yet: this file is, and the next ones ride on it.
         fds.append(fd)
@@ -124,10 +123,7 @@ public enum LocalDurability {
 
   /// Whether the file system holding `path` is one of ``flushingFileSystems``.
   public static func flushesDevice(ofPath path: String) -> Bool {
-    let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
-    guard fd >= 0 else { return false }
-    defer { Glibc.close(fd) }
-    return flushesDevice(fd)
+    POSIXIO.fileSystemType(ofPath: path).map(flushingFileSystems.contains) ?? false
   }
 
   private static func device(_ fd: Int32) -> UInt64? {
@@ -144,6 +140,15 @@ public enum LocalDurability {
 
 /// Thin positional I/O helpers over a file descriptor; errors become `StoreError.io`.
 enum POSIXIO {
+  /// The type of the file system holding `path` (`statfs`'s `f_type`), or `nil`.
+  static func fileSystemType(ofPath path: String) -> Int? {
+    let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { return nil }
+    defer { Glibc.close(fd) }
+    let type = zdc_file_system_type(fd)
+    return type >= 0 ? Int(type) : nil
+  }
+
   static func error(_ what: String) -> StoreError {
     let e = errno
     return StoreError.io("\(what): \(String(cString: strerror(e)))", errno: e)

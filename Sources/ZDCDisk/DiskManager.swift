@@ -689,17 +689,18 @@ public final class DiskManager: @unchecked Sendable {
     guard !entries.isEmpty else { return }
     // A version being copied that goes needs no copy; one that stays needs its copy complete
     // before the in-place version, whose file has the rest of its content, goes.
-    var entries = entries
-    for e in entries { stateLock.withLock { e.copying }?.finish() }
-    entries.removeAll { e in
-      guard let guarding = stateLock.withLock({ e.guarding }) else { return false }
+    let (copying, guarding) = stateLock.withLock {
+      (entries.compactMap(\.copying), entries.map(\.guarding))
+    }
+    for c in copying { c.finish() }
+    let entries = zip(entries, guarding).compactMap { e, guarding -> Entry? in
       do {
-        try guarding.fill()
-        return false
+        try guarding?.fill()
+        return e
       } catch {
         // Its file stays (start-up completes the copy from it, then deletes it).
         logger.error("cannot complete the copy of a staged version: \(error)")
-        return true
+        return nil
       }
     }
     // With the index's next write, or shortly: one transaction per deleted file was most of

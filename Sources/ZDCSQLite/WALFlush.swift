@@ -83,12 +83,6 @@ public final class WALFlush: Sendable {
   /// At least this much room follows the log's end after it was lengthened.
   static let extensionReserve: Int64 = 256 << 10
 
-  /// Forgets the log's shape: the next flush flushes its metadata too (after something that
-  /// may have shortened it, such as `PRAGMA wal_checkpoint(TRUNCATE)`).
-  public func forgetShape() {
-    state.withLock { $0.shape = nil }
-  }
-
   static func shape(_ path: String) -> Shape? {
     var st = stat()
     guard stat(path, &st) == 0 else { return nil }
