@@ -286,6 +286,9 @@ public final class Catalog: Sendable {
   /// When the open batch began (uptime nanoseconds), when its last ``Commit/soon`` write was
   /// made, and how many such writes it has.
   private let batchOpenedAt = Atomic<UInt64>(0)
+  /// Whether the batch timer is armed (see ``scheduleBatchCommit()``).
+  private let batchTimerArmed = Atomic<Bool>(false)
+  private let _batchTimerFirings = Atomic<Int>(0)
   private let soonWrites = ActivityMonitor()
   private let batchUnits = Atomic<Int>(0)
 
@@ -435,6 +438,8 @@ public final class Catalog: Sendable {
   /// How many batches of ``Commit/soon`` writes committed (tests).
   @_spi(Testing) public var committedBatches: Int { batchCommits.load(ordering: .relaxed) }
   private let batchCommits = Atomic<Int>(0)
+  /// How many times the batch timer fired (tests).
+  @_spi(Testing) public var batchTimerFirings: Int { _batchTimerFirings.load(ordering: .relaxed) }
 
   /// How many new files are held without a row (tests; see ``HeldRows``).
   @_spi(Testing) public var heldNodes: Int { heldRows.count }
@@ -633,16 +638,55 @@ public final class Catalog: Sendable {
     try db.cachedStatement(sql: sql).execute()
   }
 
-  private func scheduleBatchCommit(after seconds: Double? = nil) {
-    batchTimer.asyncAfter(deadline: .now() + (seconds ?? batchWindowSeconds)) { [weak self] in
-      guard let self else { return }
-      if let wait = self.busyBatchWait() {
-        self.scheduleBatchCommit(after: wait)
+  /// Arms the batch timer for the batch just opened, unless it is armed already: one timer at
+  /// a time. (A timer per batch, each of which kept checking while `.soon` writes went on,
+  /// piled up when an `fsync` committed the batch after every write: a database's
+  /// transactions in the mount left thousands re-armed tens of thousands of times a second,
+  /// and their wake-ups took more of the machine than the transactions.)
+  private func scheduleBatchCommit() {
+    guard
+      batchTimerArmed.compareExchange(
+        expected: false, desired: true, ordering: .sequentiallyConsistent
+      ).exchanged
+    else { return }
+    armBatchTimer(after: batchWindowSeconds)
+  }
+
+  private func armBatchTimer(after seconds: Double) {
+    batchTimer.asyncAfter(deadline: .now() + seconds) { [weak self] in
+      self?.batchTimerFired()
+    }
+  }
+
+  /// The open batch commits once its window has passed and its writes pause (see
+  /// ``busyBatchWait()``); the timer stays armed while a batch is open.
+  private func batchTimerFired() {
+    _batchTimerFirings.add(1, ordering: .relaxed)
+    if batchOpen.value {
+      let age =
+        Double(DispatchTime.now().uptimeNanoseconds &- batchOpenedAt.load(ordering: .relaxed))
+        / 1e9
+      // A batch opened after the one the timer was armed for: its own window.
+      if age < batchWindowSeconds {
+        armBatchTimer(after: batchWindowSeconds - age)
         return
       }
-      do { try self.commitPending() } catch {
+      if let wait = busyBatchWait() {
+        armBatchTimer(after: wait)
+        return
+      }
+      do { try commitPending() } catch {
         // Logged by commitBatch; the next write retries.
       }
+    }
+    batchTimerArmed.store(false, ordering: .sequentiallyConsistent)
+    // A batch opened since found the timer armed and left it to this one.
+    if batchOpen.value,
+      batchTimerArmed.compareExchange(
+        expected: false, desired: true, ordering: .sequentiallyConsistent
+      ).exchanged
+    {
+      batchTimerFired()
     }
   }
 

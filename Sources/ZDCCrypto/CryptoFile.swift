@@ -961,7 +961,7 @@ public final class CryptoFile: @unchecked Sendable {
       try checkOpen()
       try flush()
       guard unsynced else { return false }
-      try POSIXIO.fsync(fd)
+      try POSIXIO.fdatasync(fd)
       unsynced = false
       return true
     }
@@ -985,6 +985,16 @@ public final class CryptoFile: @unchecked Sendable {
         fd = -1
       }
       try flush()
+    }
+  }
+
+  /// Closes the file without writing what it buffers (the caller overwrites or deletes the
+  /// file); later calls throw.
+  public func closeDiscarding() {
+    exclusive {
+      guard fd >= 0 else { return }
+      Glibc.close(fd)
+      fd = -1
     }
   }
 

@@ -244,6 +244,15 @@ enum POSIXIO {
       throw error("fsync")
     }
   }
+
+  /// `fdatasync(2)`: the file's data and the metadata needed to read it back (size, blocks),
+  /// not its timestamps.
+  static func fdatasync(_ fd: Int32) throws {
+    while Glibc.fdatasync(fd) != 0 {
+      if errno == EINTR { continue }
+      throw error("fdatasync")
+    }
+  }
 }
 
 /// Little-endian integer stores and loads in raw buffers.

@@ -1301,7 +1301,8 @@ public final class DiskManager: @unchecked Sendable {
     guard stateLock.withLock({ inPlaceEligible(e, pins: expectedPins) }) else { return nil }
     try latest.file.flushBuffer()
     let copyPath = stagingPath + "/" + copyName
-    try file.close()
+    // Its first block is copied over what it holds (see `CopyBeforeWrite.init`).
+    file.closeDiscarding()
     var copying: CopyBeforeWrite?
     var next: StagingFile?
     defer {

@@ -286,10 +286,6 @@ extension FileSystem {
       return w
     }
     let id = c.key.nodeID
-    // This content's own handles on the committed version go first: with no other handle on
-    // it, the new version is written in its file, in place (see `DiskManager.stagingFile`).
-    c.closeCommitted()
-    c.resetReader()
     var base: StagingBase?
     defer { base?.close() }
     if !truncate && !c.isNew {
@@ -321,6 +317,13 @@ extension FileSystem {
         }
       }
     }
+    // This content's own handles on the committed version go before the new version is made:
+    // with no handle on it but `base`, the new version is written in its file, in place (see
+    // `DiskManager.stagingFile`). After `base` took its handle: the version's file stays
+    // open (reopening it, its header read and its key derived again, cost a fifth of a
+    // database transaction's first write).
+    c.closeCommitted()
+    c.resetReader()
     do {
       let w = try disk.stagingFile(forNode: id, truncate: truncate, base: base)
       if truncate, w.size > 0 { try w.truncate(to: 0) }

@@ -62,6 +62,31 @@ import ZDCCore
     #expect(reopened.replayedJournalEntries == 0)
   }
 
+  @Test func batchesCommittedBeforeTheirWindowLeaveOneTimer() throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    // A database's transactions in the mount: each `.soon` write (a commit) is followed by an
+    // `fsync`, which commits the batch; the next write opens another.
+    let catalog = try open(dir, window: 0.05)
+    let before = catalog.committedBatches
+    let end = Date().addingTimeInterval(1)
+    var n = 0
+    while Date() < end {
+      try catalog.write(user, commit: .soon) { tx in _ = try tx.createNode(path: p("c-\(n)")) }
+      try catalog.commitPending()
+      n += 1
+      Thread.sleep(forTimeInterval: 0.002)
+    }
+    #expect(catalog.committedBatches - before >= n)
+    #expect(eventually(3) { !catalog.hasOpenBatch })
+    Thread.sleep(forTimeInterval: 0.3)
+    // One timer, checking about once per window (and once per pause of the writes' quiet)
+    // for a second of writes: about 20 firings. A timer per batch, each checking until the
+    // writes paused, fired thousands of times.
+    #expect(n > 100)
+    #expect(catalog.batchTimerFirings < 100, "\(catalog.batchTimerFirings) firings, \(n) batches")
+  }
+
   @Test func aBurstLongerThanTheBusyWindowsCommitsMeanwhile() throws {
     let dir = try tempDir()
     defer { try? FileManager.default.removeItem(at: dir) }

@@ -104,9 +104,11 @@ let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
     try f.write(original, at: 0)
     try f.close()
     let before = try Data(contentsOf: url)
-    for finish in ["fill", "crash"] {
-      let copy = dir.appendingPathComponent("copy-\(finish)")
-      try Data("old".utf8).write(to: copy)
+    // What the copy's file held before: a few bytes (a new file's header, which its first
+    // block, copied at once, covers) or more than a block (emptied first).
+    for (finish, stale) in [("fill", 3), ("crash", 3), ("crash", 10_000)] {
+      let copy = dir.appendingPathComponent("copy-\(finish)-\(stale)")
+      try Data(repeating: 0x6F, count: stale).write(to: copy)
       let cow = try CopyBeforeWrite(source: url.path, copy: copy.path)
       let w = try CryptoFile.open(at: url, key: key)
       w.guardWrites(with: cow)
