@@ -1676,6 +1676,12 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
+  /// Whether a node has an uncommitted staged version (tests: one closed unwritten is dropped
+  /// on the maintenance queue).
+  func hasUncommittedVersion(forNode nodeID: NodeID) -> Bool {
+    stateLock.withLock { stagingEntries[nodeID]?.contains(where: { !$0.row.committed }) ?? false }
+  }
+
   /// Whether a node has committed staged content not uploaded yet (``stagedData(forNode:exporting:)``
   /// would return it), without preparing its file for reading.
   public func hasStagedData(forNode nodeID: NodeID) -> Bool {

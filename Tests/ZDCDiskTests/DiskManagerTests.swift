@@ -392,6 +392,12 @@ func flipByte(at offset: UInt64, of url: URL) throws {
       var s = try disk.stagingFile(forNode: 7)
       #expect(s.url != committedFile)
       s.close()
+      // Closed unwritten, it goes on the maintenance queue (a busy machine may take a while).
+      let until = Date().addingTimeInterval(30)
+      while disk.hasUncommittedVersion(forNode: 7), Date() < until {
+        Thread.sleep(forTimeInterval: 0.01)
+      }
+      #expect(!disk.hasUncommittedVersion(forNode: 7))
       try disk.makeDurable(nodeID: 7)
       s = try disk.stagingFile(forNode: 7)
       #expect(s.url == committedFile)
