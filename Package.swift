@@ -59,6 +59,7 @@ let package = Package(
     .target(
       name: "ZDCSQLite",
       dependencies: [
+        "CLinux",
         .product(name: "GRDB", package: "GRDB.swift"),
         .product(name: "GRDBSQLite", package: "GRDB.swift"),
       ],

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -67,3 +68,13 @@ int zdc_lower_io_priority(void) {
 }
 
 int zdc_io_priority(void) { return (int)syscall(SYS_ioprio_get, 1, 0); }
+
+int zdc_file_identity(int fd, unsigned long long *size, unsigned long long *inode,
+                      unsigned int *links) {
+  struct statx st;
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_SIZE | STATX_INO | STATX_NLINK, &st) != 0) return -1;
+  *size = st.stx_size;
+  *inode = st.stx_ino;
+  *links = st.stx_nlink;
+  return 0;
+}

@@ -193,7 +193,10 @@ public final class Catalog: Sendable {
   /// checkpoint's flush): flushes the log, unless no change was made since its last flush.
   public func makeDurable() throws {
     let flush = try prepareDurable()
-    try LocalDurability.sync(paths: flush.paths, dataOnly: flush.dataOnly)
+    _ = try withExtendedLifetime(flush) {
+      try LocalDurability.sync(
+        paths: flush.paths, dataOnlyDescriptors: flush.dataOnly.map(\.descriptor))
+    }
     flush.done()
   }
 

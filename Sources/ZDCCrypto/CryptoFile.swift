@@ -505,6 +505,10 @@ public final class CryptoFile: @unchecked Sendable {
     }
   }
 
+  /// Whether the process may run on more than one CPU, read once: Foundation reads the cgroup's
+  /// quota and CPU set from /sys (four system calls) at each `activeProcessorCount`.
+  private static let severalProcessors = ProcessInfo.processInfo.activeProcessorCount > 1
+
   /// Seals whole chunks `chunks` (at most a scratch buffer's worth) of a file of `size` bytes from
   /// their plaintext `bytes` into their slots with one write; on two threads when there are
   /// several (encryption is most of a large write's cost). The caller holds the file
@@ -518,7 +522,7 @@ public final class CryptoFile: @unchecked Sendable {
     let n = Int(chunks.count)
     // Two threads from 256 KiB on (below that, handing work over costs more than it saves).
     let workers =
-      n << Int(layout.shift) >= 1 << 18 && ProcessInfo.processInfo.activeProcessorCount > 1 ? 2 : 1
+      n << Int(layout.shift) >= 1 << 18 && Self.severalProcessors ? 2 : 1
     let job = SealJob(bytes: bytes, scratch: scratch)
     DispatchQueue.concurrentPerform(iterations: workers) { w in
       let mine = (w * n / workers)..<((w + 1) * n / workers)

@@ -35,40 +35,47 @@ public enum LocalDurability {
   /// `before` runs between the two steps (to flush a file known by descriptor, on the device
   /// `beforeDevice`) and returns whether it flushed; when it did not, one file relying on its
   /// flush is flushed instead. Returns how many flushes it made.
+  /// `dataOnlyDescriptors` are more such files, open (the caller keeps them open and closes
+  /// them), with their device and file system type (`statfs`'s `f_type`).
   @discardableResult
   public static func sync(
-    paths: [String], dataOnly: [String] = [], before: (() throws -> Bool)? = nil,
-    beforeDevice: UInt64? = nil
+    paths: [String], dataOnly: [String] = [],
+    dataOnlyDescriptors: [(fd: Int32, device: UInt64, fileSystemType: Int)] = [],
+    before: (() throws -> Bool)? = nil, beforeDevice: UInt64? = nil
   ) throws -> Int {
     var fds: [Int32] = []
-    var waited: [Int32] = []
-    defer { for fd in fds + waited { Glibc.close(fd) } }
+    // Those opened here.
+    var owned: [Int32] = []
+    defer { for fd in owned { Glibc.close(fd) } }
     func open(_ path: String) throws -> Int32? {
       let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
       if fd < 0 {
         if errno == ENOENT { return nil }
         throw POSIXIO.error("open \(path)")
       }
+      owned.append(fd)
       // Directories and some file systems refuse it: their flush below then does it all.
       _ = zdc_start_writeback(fd)
       return fd
     }
     for path in paths { if let fd = try open(path) { fds.append(fd) } }
-    var candidates: [Int32] = []
+    var candidates: [(fd: Int32, device: UInt64?, flushes: Bool)] = []
     for path in dataOnly {
-      if let fd = try open(path) { candidates.append(fd) }
+      if let fd = try open(path) { candidates.append((fd, device(fd), flushesDevice(fd))) }
+    }
+    for d in dataOnlyDescriptors {
+      candidates.append((d.fd, d.device, flushingFileSystems.contains(d.fileSystemType)))
     }
     // Devices a flush of a file here covers, and those `before`'s flush covers besides.
     var flushed = Set(fds.compactMap(device))
     let onlyBefore = before == nil ? nil : beforeDevice.flatMap { flushed.contains($0) ? nil : $0 }
     var onBefore: Int32?
-    for fd in candidates {
-      guard let d = device(fd), flushesDevice(fd) else {
+    for (fd, device, flushes) in candidates {
+      guard let d = device, flushes else {
         fds.append(fd)
         continue
       }
       if flushed.contains(d) || d == onlyBefore, zdc_write_and_wait(fd) == 0 {
-        waited.append(fd)
         if onBefore == nil, d == onlyBefore { onBefore = fd }
       } else {
         // Nothing flushed on its device yet: this file is, and the next ones ride on it.
@@ -225,10 +232,13 @@ enum POSIXIO {
     }
   }
 
+  /// The file's size (without asking for its times: see `zdc_file_identity`).
   static func size(_ fd: Int32) throws -> UInt64 {
-    var st = stat()
-    guard fstat(fd, &st) == 0 else { throw error("fstat") }
-    return UInt64(st.st_size)
+    var size: UInt64 = 0
+    var inode: UInt64 = 0
+    var links: UInt32 = 0
+    guard zdc_file_identity(fd, &size, &inode, &links) == 0 else { throw error("statx") }
+    return size
   }
 
   static func truncate(_ fd: Int32, _ size: UInt64) throws {

@@ -1150,7 +1150,8 @@ public final class DiskManager: @unchecked Sendable {
             return inPlace
           }
           let cloned: Bool
-          (file, cloned) = try clone(latest, replacing: file, at: path)
+          (file, cloned) = try clone(
+            latest.file, at: self.path(of: latest.entry), replacing: file, at: path)
           if !cloned {
             try copy(from: { try latest.read(into: $0, at: $1) }, size: latest.size, to: file)
           } else if let inPlace = try writeInPlace(
@@ -1159,7 +1160,16 @@ public final class DiskManager: @unchecked Sendable {
             return inPlace
           }
         } else if let base {
-          try copy(from: { try base.read(into: $0, at: $1) }, size: base.size, to: file)
+          // A complete cached version (the one an upload just made clean, typically) is copied
+          // as it is, by the kernel: through the plaintext, a 20 MB database's next transaction
+          // after each upload cost a decryption and encryption of all of it.
+          var cloned = false
+          if case .cached(let h) = base, h.isComplete {
+            (file, cloned) = try clone(h.file, at: h.url.path, replacing: file, at: path)
+          }
+          if !cloned {
+            try copy(from: { try base.read(into: $0, at: $1) }, size: base.size, to: file)
+          }
         }
       }
     } catch {
@@ -1334,26 +1344,26 @@ public final class DiskManager: @unchecked Sendable {
       && stagingEntries[e.row.nodeID ?? 0]?.last === e
   }
 
-  /// `source`'s file copied byte for byte (ciphertext, header and all: the same content under
-  /// the same key) over `file`, the new version's empty file at `path`, by the kernel
+  /// `source`, a staged or complete cached version's file at `sourcePath`, copied byte for byte
+  /// (ciphertext, header and all: the same content under the same key) over `file`, the new version's empty file at `path`, by the kernel
   /// (`copy_file_range(2)`): no decryption or encryption, and a reflink where the file system
   /// shares extents (btrfs, XFS), so that a write after a commit does not cost a pass over the
   /// whole file there. The file at `path` afterwards, and whether it is the copy: not when
   /// the source has another chunk size or cipher than new files (copying through the
   /// plaintext brings it to them) or the kernel cannot copy between the two files (it is
   /// then still empty).
-  private func clone(_ source: StagingFile, replacing file: CryptoFile, at path: String) throws
-    -> (CryptoFile, Bool)
-  {
-    guard source.file.chunkShift == chunkShift, source.file.cipher == CryptoFile.defaultCipher
+  private func clone(
+    _ source: CryptoFile, at sourcePath: String, replacing file: CryptoFile, at path: String
+  ) throws -> (CryptoFile, Bool) {
+    guard source.chunkShift == chunkShift, source.cipher == CryptoFile.defaultCipher
     else { return (file, false) }
-    try source.file.flushBuffer()
+    try source.flushBuffer()
     // Closed first: closing writes what it holds (an empty file's first chunk).
     try file.close()
     func reopened() throws -> (CryptoFile, Bool) {
       (try CryptoFile.open(path: path, key: key), false)
     }
-    let from = Glibc.open(self.path(of: source.entry), O_RDONLY | O_CLOEXEC)
+    let from = Glibc.open(sourcePath, O_RDONLY | O_CLOEXEC)
     guard from >= 0 else { return try reopened() }
     defer { Glibc.close(from) }
     let to = Glibc.open(path, O_WRONLY | O_CLOEXEC)
@@ -1598,12 +1608,14 @@ public final class DiskManager: @unchecked Sendable {
     let paths = (flushDirectory ? [stagingDirectory.path] : []) + index.paths + other.paths
     let dataOnly = index.dataOnly + other.dataOnly
     var content = false
-    try LocalDurability.sync(
-      paths: paths, dataOnly: dataOnly,
-      before: {
-        if !flushed, let staged { content = try staged.file.sync() }
-        return content
-      }, beforeDevice: stagingDevice)
+    _ = try withExtendedLifetime(dataOnly) {
+      try LocalDurability.sync(
+        paths: paths, dataOnlyDescriptors: dataOnly.map(\.descriptor),
+        before: {
+          if !flushed, let staged { content = try staged.file.sync() }
+          return content
+        }, beforeDevice: stagingDevice)
+    }
     if let staged, !flushed {
       stateLock.withLock {
         staged.entry.flushed = true

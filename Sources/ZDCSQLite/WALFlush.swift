@@ -1,3 +1,4 @@
+import CLinux
 public import GRDB
 import Glibc
 import Synchronization
@@ -20,6 +21,9 @@ public final class WALFlush: Sendable {
     var flushed: Int?
     /// The log's inode and size when a flush of it began.
     var shape: Shape?
+    /// The log, held open between flushes (no path lookup, `open`, `fstat` or `fstatfs` per
+    /// flush).
+    var log: OpenLog?
   }
 
   struct Shape: Equatable {
@@ -31,16 +35,22 @@ public final class WALFlush: Sendable {
 
   /// The flush that makes every commit of `db` (the writer connection) so far durable: the log,
   /// or nothing when no change was made since a flush that covered them all.
+  ///
+  /// When only the log's data needs to reach stable storage, its writeback starts here: the
+  /// device writes it while the caller goes on to its other files.
   public func pending(_ db: Database) -> PendingFlush {
     let count = db.totalChangesCount
     let log = path + "-wal"
-    let (clean, known) = state.withLock { s in
-      (s.flushed.map { count <= $0 } ?? false, s.shape)
+    let (clean, known, held) = state.withLock { s in
+      (s.flushed.map { count <= $0 } ?? false, s.shape, s.log)
     }
     if clean { return .none }
-    var shape = Self.shape(log)
-    if let s = shape, s == known {
-      return PendingFlush(paths: [], dataOnly: [log], mark: (self, count, s))
+    let open = OpenLog.current(log, held: held)
+    if open?.log !== held { state.withLock { $0.log = open?.log } }
+    var shape = open?.shape
+    if let open, open.shape == known {
+      _ = zdc_start_writeback(open.log.fd)
+      return PendingFlush(paths: [], dataOnly: [open.log], mark: (self, count, open.shape))
     }
     // The log grew (or is new to us): its size goes to stable storage with this flush, and
     // room for the next commits with it, so that they need only their data written.
@@ -97,18 +107,73 @@ public final class WALFlush: Sendable {
   }
 }
 
+/// A write-ahead log held open by its ``WALFlush``; the descriptor stays valid while this object
+/// lives.
+public final class OpenLog: Sendable {
+  /// The open descriptor (read-only).
+  public let fd: Int32
+  /// The device of its file system (`st_dev`).
+  public let device: UInt64
+  /// Its file system's type (`statfs`'s `f_type`), or -1 when unknown.
+  public let fileSystemType: Int
+  /// The log's inode.
+  let inode: UInt64
+
+  private init(fd: Int32, device: UInt64, fileSystemType: Int, inode: UInt64) {
+    self.fd = fd
+    self.device = device
+    self.fileSystemType = fileSystemType
+    self.inode = inode
+  }
+
+  deinit { Glibc.close(fd) }
+
+  /// The descriptor, device and file system type, as `LocalDurability.sync` takes them.
+  public var descriptor: (fd: Int32, device: UInt64, fileSystemType: Int) {
+    (fd, device, fileSystemType)
+  }
+
+  /// The log at `path` and its shape: `held` while it is still linked (SQLite deletes a log
+  /// only with the last connection, or on a change of journal mode; it never renames one),
+  /// else the file opened anew, or `nil` when there is none.
+  static func current(_ path: String, held: OpenLog?) -> (log: OpenLog, shape: WALFlush.Shape)? {
+    // `statx` for size, inode and links alone: a query of the log's times (`fstat`) would make
+    // each commit's write give it a new one, dirtying its inode (see `zdc_file_identity`).
+    var size: UInt64 = 0
+    var inode: UInt64 = 0
+    var links: UInt32 = 0
+    if let held, zdc_file_identity(held.fd, &size, &inode, &links) == 0, links > 0 {
+      return (held, WALFlush.Shape(inode: inode, size: Int64(size)))
+    }
+    let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { return nil }
+    var st = stat()
+    guard fstat(fd, &st) == 0, zdc_file_identity(fd, &size, &inode, &links) == 0 else {
+      Glibc.close(fd)
+      return nil
+    }
+    let log = OpenLog(
+      fd: fd, device: UInt64(st.st_dev), fileSystemType: Int(zdc_file_system_type(fd)),
+      inode: inode)
+    return (log, WALFlush.Shape(inode: inode, size: Int64(size)))
+  }
+}
+
 /// Files to flush to make some commits durable; ``done()`` after they were flushed.
 public struct PendingFlush: Sendable {
   /// The files, for `LocalDurability.sync(paths:dataOnly:before:beforeDevice:)`.
   public let paths: [String]
-  /// Files whose metadata is on stable storage: only their data needs to be (`dataOnly`).
-  public let dataOnly: [String]
+  /// Logs whose metadata is on stable storage: only their data needs to be (`dataOnly`). Their
+  /// writeback has started. Their descriptors stay open while this value lives.
+  public let dataOnly: [OpenLog]
   fileprivate let mark: (WALFlush, Int, WALFlush.Shape?)?
 
   /// Nothing to flush.
   public static let none = PendingFlush(paths: [], dataOnly: [], mark: nil)
 
-  fileprivate init(paths: [String], dataOnly: [String], mark: (WALFlush, Int, WALFlush.Shape?)?) {
+  fileprivate init(
+    paths: [String], dataOnly: [OpenLog], mark: (WALFlush, Int, WALFlush.Shape?)?
+  ) {
     self.paths = paths
     self.dataOnly = dataOnly
     self.mark = mark

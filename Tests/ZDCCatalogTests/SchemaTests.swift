@@ -51,7 +51,18 @@ import ZDCCrypto
     try catalog.write("alice", commit: .soon) { _ = try $0.createNode(path: p("a")) }
     // A commit that fits: only the log's data needs to reach stable storage.
     let second = try catalog.prepareDurable()
-    #expect(second.paths.isEmpty && second.dataOnly == [wal])
+    #expect(second.paths.isEmpty && second.dataOnly.count == 1)
+    // The log itself, held open from then on (no `open` per flush).
+    let open = try #require(second.dataOnly.first)
+    var log = stat()
+    var held = stat()
+    #expect(stat(wal, &log) == 0 && fstat(open.fd, &held) == 0)
+    #expect(log.st_ino == held.st_ino && log.st_dev == held.st_dev)
+    try LocalDurability.sync(paths: [], dataOnlyDescriptors: second.dataOnly.map(\.descriptor))
+    second.done()
+    try catalog.write("alice", commit: .soon) { _ = try $0.createNode(path: p("b")) }
+    let third = try catalog.prepareDurable()
+    #expect(third.dataOnly.map(\.fd) == second.dataOnly.map(\.fd))
     try catalog.makeDurable()
     #expect(try catalog.prepareDurable().isEmpty)
   }

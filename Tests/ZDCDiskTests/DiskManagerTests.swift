@@ -720,6 +720,35 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(disk.usage.entries == 0)
   }
 
+  /// A new version started from a complete cached one (the version an upload just made clean)
+  /// is the kernel's byte-for-byte copy of its file too, not a decryption and re-encryption of
+  /// all of it: a 20 MB database paid that at its first transaction after each upload. A
+  /// partial cached version is still copied through the plaintext (its missing chunks are
+  /// holes, which the copy must not take for content).
+  @Test func aNewVersionFromACompleteCachedOneIsTheKernelsCopy() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let disk = try makeDisk(tmp, key: key)
+    let v1 = marked("cached", count: 300_000)
+    let h = try cache(disk, "c1", "e1", v1)
+    #expect(h.isComplete)
+    let cachedBytes = try Data(contentsOf: h.url)
+    let s = try disk.stagingFile(forNode: 3, base: .cached(h))
+    #expect(try Data(contentsOf: s.url) == cachedBytes)
+    #expect(try s.read(offset: 0, count: 400_000) == v1)
+    try s.write(Data("changed".utf8), at: 299_990)
+    try disk.commitStaging(s)
+    s.close()
+    var expected = v1
+    expected.replaceSubrange(299_990..<299_997, with: Data("changed".utf8))
+    let staged = try #require(disk.stagedData(forNode: 3))
+    #expect(
+      try CryptoFile.open(at: staged.url, key: key).read(offset: 0, count: 400_000) == expected)
+    // The cached version is as it was.
+    #expect(try Data(contentsOf: h.url) == cachedBytes)
+    #expect(try h.read(offset: 0, count: 400_000) == v1)
+    h.close()
+  }
+
   /// A new version of a node with a committed one starts as the kernel's byte-for-byte copy of
   /// its file (`copy_file_range`: a reflink on btrfs and XFS), not as a decryption and
   /// re-encryption of every chunk: a write after a commit of a 100 MiB file took 110 ms that

@@ -17,6 +17,15 @@ int zdc_write_and_wait(int fd);
 /// or -1 with `errno` set.
 long zdc_file_system_type(int fd);
 
+/// The size, inode number and link count of the file open as `fd`, from `statx(2)` asking for
+/// those alone. Unlike `fstat`, it does not ask for the file's times: on a file system with
+/// fine-grained ("multigrain") timestamps (ext4, XFS, btrfs, tmpfs since Linux 6.13), a query of
+/// the times makes the next write give the file a new one, so that the write dirties its inode
+/// and the next `fdatasync` on ext4 without a journal writes the inode table block, a device
+/// request of its own. Returns 0, or -1 with `errno` set.
+int zdc_file_identity(int fd, unsigned long long *size, unsigned long long *inode,
+                      unsigned int *links);
+
 /// Creates an unnamed regular file (mode 0600) in `directory`, open for reading and writing
 /// (`open(directory, O_TMPFILE | O_RDWR | O_CLOEXEC)`): it disappears with its last descriptor
 /// unless it is given a name (`linkat` of `/proc/self/fd/N`). Returns the descriptor, or
