@@ -67,7 +67,7 @@ let package = Package(
     .target(
       name: "ZDCCatalog",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "CSQLiteTuning", "ZDCSQLite",
+        "ZDCCore", "ZDCCrypto", "CLinux", "CSQLiteTuning", "ZDCSQLite",
         .product(name: "GRDB", package: "GRDB.swift"),
         .product(name: "GRDBSQLite", package: "GRDB.swift"),
         .product(name: "Logging", package: "swift-log"),

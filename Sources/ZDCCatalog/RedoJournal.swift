@@ -1,6 +1,9 @@
+import CLinux
 import Foundation
 import Logging
+import Synchronization
 import ZDCCore
+import ZDCSQLite
 
 #if canImport(Glibc)
   import Glibc
@@ -17,6 +20,11 @@ import ZDCCore
 /// while the SQLite commit, whose write-ahead-log frames cost more than the change itself, is
 /// paid once per batch.
 ///
+/// An `fsync` through the mount makes the journal durable instead of committing the batch
+/// (``Catalog/prepareDurable()``): the journal is lengthened ahead with zeros, like the
+/// write-ahead logs, so that its entries then need only their data written. The zeros end the
+/// entries when it is read (a length of 0 is no entry), and are not taken for damage.
+///
 /// Format (native-endian, this machine only): entries back to back, each
 /// `u32 length | u64 seq | u16 userID length | userID | u32 record count | (u32 length | record)*
 /// | u64 FNV-1a of everything from seq on`. Reading stops at the first incomplete or damaged
@@ -26,8 +34,17 @@ final class RedoJournal: @unchecked Sendable {
   // (serialized), or in `init`.
   let path: String
   private let fd: Int32
-  /// Bytes in the file.
+  /// Where the next entry goes: the end of the entries (zeros may follow, see ``flush()``).
   private(set) var size: UInt64
+  /// The file's length: the entries and the zeros after them.
+  private var fileLength: UInt64
+  /// What a flush must do: how far the entries were flushed, the length whose allocation
+  /// and size are on stable storage, and the journal's emptyings so far (a flush prepared
+  /// before one marks nothing). Also read by ``didFlush(_:)``, on whatever thread flushed.
+  private let flushState = Mutex<(flushed: UInt64, durableLength: UInt64, emptyings: Int)>(
+    (0, 0, 0))
+  /// The journal's file as a log to flush (another descriptor, made at the first flush).
+  private var openLog: OpenLog?
   /// The highest sequence number written (or found).
   private(set) var lastSeq: UInt64
 
@@ -66,6 +83,7 @@ final class RedoJournal: @unchecked Sendable {
       throw Failure.io("stat \(path)", e)
     }
     size = UInt64(st.st_size)
+    fileLength = size
     lastSeq = 0
   }
 
@@ -94,6 +112,8 @@ final class RedoJournal: @unchecked Sendable {
       valid = r.offset
       lastSeq = max(lastSeq, entry.seq)
     }
+    // Zeros after the entries are the room made ahead for the next ones, not damage.
+    if valid < done, bytes[valid..<done].allSatisfy({ $0 == 0 }) { size = UInt64(valid) }
     return (entries, UInt64(valid))
   }
 
@@ -116,8 +136,95 @@ final class RedoJournal: @unchecked Sendable {
     withUnsafeBytes(of: length) { w.buffer.replaceSubrange(0..<4, with: $0) }
     try writeFully(w.buffer, at: size)
     size += UInt64(w.buffer.count)
+    fileLength = max(fileLength, size)
     lastSeq = seq
     return seq
+  }
+
+  /// The journal is lengthened in steps of this many bytes when it is flushed past the room
+  /// made for it; at least ``flushReserve`` of room follows its entries then.
+  static let lengthStep: UInt64 = 1 << 20
+  static let flushReserve: UInt64 = 256 << 10
+
+  /// The flush that makes every entry so far durable: nothing when a flush covered them all;
+  /// the journal's data, when its entries lie in room whose allocation and size are on stable
+  /// storage (its writeback starts here); else the file, lengthened first with zeros so that
+  /// the next entries need only their data written. Call on the writer connection (entries
+  /// are appended there).
+  func flush() -> PendingFlush {
+    let end = size
+    let (flushed, durableLength, emptyings) = flushState.withLock {
+      ($0.flushed, $0.durableLength, $0.emptyings)
+    }
+    guard end > flushed else { return .none }
+    if openLog == nil { openLog = OpenLog.duplicating(fd) }
+    if end <= durableLength, let log = openLog {
+      _ = zdc_start_writeback(log.fd)
+      return PendingFlush(paths: [], dataOnly: [log]) { [self] in
+        didFlush(end, length: nil, emptyings: emptyings)
+      }
+    }
+    let target = (end + Self.flushReserve) / Self.lengthStep * Self.lengthStep + Self.lengthStep
+    let length = lengthen(to: target) ? target : fileLength
+    // The file (its size and blocks with it), through the held descriptor when there is one.
+    return PendingFlush(paths: [path], dataOnly: []) { [self] in
+      didFlush(end, length: length, emptyings: emptyings)
+    }
+  }
+
+  /// Where the entries end now, for ``didCover(_:)``. Call on the writer connection.
+  func coverMark() -> (end: UInt64, emptyings: Int) {
+    (size, flushState.withLock { $0.emptyings })
+  }
+
+  /// Records that the entries up to `mark` are durable without a flush of the journal (the log
+  /// holding their commit was flushed).
+  func didCover(_ mark: (end: UInt64, emptyings: Int)) {
+    didFlush(mark.end, length: nil, emptyings: mark.emptyings)
+  }
+
+  /// Records a flush of the entries up to `end` (and of the file's length, with `length`),
+  /// unless the journal was emptied since it was prepared.
+  private func didFlush(_ end: UInt64, length: UInt64?, emptyings: Int) {
+    flushState.withLock { s in
+      guard s.emptyings == emptyings else { return }
+      s.flushed = max(s.flushed, end)
+      if let length { s.durableLength = max(s.durableLength, length) }
+    }
+  }
+
+  /// Writes zeros from the end of the file (never over entries) to `target`; false when it
+  /// could not (a full disk: the entries then get flushed with the file as it is).
+  private func lengthen(to target: UInt64) -> Bool {
+    let from = max(fileLength, size)
+    guard target > from else { return true }
+    let zeros = [UInt8](repeating: 0, count: Int(min(target - from, 1 << 16)))
+    var offset = from
+    while offset < target {
+      let n = zeros.withUnsafeBytes {
+        pwrite(fd, $0.baseAddress, Int(min(UInt64($0.count), target - offset)), off_t(offset))
+      }
+      if n < 0, errno == EINTR { continue }
+      guard n > 0 else {
+        // What was written is zeros past the entries: the file's length says how far.
+        fileLength = max(fileLength, offset)
+        return false
+      }
+      offset += UInt64(n)
+    }
+    fileLength = target
+    return true
+  }
+
+  /// The journal changed length without a flush (emptied or cut): its next flush is a whole
+  /// one, and flushes prepared before record nothing.
+  private func lengthChanged(to length: UInt64) {
+    fileLength = length
+    flushState.withLock { s in
+      s.emptyings += 1
+      s.flushed = min(s.flushed, length)
+      s.durableLength = 0
+    }
   }
 
   /// Numbers the next entries after `seq` (the last one the database holds): an emptied
@@ -126,9 +233,10 @@ final class RedoJournal: @unchecked Sendable {
 
   /// Empties the journal (every entry is in the database, or given up).
   func truncate() throws {
-    guard size > 0 else { return }
+    guard size > 0 || fileLength > 0 else { return }
     guard ftruncate(fd, 0) == 0 else { throw Failure.io("truncate \(path)", errno) }
     size = 0
+    lengthChanged(to: 0)
   }
 
   /// Cuts a damaged tail off (from `offset` on).
@@ -136,6 +244,7 @@ final class RedoJournal: @unchecked Sendable {
     guard offset < size else { return }
     guard ftruncate(fd, off_t(offset)) == 0 else { throw Failure.io("truncate \(path)", errno) }
     size = offset
+    lengthChanged(to: offset)
   }
 
   private func writeFully(_ bytes: [UInt8], at offset: UInt64) throws {
@@ -147,8 +256,15 @@ final class RedoJournal: @unchecked Sendable {
       if n < 0 {
         if errno == EINTR { continue }
         let e = errno
-        // A partial entry must not stay: the next entry would follow garbage.
-        _ = ftruncate(fd, off_t(offset))
+        // A partial entry must not stay: the next entry would follow garbage. (Zeros over it
+        // when the journal has room past it; cut off otherwise.)
+        if fileLength > offset {
+          let zeros = [UInt8](repeating: 0, count: done)
+          _ = zeros.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, off_t(offset)) }
+        } else {
+          _ = ftruncate(fd, off_t(offset))
+          lengthChanged(to: offset)
+        }
         throw Failure.io("write \(path)", e)
       }
       done += n

@@ -133,6 +133,24 @@ public final class OpenLog: Sendable {
     (fd, device, fileSystemType)
   }
 
+  /// Another descriptor of the open file `fd` (its own, closed with this object), with the
+  /// file's device and file system type; `nil` when it cannot be had.
+  public static func duplicating(_ fd: Int32) -> OpenLog? {
+    let copy = fcntl(fd, F_DUPFD_CLOEXEC, 0)
+    guard copy >= 0 else { return nil }
+    var st = stat()
+    var size: UInt64 = 0
+    var inode: UInt64 = 0
+    var links: UInt32 = 0
+    guard fstat(copy, &st) == 0, zdc_file_identity(copy, &size, &inode, &links) == 0 else {
+      Glibc.close(copy)
+      return nil
+    }
+    return OpenLog(
+      fd: copy, device: UInt64(st.st_dev), fileSystemType: Int(zdc_file_system_type(copy)),
+      inode: inode)
+  }
+
   /// The log at `path` and its shape: `held` while it is still linked (SQLite deletes a log
   /// only with the last connection, or on a change of journal mode; it never renames one),
   /// else the file opened anew, or `nil` when there is none.
@@ -161,27 +179,44 @@ public final class OpenLog: Sendable {
 
 /// Files to flush to make some commits durable; ``done()`` after they were flushed.
 public struct PendingFlush: Sendable {
-  /// The files, for `LocalDurability.sync(paths:dataOnly:before:beforeDevice:)`.
+  /// The files, for
+  /// `LocalDurability.sync(paths:dataOnly:dataOnlyDescriptors:before:beforeDevice:)`.
   public let paths: [String]
   /// Logs whose metadata is on stable storage: only their data needs to be (`dataOnly`). Their
   /// writeback has started. Their descriptors stay open while this value lives.
   public let dataOnly: [OpenLog]
-  fileprivate let mark: (WALFlush, Int, WALFlush.Shape?)?
+  private let onDone: [@Sendable () -> Void]
 
   /// Nothing to flush.
-  public static let none = PendingFlush(paths: [], dataOnly: [], mark: nil)
+  public static let none = PendingFlush(paths: [], dataOnly: [], onDone: [])
 
-  fileprivate init(
-    paths: [String], dataOnly: [OpenLog], mark: (WALFlush, Int, WALFlush.Shape?)?
-  ) {
+  /// Files to flush, and what to record once they were (`done`).
+  public init(paths: [String], dataOnly: [OpenLog], done: @escaping @Sendable () -> Void) {
+    self.init(paths: paths, dataOnly: dataOnly, onDone: [done])
+  }
+
+  private init(paths: [String], dataOnly: [OpenLog], onDone: [@Sendable () -> Void]) {
     self.paths = paths
     self.dataOnly = dataOnly
-    self.mark = mark
+    self.onDone = onDone
+  }
+
+  fileprivate init(
+    paths: [String], dataOnly: [OpenLog], mark: (WALFlush, Int, WALFlush.Shape?)
+  ) {
+    self.init(paths: paths, dataOnly: dataOnly, onDone: [{ mark.0.didFlush(mark.1, mark.2) }])
+  }
+
+  /// This flush and `other` as one.
+  public func merged(with other: PendingFlush) -> PendingFlush {
+    PendingFlush(
+      paths: paths + other.paths, dataOnly: dataOnly + other.dataOnly,
+      onDone: onDone + other.onDone)
   }
 
   /// Whether there is nothing to flush.
   public var isEmpty: Bool { paths.isEmpty && dataOnly.isEmpty }
 
   /// Records that ``paths`` and ``dataOnly`` were flushed.
-  public func done() { mark.map { $0.0.didFlush($0.1, $0.2) } }
+  public func done() { for f in onDone { f() } }
 }

@@ -210,6 +210,59 @@ import ZDCCrypto
     #expect(try snapshot(reopened) == expected)
   }
 
+  /// An `fsync` makes the journal durable instead of committing the batch
+  /// (`Catalog.prepareDurable`): it is lengthened with zeros, which a reopen after a crash takes
+  /// for room, not damage; entries made after it, and a torn one in that room, are read as
+  /// before.
+  @Test func aJournalLengthenedForItsFlushReplaysEveryEntry() throws {
+    let dir = try tempDir()
+    defer { try? FileManager.default.removeItem(at: dir) }
+    let catalog = try open(dir)
+    try catalog.createLocalUser(makeUser(user))
+    try catalog.makeDurable()
+    var writes = 0
+    for i in 0..<8 {
+      try soonCreate(catalog, "first \(i)")
+      writes += 1
+    }
+    try catalog.makeDurable()
+    #expect(catalog.hasOpenBatch)
+    let journal = dir.appendingPathComponent("catalog.sqlite.redo")
+    let length = try #require(
+      try FileManager.default.attributesOfItem(atPath: journal.path)[.size] as? Int)
+    #expect(length % (1 << 20) == 0)
+    for i in 0..<8 {
+      try soonCreate(catalog, "second \(i)")
+      writes += 1
+    }
+    try catalog.makeDurable()
+    try soonCreate(catalog, "last")
+    writes += 1
+    let expected = try snapshot(catalog)
+    let copy = try crashCopy(dir)
+    defer { try? FileManager.default.removeItem(at: copy) }
+    // The room after the entries is still zeros: the journal's length did not change.
+    #expect(try FileManager.default.attributesOfItem(atPath: journal.path)[.size] as? Int == length)
+    let reopened = try open(copy)
+    #expect(reopened.replayedJournalEntries == writes)
+    #expect(reopened.failedJournalEntries == 0)
+    #expect(try snapshot(reopened) == expected)
+
+    // A torn last entry in the room: the entries before it are made again.
+    let torn = try crashCopy(dir)
+    defer { try? FileManager.default.removeItem(at: torn) }
+    let handle = try FileHandle(forUpdating: torn.appendingPathComponent("catalog.sqlite.redo"))
+    let bytes = try handle.readToEnd() ?? Data()
+    // The last entry ends where the zeros begin: its checksum's last non-zero byte changed.
+    let last = try #require(bytes.lastIndex(where: { $0 != 0 }))
+    try handle.seek(toOffset: UInt64(last))
+    try handle.write(contentsOf: Data([bytes[last] ^ 0x01]))
+    try handle.close()
+    let again = try open(torn)
+    #expect(again.replayedJournalEntries == writes - 1)
+    #expect(try present(again, ["last"]) == [])
+  }
+
   @Test func aTornLastEntryIsDropped() throws {
     let dir = try tempDir()
     defer { try? FileManager.default.removeItem(at: dir) }

@@ -34,35 +34,70 @@ import ZDCCrypto
     #expect(try normal.pragma("synchronous") == "1")  // NORMAL
   }
 
-  /// Making the catalog durable flushes its write-ahead log only when a change was made since
-  /// the last flush (never the database file: a checkpoint flushes it itself).
+  /// Making the catalog durable flushes only what a change since the last flush left to
+  /// flush: the write-ahead log for commits the redo journal does not hold (never the database
+  /// file: a checkpoint flushes it itself), else the journal alone, for `.soon` writes, whose
+  /// batch stays open (an `fsync` through the mount costs no commit).
   @Test func makeDurableFlushesTheLogOnlyAfterAChange() throws {
     let catalog = try Catalog.temporary(options: .init(durability: .normal))
     try catalog.createLocalUser(makeUser("alice"))
-    let wal = try #require(catalog.path) + "-wal"
+    let path = try #require(catalog.path)
+    let wal = path + "-wal"
+    let redo = path + ".redo"
+    func size(_ file: String) throws -> Int {
+      try #require(try FileManager.default.attributesOfItem(atPath: file)[.size] as? Int)
+    }
+    func sameFile(_ file: String, _ fd: Int32?) -> Bool {
+      var onDisk = stat()
+      var held = stat()
+      guard let fd else { return false }
+      return stat(file, &onDisk) == 0 && fstat(fd, &held) == 0
+        && onDisk.st_ino == held.st_ino && onDisk.st_dev == held.st_dev
+    }
     let first = try catalog.prepareDurable()
     #expect(first.paths == [wal] && first.dataOnly.isEmpty)
     try LocalDurability.sync(paths: first.paths)
     first.done()
     // The log was lengthened with room for the next commits, its size flushed with it.
-    let size = try #require(try FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int)
-    #expect(size > 0 && size % (1 << 20) == 0)
+    #expect(try size(wal) > 0 && size(wal) % (1 << 20) == 0)
     #expect(try catalog.prepareDurable().isEmpty)
+
+    // `.soon` writes: the redo journal holds them, and it is flushed instead of the log, the
+    // batch left open; lengthened with room too, the first time.
+    let batches = catalog.committedBatches
     try catalog.write("alice", commit: .soon) { _ = try $0.createNode(path: p("a")) }
-    // A commit that fits: only the log's data needs to reach stable storage.
     let second = try catalog.prepareDurable()
-    #expect(second.paths.isEmpty && second.dataOnly.count == 1)
-    // The log itself, held open from then on (no `open` per flush).
-    let open = try #require(second.dataOnly.first)
-    var log = stat()
-    var held = stat()
-    #expect(stat(wal, &log) == 0 && fstat(open.fd, &held) == 0)
-    #expect(log.st_ino == held.st_ino && log.st_dev == held.st_dev)
-    try LocalDurability.sync(paths: [], dataOnlyDescriptors: second.dataOnly.map(\.descriptor))
+    #expect(second.paths == [redo] && second.dataOnly.isEmpty)
+    #expect(catalog.hasOpenBatch && catalog.committedBatches == batches)
+    try LocalDurability.sync(paths: second.paths)
     second.done()
+    #expect(try size(redo) % (1 << 20) == 0)
+    #expect(try catalog.prepareDurable().isEmpty)
+    // An entry that fits: only the journal's data needs to reach stable storage, through a
+    // descriptor of its own held from then on.
     try catalog.write("alice", commit: .soon) { _ = try $0.createNode(path: p("b")) }
     let third = try catalog.prepareDurable()
-    #expect(third.dataOnly.map(\.fd) == second.dataOnly.map(\.fd))
+    #expect(third.paths.isEmpty && third.dataOnly.count == 1)
+    #expect(sameFile(redo, third.dataOnly.first?.fd))
+    try LocalDurability.sync(paths: [], dataOnlyDescriptors: third.dataOnly.map(\.descriptor))
+    third.done()
+    // The batch's commit holds journaled writes only: still nothing to flush.
+    try catalog.commitPending()
+    #expect(try catalog.prepareDurable().isEmpty)
+
+    // A `.now` write is not in the journal: the batch commits and the log (held open, with
+    // room) needs its data written.
+    try catalog.write("alice", commit: .soon) { _ = try $0.createNode(path: p("c")) }
+    try catalog.write("alice") { _ = try $0.createNode(path: p("d")) }
+    let fourth = try catalog.prepareDurable()
+    #expect(fourth.paths.isEmpty && fourth.dataOnly.count == 1)
+    #expect(sameFile(wal, fourth.dataOnly.first?.fd))
+    #expect(!catalog.hasOpenBatch)
+    try LocalDurability.sync(paths: [], dataOnlyDescriptors: fourth.dataOnly.map(\.descriptor))
+    fourth.done()
+    // That flush covered the journal's entries too.
+    #expect(try catalog.prepareDurable().isEmpty)
+    try catalog.write("alice", commit: .soon) { _ = try $0.createNode(path: p("e")) }
     try catalog.makeDurable()
     #expect(try catalog.prepareDurable().isEmpty)
   }
