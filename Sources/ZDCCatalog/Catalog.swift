@@ -226,32 +226,34 @@ public final class Catalog: Sendable {
     // would be counted as flushed with the log before its commit.
     return try writeMappingFullDisk { db in
       if batchOpen.value { try commitBatch(db) }
-      let (coverage, journal) = (self.coverage, self.journal)
-      let pending = walFlush.pending(db)
-      // Counted after `pending`, whose lengthening of the log is a commit of its own.
-      let uncovered = coverage.uncovered
-      // Every entry so far is committed: the log's flush covers them.
-      let entries = journal?.coverMark()
-      return pending.merged(
-        with: PendingFlush(paths: [], dataOnly: []) {
-          coverage.logFlushed(upTo: uncovered)
-          if let journal, let entries { journal.didCover(entries) }
-        })
+      return logFlush(walFlush, db)
     }
   }
 
   /// Which commits the redo journal does not hold (see ``prepareDurable()``).
   private let coverage = JournalCoverage()
 
-  /// Flushes the write-ahead log (on the writer connection, `db`): every commit so far is then
-  /// durable without the redo journal. False when the flush failed (logged).
-  private func makeLogDurable(_ db: Database) -> Bool {
-    guard let walFlush else { return true }
-    let flush = walFlush.pending(db)
+  /// The flush of the write-ahead log that makes every commit so far durable (on the writer
+  /// connection, `db`, outside a transaction); once done, neither those commits nor the redo
+  /// journal's entries so far (all committed) need the journal to be durable.
+  private func logFlush(_ walFlush: WALFlush, _ db: Database) -> PendingFlush {
+    let (coverage, journal) = (self.coverage, self.journal)
+    let pending = walFlush.pending(db)
     // Counted after `pending`, whose lengthening of the log is a commit of its own.
     let uncovered = coverage.uncovered
-    // Called after a commit: the entries so far are committed.
-    let entries = db.isInsideTransaction ? nil : journal?.coverMark()
+    let entries = journal?.coverMark()
+    return pending.merged(
+      with: PendingFlush(paths: [], dataOnly: []) {
+        coverage.logFlushed(upTo: uncovered)
+        if let journal, let entries { journal.didCover(entries) }
+      })
+  }
+
+  /// Flushes the write-ahead log (on the writer connection, `db`, after a commit): every commit
+  /// so far is then durable without the redo journal. False when the flush failed (logged).
+  private func makeLogDurable(_ db: Database) -> Bool {
+    guard let walFlush else { return true }
+    let flush = logFlush(walFlush, db)
     do {
       _ = try withExtendedLifetime(flush) {
         try LocalDurability.sync(
@@ -262,8 +264,6 @@ public final class Catalog: Sendable {
       return false
     }
     flush.done()
-    coverage.logFlushed(upTo: uncovered)
-    if let journal, let entries { journal.didCover(entries) }
     return true
   }
 
@@ -473,8 +473,7 @@ public final class Catalog: Sendable {
         }
         if commit == .now || commitNow {
           // A unit the journal does not hold: the log must be flushed for this commit.
-          coverage.batchHasUnjournaled = true
-          try commitBatch(db)
+          try commitBatch(db, journaledOnly: false)
         } else {
           soonWrites.touch()
           batchUnits.add(1, ordering: .relaxed)
@@ -537,7 +536,9 @@ public final class Catalog: Sendable {
     }
   }
 
-  private func commitBatch(_ db: Database) throws {
+  /// Commits the open batch; `journaledOnly` when each of its units is in the redo journal
+  /// (a unit that is not commits its batch at once).
+  private func commitBatch(_ db: Database, journaledOnly: Bool = true) throws {
     guard db.rawIsInsideTransaction else {
       deferredUploads.didRollback()
       heldRows.didRollback()
@@ -554,11 +555,8 @@ public final class Catalog: Sendable {
         try db.cachedStatement(sql: "UPDATE journalState SET seq = ? WHERE id = 1").execute(
           arguments: [Int64(bitPattern: batchJournalSeq)])
       }
-      coverage.committingBatch = true
-      defer {
-        coverage.committingBatch = false
-        coverage.batchHasUnjournaled = false
-      }
+      coverage.committingJournaledBatch = journaledOnly
+      defer { coverage.committingJournaledBatch = false }
       try control(db, "COMMIT TRANSACTION")
       batchOpen.value = false
       batchCommits.add(1, ordering: .relaxed)
@@ -1006,15 +1004,14 @@ final class CommitHooks: TransactionObserver, @unchecked Sendable {
 /// commit (a ``Catalog/Commit/now`` write, a batch with a unit that could not be journaled, the
 /// sync engine's writes, a replay) is not, until the log is flushed.
 final class JournalCoverage: @unchecked Sendable {
-  // @unchecked: `committingBatch` and `batchHasUnjournaled` are touched only on the writer
-  // connection (serialized); the counts are atomics.
+  // @unchecked: `committingJournaledBatch` is touched only on the writer connection
+  // (serialized); the counts are atomics.
   /// Commits the journal does not hold, and how many of them a flush of the log covered. (One
   /// at first: what the database held when it was opened is not known to be durable.)
   private let uncoveredCount = Atomic<UInt64>(1)
   private let flushedCount = Atomic<UInt64>(0)
-  /// Set while a batch commits; its commit is covered unless it has an unjournaled unit.
-  var committingBatch = false
-  var batchHasUnjournaled = false
+  /// Set while a batch whose units are all journaled commits: its commit is covered.
+  var committingJournaledBatch = false
 
   var uncovered: UInt64 { uncoveredCount.load(ordering: .acquiring) }
 
@@ -1024,7 +1021,7 @@ final class JournalCoverage: @unchecked Sendable {
   }
 
   func didCommit() {
-    if !committingBatch || batchHasUnjournaled {
+    if !committingJournaledBatch {
       uncoveredCount.add(1, ordering: .releasing)
     }
   }

@@ -36,7 +36,7 @@ final class RedoJournal: @unchecked Sendable {
   private let fd: Int32
   /// Where the next entry goes: the end of the entries (zeros may follow, see ``flush()``).
   private(set) var size: UInt64
-  /// The file's length: the entries and the zeros after them.
+  /// The file's length: the entries and the zeros after them (never less than `size`).
   private var fileLength: UInt64
   /// What a flush must do: how far the entries were flushed, the length whose allocation
   /// and size are on stable storage, and the journal's emptyings so far (a flush prepared
@@ -141,11 +141,6 @@ final class RedoJournal: @unchecked Sendable {
     return seq
   }
 
-  /// The journal is lengthened in steps of this many bytes when it is flushed past the room
-  /// made for it; at least ``flushReserve`` of room follows its entries then.
-  static let lengthStep: UInt64 = 1 << 20
-  static let flushReserve: UInt64 = 256 << 10
-
   /// The flush that makes every entry so far durable: nothing when a flush covered them all;
   /// the journal's data, when its entries lie in room whose allocation and size are on stable
   /// storage (its writeback starts here); else the file, lengthened first with zeros so that
@@ -164,9 +159,9 @@ final class RedoJournal: @unchecked Sendable {
         didFlush(end, length: nil, emptyings: emptyings)
       }
     }
-    let target = (end + Self.flushReserve) / Self.lengthStep * Self.lengthStep + Self.lengthStep
+    let target = LogRoom.target(after: end)
     let length = lengthen(to: target) ? target : fileLength
-    // The file (its size and blocks with it), through the held descriptor when there is one.
+    // The whole file: its new length and blocks with its data.
     return PendingFlush(paths: [path], dataOnly: []) { [self] in
       didFlush(end, length: length, emptyings: emptyings)
     }
@@ -196,24 +191,9 @@ final class RedoJournal: @unchecked Sendable {
   /// Writes zeros from the end of the file (never over entries) to `target`; false when it
   /// could not (a full disk: the entries then get flushed with the file as it is).
   private func lengthen(to target: UInt64) -> Bool {
-    let from = max(fileLength, size)
-    guard target > from else { return true }
-    let zeros = [UInt8](repeating: 0, count: Int(min(target - from, 1 << 16)))
-    var offset = from
-    while offset < target {
-      let n = zeros.withUnsafeBytes {
-        pwrite(fd, $0.baseAddress, Int(min(UInt64($0.count), target - offset)), off_t(offset))
-      }
-      if n < 0, errno == EINTR { continue }
-      guard n > 0 else {
-        // What was written is zeros past the entries: the file's length says how far.
-        fileLength = max(fileLength, offset)
-        return false
-      }
-      offset += UInt64(n)
-    }
-    fileLength = target
-    return true
+    let reached = LogRoom.writeZeros(fd, from: fileLength, to: target)
+    fileLength = max(fileLength, reached)
+    return reached >= target
   }
 
   /// The journal changed length without a flush (emptied or cut): its next flush is a whole
@@ -233,7 +213,7 @@ final class RedoJournal: @unchecked Sendable {
 
   /// Empties the journal (every entry is in the database, or given up).
   func truncate() throws {
-    guard size > 0 || fileLength > 0 else { return }
+    guard fileLength > 0 else { return }
     guard ftruncate(fd, 0) == 0 else { throw Failure.io("truncate \(path)", errno) }
     size = 0
     lengthChanged(to: 0)

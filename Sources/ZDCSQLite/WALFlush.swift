@@ -58,40 +58,24 @@ public final class WALFlush: Sendable {
     return PendingFlush(paths: [log], dataOnly: [], mark: (self, count, shape))
   }
 
-  /// The log lengthened with zeros to the next multiple of ``extensionStep`` at least
-  /// ``extensionReserve`` past its end, under SQLite's write lock (no connection of any
-  /// process appends to it meanwhile), and its new shape, or `nil` when it could not be.
+  /// The log lengthened with zeros to ``LogRoom/target(after:)`` its end, under SQLite's write
+  /// lock (no connection of any process appends to it meanwhile), and its new shape, or `nil`
+  /// when it could not be.
   /// SQLite ignores what follows a log's last valid frame (the zeros fail its checksums), as
   /// it does after a checkpoint, when it starts the log over without shortening it.
   static func extend(_ log: String, _ db: Database, from shape: Shape) -> Shape? {
     try? db.inTransaction(.immediate) {
       guard let now = Self.shape(log), now.inode == shape.inode else { return .commit }
-      let target = (now.size + extensionReserve) / extensionStep * extensionStep + extensionStep
       let fd = Glibc.open(log, O_WRONLY | O_CLOEXEC)
       guard fd >= 0 else { return .commit }
       defer { Glibc.close(fd) }
-      let zeros = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 16, alignment: 4096)
-      defer { zeros.deallocate() }
-      zeros.initializeMemory(as: UInt8.self, repeating: 0)
-      var offset = now.size
-      while offset < target {
-        let n = Glibc.pwrite(
-          fd, zeros.baseAddress, min(zeros.count, Int(target - offset)), off_t(offset))
-        if n < 0, errno == EINTR { continue }
-        // A full disk: the log keeps the size it has; what was written is zeros past its end.
-        guard n > 0 else { break }
-        offset += Int64(n)
-      }
+      // A full disk: the log keeps the size it has; what was written is zeros past its end.
+      _ = LogRoom.writeZeros(
+        fd, from: UInt64(now.size), to: LogRoom.target(after: UInt64(now.size)))
       return .commit
     }
     return Self.shape(log)
   }
-
-  /// The log is lengthened in steps of this many bytes (1 MiB: SQLite's default checkpoint
-  /// starts a log over at about 4 MB).
-  static let extensionStep: Int64 = 1 << 20
-  /// At least this much room follows the log's end after it was lengthened.
-  static let extensionReserve: Int64 = 256 << 10
 
   static func shape(_ path: String) -> Shape? {
     var st = stat()
@@ -104,6 +88,41 @@ public final class WALFlush: Sendable {
       s.flushed = max(s.flushed ?? count, count)
       if let shape { s.shape = shape }
     }
+  }
+}
+
+/// Room made ahead at the end of an append-only log (a write-ahead log, the catalog's redo
+/// journal): zeros written past its end, so that once its new length is flushed, the next
+/// appends need only their data written.
+public enum LogRoom {
+  /// Logs are lengthened in steps of this many bytes (1 MiB: SQLite's default checkpoint starts
+  /// a log over at about 4 MB).
+  public static let step: UInt64 = 1 << 20
+  /// At least this much room follows a log's end after it was lengthened.
+  public static let reserve: UInt64 = 256 << 10
+
+  /// The length a log ending at `end` is lengthened to: the next multiple of ``step`` at least
+  /// ``reserve`` past it.
+  public static func target(after end: UInt64) -> UInt64 {
+    (end + reserve) / step * step + step
+  }
+
+  /// Writes zeros over `from..<to` of `fd`; returns how far it got (short of `to` on a full
+  /// disk).
+  public static func writeZeros(_ fd: Int32, from: UInt64, to: UInt64) -> UInt64 {
+    guard to > from else { return from }
+    let zeros = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 16, alignment: 4096)
+    defer { zeros.deallocate() }
+    zeros.initializeMemory(as: UInt8.self, repeating: 0)
+    var offset = from
+    while offset < to {
+      let n = Glibc.pwrite(
+        fd, zeros.baseAddress, Int(min(UInt64(zeros.count), to - offset)), off_t(offset))
+      if n < 0, errno == EINTR { continue }
+      guard n > 0 else { break }
+      offset += UInt64(n)
+    }
+    return offset
   }
 }
 
@@ -139,16 +158,13 @@ public final class OpenLog: Sendable {
     let copy = fcntl(fd, F_DUPFD_CLOEXEC, 0)
     guard copy >= 0 else { return nil }
     var st = stat()
-    var size: UInt64 = 0
-    var inode: UInt64 = 0
-    var links: UInt32 = 0
-    guard fstat(copy, &st) == 0, zdc_file_identity(copy, &size, &inode, &links) == 0 else {
+    guard fstat(copy, &st) == 0 else {
       Glibc.close(copy)
       return nil
     }
     return OpenLog(
       fd: copy, device: UInt64(st.st_dev), fileSystemType: Int(zdc_file_system_type(copy)),
-      inode: inode)
+      inode: UInt64(st.st_ino))
   }
 
   /// The log at `path` and its shape: `held` while it is still linked (SQLite deletes a log
