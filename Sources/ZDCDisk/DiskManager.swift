@@ -359,7 +359,7 @@ public final class DiskManager: @unchecked Sendable {
     persistFills()
     mutationLock.withLock {
       if inserts || stateLock.withLock({ insertWaitLocked() }) == nil {
-        do { try flushInsertsLocked() } catch {
+        do { try flushInsertsDurablyLocked() } catch {
           logger.warning("could not record committed staging versions: \(error)")
         }
       }
@@ -489,7 +489,15 @@ public final class DiskManager: @unchecked Sendable {
     for name in files[.staging] ?? [] {
       if let c = Self.parseCommittedName(name) { committed[name] = c }
     }
+    // A record whose version (or a later one) of the node has its row is stale: the row was
+    // inserted after it, and may name another file since (the version's copy, when the next
+    // version was written in place of it; its file is the next version's).
+    var indexed: [NodeID: Int64] = [:]
+    for e in keep where e.row.pool == .staging && e.row.committed {
+      if let node = e.row.nodeID { indexed[node] = max(indexed[node] ?? .min, e.row.version) }
+    }
     for r in commitLog.records() where files[.staging]?.contains(r.name) == true {
+      if let v = indexed[r.nodeID], v >= r.version { continue }
       committed[r.name] = (r.nodeID, r.version)
     }
     // A version whose file went on as the next version's, written in place, is its copy; with
@@ -556,7 +564,9 @@ public final class DiskManager: @unchecked Sendable {
     for (pool, names) in files {
       for name in names { unlink(url(pool: pool, fileName: name)) }
     }
-    // The index holds every version the log named (or its file is gone).
+    // The index holds every version the log named (or its file is gone), on stable storage
+    // before the log is emptied (the log's records may have been flushed by `fsync`s).
+    if commitLog.count > 0 { try makeIndexDurable() }
     try commitLog.clear()
     if adopted > 0 {
       logger.info("disk index: \(adopted) staged versions committed before a crash recorded")
@@ -1477,7 +1487,7 @@ public final class DiskManager: @unchecked Sendable {
       // version superseded by the next commit, as each transaction of a database in the mount
       // supersedes the last) cost the commit a third of a millisecond.
       removeEntries(older, unlinkLater: true)
-      if deferred { scheduleInsertFlush() }
+      if deferred { scheduleInsertFlush(logged: commitLog.count) }
     }
     // The version it was written in place of is superseded: its copy is no longer wanted.
     if let guarding = stateLock.withLock({ () -> CopyBeforeWrite? in
@@ -1490,10 +1500,14 @@ public final class DiskManager: @unchecked Sendable {
     scheduleEviction()
   }
 
-  private func scheduleInsertFlush() {
+  private func scheduleInsertFlush(logged: Int) {
     let (go, full) = stateLock.withLock { () -> (Bool, Bool) in
       defer { insertFlushScheduled = true }
-      return (!insertFlushScheduled, pendingInserts.count >= Self.maxPendingInserts)
+      return (
+        !insertFlushScheduled,
+        pendingInserts.count >= Self.maxPendingInserts
+          || logged % Self.commitLogEmptyingRecords == 0
+      )
     }
     if full {
       background.async { [weak self] in self?.flushInserts() }
@@ -1530,10 +1544,45 @@ public final class DiskManager: @unchecked Sendable {
 
   private func flushInserts() {
     mutationLock.withLock {
-      do { try flushInsertsLocked() } catch {
+      do { try flushInsertsDurablyLocked() } catch {
         logger.error("could not record committed staging versions: \(error)")
       }
     }
+  }
+
+  /// The commit log is emptied (after the index was made durable, see
+  /// `flushInsertsDurablyLocked`) each time it holds this many more records, even while
+  /// commits keep coming (a database's transactions, each `fsync`ed).
+  static let commitLogEmptyingRecords = 4096
+
+  /// Inserts the rows waiting for the index and empties the commit log: when `fsync`s made some
+  /// of its records durable, once the index is on stable storage with their rows (one flush,
+  /// here, off the `fsync`s). Caller holds `mutationLock`.
+  private func flushInsertsDurablyLocked() throws {
+    try flushInsertsLocked()
+    guard commitLog.count > 0 else { return }
+    try makeIndexDurable()
+    try commitLog.clear()
+  }
+
+  /// Flushes the index's changes to stable storage (nothing when they are there already).
+  private func makeIndexDurable() throws {
+    let flush = index.pendingFlush()
+    guard !flush.isEmpty else { return }
+    do {
+      try withExtendedLifetime(flush.dataOnly) {
+        _ = try LocalDurability.sync(
+          paths: flush.paths, dataOnlyDescriptors: flush.dataOnly.map(\.descriptor))
+      }
+    } catch { throw DiskError.from(error, "cannot flush the disk index") }
+    flush.done()
+  }
+
+  /// Empties the commit log once the index holds its records, unless an `fsync` flushed some of
+  /// them (or is flushing them): their rows must be on stable storage first, and the index is
+  /// not flushed here (`flushInsertsDurablyLocked` empties it). Caller holds `mutationLock`.
+  private func clearCommitLogLocked() throws {
+    if !commitLog.mayHaveDurableRecords { try commitLog.clear() }
   }
 
   /// Inserts the rows of committed staging versions waiting for the index, in one transaction.
@@ -1546,7 +1595,7 @@ public final class DiskManager: @unchecked Sendable {
     guard !waiting.isEmpty else {
       // Every commit logged is recorded (or removed since): commits append under the lock
       // held here.
-      try commitLog.clear()
+      try clearCommitLogLocked()
       return
     }
     let rows = stateLock.withLock { waiting.map(\.row) }
@@ -1563,7 +1612,7 @@ public final class DiskManager: @unchecked Sendable {
         replaceRow(e, r)
       }
     }
-    try commitLog.clear()
+    try clearCommitLogLocked()
   }
 
   /// Throws a staging version away (committed or not) and closes the handle.
@@ -1589,7 +1638,9 @@ public final class DiskManager: @unchecked Sendable {
   /// files it flushed.
   @discardableResult
   public func makeDurable(nodeID: NodeID, with other: PendingFlush = .none) throws -> Int {
-    try mutationLock.withLock { try flushInsertsLocked() }
+    // The commits whose rows wait for the index are in the commit log: its records are
+    // flushed, not the index's insertion (a transaction and a flush of its write-ahead log).
+    let logged = mutationLock.withLock { commitLog.pendingFlush() }
     let staged = try openStaged(forNode: nodeID)
     defer { staged?.close() }
     // Read before the flush: it covers every file made so far.
@@ -1603,7 +1654,7 @@ public final class DiskManager: @unchecked Sendable {
     let directory =
       staged.map { stagingDirectoryFlush.needsFlush(madeAt: $0.entry.madeAt) } ?? false
     let flushDirectory = directory && (flushed || !stagingFlushesNewEntries)
-    let index = index.pendingFlush()
+    let index = index.pendingFlush().merged(with: logged)
     if !flushed { try staged?.file.startSync() }
     let paths = (flushDirectory ? [stagingDirectory.path] : []) + index.paths + other.paths
     let dataOnly = index.dataOnly + other.dataOnly
@@ -1869,110 +1920,6 @@ final class SpareStagingFiles: @unchecked Sendable {
       try? file.close()
       Glibc.unlink(directory + "/" + name)
     }
-  }
-}
-
-/// The staging commit log (see `DiskManager.commitLog`): records `{file name} {nodeID}
-/// {version}\n` (file names are random hex; nothing of a node's name or content), each appended
-/// with one `write(2)`, so that it survives a crash of the process as soon as the commit
-/// returns. A record cut short by a crash was never acknowledged; reading skips it.
-final class StagingCommitLog: @unchecked Sendable {
-  // @unchecked: `fd` is set once; `empty` changes only under the disk manager's mutation lock.
-  private let fd: Int32
-  private var empty: Bool
-
-  init(path: String) throws {
-    fd = Glibc.open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
-    guard fd >= 0 else { throw DiskError.io("cannot open the staging commit log: errno \(errno)") }
-    var st = stat()
-    empty = fstat(fd, &st) == 0 && st.st_size == 0
-  }
-
-  deinit { Glibc.close(fd) }
-
-  func append(name: String, nodeID: NodeID, version: Int64) throws {
-    // Formatted in a stack buffer: string interpolation cost more than the write (a record per
-    // closed file).
-    var name = name
-    let (n, count) = name.withUTF8 { utf8 in
-      withUnsafeTemporaryAllocation(of: UInt8.self, capacity: utf8.count + 44) { buffer in
-        var at = buffer.initialize(fromContentsOf: utf8)
-        buffer[at] = UInt8(ascii: " ")
-        at += 1
-        at = Self.putDecimal(nodeID, into: buffer, at: at)
-        buffer[at] = UInt8(ascii: " ")
-        at += 1
-        at = Self.putDecimal(version, into: buffer, at: at)
-        buffer[at] = UInt8(ascii: "\n")
-        at += 1
-        return (Glibc.write(fd, buffer.baseAddress, at), at)
-      }
-    }
-    guard n == count else {
-      let code = n < 0 ? errno : EIO
-      if code == ENOSPC || code == EDQUOT { throw DiskError.noSpace }
-      throw DiskError.io("cannot append to the staging commit log: errno \(code)")
-    }
-    empty = false
-  }
-
-  /// Writes `value` in decimal at `at` (room for 20 bytes); returns the index after it.
-  private static func putDecimal(
-    _ value: Int64, into buffer: UnsafeMutableBufferPointer<UInt8>, at start: Int
-  ) -> Int {
-    var at = start
-    if value < 0 {
-      buffer[at] = UInt8(ascii: "-")
-      at += 1
-    }
-    var magnitude = value.magnitude
-    var digits = 1
-    var probe = magnitude
-    while probe >= 10 {
-      probe /= 10
-      digits += 1
-    }
-    var i = at + digits
-    repeat {
-      i -= 1
-      buffer[i] = UInt8(ascii: "0") + UInt8(magnitude % 10)
-      magnitude /= 10
-    } while magnitude > 0
-    return at + digits
-  }
-
-  /// The complete records, in order.
-  func records() -> [(name: String, nodeID: NodeID, version: Int64)] {
-    var bytes: [UInt8] = []
-    var buffer = [UInt8](repeating: 0, count: 1 << 16)
-    var offset: off_t = 0
-    while true {
-      let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, offset) }
-      guard n > 0 else { break }
-      bytes += buffer[0..<n]
-      offset += off_t(n)
-    }
-    // A last line without its newline was cut short (never acknowledged).
-    let end = bytes.lastIndex(of: UInt8(ascii: "\n")).map { $0 + 1 } ?? 0
-    var out: [(name: String, nodeID: NodeID, version: Int64)] = []
-    for line in bytes[0..<end].split(separator: UInt8(ascii: "\n")) {
-      let parts = line.split(separator: UInt8(ascii: " "))
-      guard parts.count == 3, parts[0].count == 32,
-        let nodeID = NodeID(String(decoding: parts[1], as: UTF8.self)),
-        let version = Int64(String(decoding: parts[2], as: UTF8.self))
-      else { continue }
-      out.append((String(decoding: parts[0], as: UTF8.self), nodeID, version))
-    }
-    return out
-  }
-
-  /// Empties the log (once the index holds what it recorded).
-  func clear() throws {
-    guard !empty else { return }
-    guard ftruncate(fd, 0) == 0 else {
-      throw DiskError.io("cannot empty the staging commit log: errno \(errno)")
-    }
-    empty = true
   }
 }
 

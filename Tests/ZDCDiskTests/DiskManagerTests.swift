@@ -141,9 +141,10 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     try disk.commitStaging(s)
     s.close()
     // The version, the directory (a file made since start; on ext4 and XFS the version's own
-    // flush covers its entry) and the index (its row).
+    // flush covers its entry), the commit log (its record: the version's row waits for the
+    // index) and the index (its first flush since it was opened).
     let entries = LocalDurability.flushesDevice(ofPath: disk.stagingDirectory.path)
-    #expect(try disk.makeDurable(nodeID: 7) == (entries ? 2 : 3))
+    #expect(try disk.makeDurable(nodeID: 7) == (entries ? 3 : 4))
     #expect(try disk.makeDurable(nodeID: 7) == 0)
     s = try disk.stagingFile(forNode: 7)
     // The committed version's file: a file this small is copied, not written in place (see
@@ -245,7 +246,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     // adopt.
     #expect(
       try FileManager.default.contentsOfDirectory(atPath: tmp.path("state/staging").path).isEmpty)
-    #expect(try Data(contentsOf: tmp.path("state/staging.log")).isEmpty)
+    #expect(try StagingCommitLog(path: tmp.path("state/staging.log").path).records().isEmpty)
     let disk = try makeDisk(tmp, key: key)
     #expect(disk.usage.entries == 0)
     #expect(disk.lostStagedNodes.isEmpty)
@@ -304,8 +305,8 @@ func flipByte(at offset: UInt64, of url: URL) throws {
   @Test func committedVersionsWaitForTheIndexWhileCommitsKeepComing() throws {
     let tmp = try TemporaryDirectory("disk")
     let log = tmp.path("state").appendingPathComponent("staging.log").path
-    func logBytes() -> Int {
-      ((try? FileManager.default.attributesOfItem(atPath: log))?[.size] as? Int) ?? -1
+    func loggedRecords() -> Int {
+      ((try? StagingCommitLog(path: log))?.records().count) ?? -1
     }
     do {
       let disk = try DiskManager(
@@ -317,17 +318,60 @@ func flipByte(at offset: UInt64, of url: URL) throws {
         Thread.sleep(forTimeInterval: 0.1)
         // Every commit so far is still in the log: none went into the index (nor with the
         // access times written 2 s after the first pin).
-        #expect(logBytes() > logged)
-        logged = logBytes()
+        #expect(loggedRecords() > logged)
+        logged = loggedRecords()
       }
       let deadline = Date().addingTimeInterval(5)
-      while logBytes() != 0 && Date() < deadline { Thread.sleep(forTimeInterval: 0.05) }
-      #expect(logBytes() == 0)
+      while loggedRecords() != 0 && Date() < deadline { Thread.sleep(forTimeInterval: 0.05) }
+      #expect(loggedRecords() == 0)
       #expect(disk.usage.entries == 26)
     }
     let reopened = try makeDisk(tmp, key: key)
     #expect(reopened.usage.entries == 26)
     for node in Int64(1)...26 { #expect(reopened.isDirty(nodeID: node)) }
+  }
+
+  /// `fsync(2)` of a version whose row waits for the index flushes its record in the commit
+  /// log, not the index. The log keeps durable records until the index holds their rows on
+  /// stable storage: a row inserted by the next write in place leaves the record, the next
+  /// flush of the rows empties the log. What a power loss right after the `fsync` leaves (the
+  /// state as flushed then) adopts the version.
+  @Test func anFsyncMakesACommitDurableThroughTheCommitLog() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let crashed = try TemporaryDirectory("disk-crashed")
+    let log = tmp.path("state/staging.log").path
+    func indexRows() throws -> Int {
+      try DiskIndex(path: tmp.path("state/disk.sqlite").path).allRows().count
+    }
+    let size = Int(DiskManager.inPlaceMinimumSize) + 10_000
+    do {
+      let disk = try DiskManager(
+        directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
+        insertFlushDelay: 3600)
+      let s = try disk.stagingFile(forNode: 7)
+      try s.write(marked("durable", count: size), at: 0)
+      try disk.commitStaging(s)
+      s.close()
+      #expect(try disk.makeDurable(nodeID: 7) >= 2)
+      #expect(try indexRows() == 0)
+      #expect(try StagingCommitLog(path: log).records().map(\.nodeID) == [7])
+      try FileManager.default.copyItem(at: tmp.path("state"), to: crashed.path("state"))
+      // The next version, written in place of this one, needs its row: inserted, the index not
+      // flushed, the record kept.
+      let next = try disk.stagingFile(forNode: 7)
+      try next.write(marked("next", count: 100), at: 10)
+      #expect(try indexRows() == 1)
+      #expect(try StagingCommitLog(path: log).records().map(\.nodeID) == [7])
+      disk.discardStaging(next)
+      disk.flush()
+      #expect(try StagingCommitLog(path: log).records().isEmpty)
+    }
+    let recovered = try makeDisk(crashed, key: key)
+    let staged = try #require(recovered.stagedData(forNode: 7))
+    #expect(
+      try CryptoFile.open(at: staged.url, key: key).read(offset: 0, count: size)
+        == marked("durable", count: size))
+    #expect(try StagingCommitLog(path: crashed.path("state/staging.log").path).records().isEmpty)
   }
 
   /// Versions removed while their rows wait for the index (the last one committed, and one
@@ -569,19 +613,18 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(try DiskIndex(path: crashed.path("state/disk.sqlite").path).allRows().count == 1)
     let files = try FileManager.default.contentsOfDirectory(atPath: disk.stagingDirectory.path)
     #expect(files.count == 1)
-    #expect(try Data(contentsOf: crashed.path("state/staging.log")).isEmpty)
+    #expect(try StagingCommitLog(path: crashed.path("state/staging.log").path).records().isEmpty)
 
     // The same crash as an older build left it: no log, the file renamed to a committed name.
-    let log = try String(
-      decoding: Data(contentsOf: legacy.path("state/staging.log")), as: UTF8.self)
-    let record = try #require(log.split(separator: "\n").first?.split(separator: " "))
+    let record = try #require(
+      try StagingCommitLog(path: legacy.path("state/staging.log").path).records().first)
     let staging = legacy.path("state/staging")
-    let logged = staging.appendingPathComponent(String(record[0]))
+    let logged = staging.appendingPathComponent(record.name)
     #expect(FileManager.default.fileExists(atPath: logged.path))
     try FileManager.default.moveItem(
       at: logged,
       to: staging.appendingPathComponent(
-        DiskManager.committedName(String(record[0]), nodeID: 9, version: Int64(record[2])!)))
+        DiskManager.committedName(record.name, nodeID: 9, version: record.version)))
     try Data().write(to: legacy.path("state/staging.log"))
     let old = try makeDisk(legacy, key: key)
     let again = try #require(try old.openStaged(forNode: 9))

@@ -6,39 +6,128 @@ import ZDCTestSupport
 
 @testable import ZDCDisk
 
-/// The staging commit log's records read back as written — any node id and version, in order —
-/// and a record cut short by a crash is not read.
+/// The staging commit log's records read back as written — any node id and version, in order —;
+/// what a crash or a power loss leaves after them (a torn record, an older epoch's records,
+/// zeros) is not read; emptying it starts a new epoch; its flushes need only its data written
+/// once its length is on stable storage; a log in the older text format is still read.
 @Suite struct StagingCommitLogTests {
+  let written: [StagingCommitLog.Record] = [
+    .init(name: String(repeating: "0", count: 32), nodeID: 0, version: 0),
+    .init(name: "0123456789abcdef0123456789abcdef", nodeID: 7, version: 1),
+    .init(name: "ffffffffffffffffffffffffffffffff", nodeID: 10, version: 99),
+    .init(name: "a1b2c3d4e5f60718293a4b5c6d7e8f90", nodeID: .max, version: .max),
+    .init(name: "00000000000000000000000000000001", nodeID: 1_000_000_007, version: -12),
+    .init(name: "00000000000000000000000000000002", nodeID: .min, version: .min),
+  ]
+
+  func append(_ log: StagingCommitLog, _ records: [StagingCommitLog.Record]) throws {
+    for r in records { try log.append(name: r.name, nodeID: r.nodeID, version: r.version) }
+  }
+
+  func overwrite(_ path: String, at offset: Int, with bytes: [UInt8]) {
+    let fd = open(path, O_WRONLY)
+    #expect(fd >= 0)
+    _ = bytes.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, off_t(offset)) }
+    close(fd)
+  }
+
   @Test func recordsReadBackAsWritten() throws {
     let tmp = try TemporaryDirectory("commitlog")
     let path = tmp.path("staging.log").path
     let log = try StagingCommitLog(path: path)
-    let written: [(String, NodeID, Int64)] = [
-      (String(repeating: "0", count: 32), 0, 0),
-      ("0123456789abcdef0123456789abcdef", 7, 1),
-      ("ffffffffffffffffffffffffffffffff", 10, 99),
-      ("a1b2c3d4e5f60718293a4b5c6d7e8f90", .max, .max),
-      ("00000000000000000000000000000001", 1_000_000_007, -12),
-      ("00000000000000000000000000000002", .min, .min),
-    ]
-    for (name, node, version) in written {
-      try log.append(name: name, nodeID: node, version: version)
-    }
-    let text = try String(contentsOfFile: path, encoding: .utf8)
+    try append(log, written)
+    #expect(log.records() == written)
+    #expect(log.count == written.count)
+    // Nothing of a name or content: the file names, in hex, and numbers.
+    let bytes = try Data(contentsOf: URL(fileURLWithPath: path))
+    #expect(bytes.count >= 64 * (written.count + 1))
+    #expect(try StagingCommitLog(path: path).records() == written)
+    // A record a power loss tore (its second half written, its first still zeros) and
+    // garbage after it are not read; the next process's records go where the valid ones end.
+    let next = 64 * (written.count + 1)
+    overwrite(path, at: next + 32, with: [UInt8](repeating: 0x5a, count: 32))
+    let reopened = try StagingCommitLog(path: path)
+    #expect(reopened.records() == written)
+    let more = StagingCommitLog.Record(
+      name: "abcdefabcdefabcdefabcdefabcdef01", nodeID: 3, version: 4)
+    try append(reopened, [more])
+    #expect(try StagingCommitLog(path: path).records() == written + [more])
+    // A name of another length is refused, and nothing is written.
+    #expect(throws: DiskError.self) { try reopened.append(name: "short", nodeID: 1, version: 1) }
+    #expect(try StagingCommitLog(path: path).records() == written + [more])
+  }
+
+  @Test func emptyingStartsANewEpoch() throws {
+    let tmp = try TemporaryDirectory("commitlog")
+    let path = tmp.path("staging.log").path
+    let log = try StagingCommitLog(path: path)
+    try append(log, written)
+    let length = try Data(contentsOf: URL(fileURLWithPath: path)).count
+    try log.clear()
+    #expect(log.count == 0)
+    #expect(log.records().isEmpty)
+    // The older records are still in the file, of the older epoch: not read.
+    #expect(try StagingCommitLog(path: path).records().isEmpty)
+    #expect(try Data(contentsOf: URL(fileURLWithPath: path)).count == length)
+    try append(log, [written[2]])
+    #expect(try StagingCommitLog(path: path).records() == [written[2]])
+    // A damaged header (a power loss tore it) gives way to the first record's epoch.
+    overwrite(path, at: 20, with: [1, 2, 3])
+    #expect(try StagingCommitLog(path: path).records() == [written[2]])
+    try log.clear()
+    try log.clear()
+    #expect(try StagingCommitLog(path: path).records().isEmpty)
+  }
+
+  @Test func flushesNeedOnlyTheDataOnceTheLengthIsDurable() throws {
+    let tmp = try TemporaryDirectory("commitlog")
+    let path = tmp.path("staging.log").path
+    let log = try StagingCommitLog(path: path)
+    #expect(log.pendingFlush().isEmpty)
+    try append(log, [written[0]])
+    #expect(!log.mayHaveDurableRecords)
+    // The file was made longer (room ahead): the whole file.
+    var flush = log.pendingFlush()
+    #expect(flush.paths == [path] && flush.dataOnly.isEmpty)
+    flush.done()
+    #expect(log.mayHaveDurableRecords)
+    #expect(log.pendingFlush().isEmpty)
+    try append(log, [written[1]])
+    flush = log.pendingFlush()
+    #expect(flush.paths.isEmpty && flush.dataOnly.count == 1)
+    // Emptied meanwhile: that flush records nothing.
+    try log.clear()
+    flush.done()
+    #expect(!log.mayHaveDurableRecords)
+    #expect(log.pendingFlush().isEmpty)
+    try append(log, [written[2]])
+    flush = log.pendingFlush()
+    #expect(flush.paths.isEmpty && flush.dataOnly.count == 1)
+    flush.done()
+    #expect(log.mayHaveDurableRecords)
+  }
+
+  /// A log written by the build before this format: text lines, a last one cut short by a
+  /// crash not read. Emptying it makes it one of this format.
+  @Test func aLogInTheOlderFormatIsRead() throws {
+    let tmp = try TemporaryDirectory("commitlog")
+    let path = tmp.path("staging.log").path
+    let text =
+      "0123456789abcdef0123456789abcdef 7 1\n"
+      + "a1b2c3d4e5f60718293a4b5c6d7e8f90 9223372036854775807 -3\n"
+      + "ffffffffffffffffffffffffffffffff 3 "
+    try Data(text.utf8).write(to: URL(fileURLWithPath: path))
+    let log = try StagingCommitLog(path: path)
     #expect(
-      text.hasPrefix("00000000000000000000000000000000 0 0\n0123456789abcdef0123456789abcdef 7 1\n")
-    )
-    #expect(text.contains(" 9223372036854775807 9223372036854775807\n"))
-    #expect(text.hasSuffix(" -9223372036854775808 -9223372036854775808\n"))
-    let read = log.records()
-    #expect(read.map(\.name) == written.map(\.0))
-    #expect(read.map(\.nodeID) == written.map(\.1))
-    #expect(read.map(\.version) == written.map(\.2))
-    // A record the crash cut short (no newline) is not read; the next process's records are.
-    let fd = open(path, O_WRONLY | O_APPEND)
-    #expect(fd >= 0)
-    _ = "ffffffffffffffffffffffffffffffff 3 ".withCString { write(fd, $0, strlen($0)) }
-    close(fd)
-    #expect(try StagingCommitLog(path: path).records().count == written.count)
+      log.records() == [
+        .init(name: "0123456789abcdef0123456789abcdef", nodeID: 7, version: 1),
+        .init(name: "a1b2c3d4e5f60718293a4b5c6d7e8f90", nodeID: .max, version: -3),
+      ])
+    #expect(log.mayHaveDurableRecords)
+    try log.clear()
+    #expect(log.records().isEmpty)
+    #expect(try StagingCommitLog(path: path).records().isEmpty)
+    try append(log, [written[1]])
+    #expect(try StagingCommitLog(path: path).records() == [written[1]])
   }
 }
