@@ -1774,7 +1774,15 @@ public final class DiskManager: @unchecked Sendable {
       }
       removeEntries(older + stale)
       guard let e = target else { return false }
-      if stateLock.withLock({ e.id < 0 }) { try flushInsertsLocked() }
+      // The row leaves the staging pool: the commit log must not outlive it. Its records are
+      // adopted at start-up unless a staging row of their node has their version or a later
+      // one; with this row gone, a record of this version (or of an older one whose file a
+      // reader still holds) would bring back a staged version the store has, or the file
+      // written in place of it, uncommitted. So the log is emptied first (after the index is
+      // flushed, when an `fsync` flushed records).
+      if stateLock.withLock({ e.id < 0 }) || commitLog.count > 0 {
+        try flushInsertsDurablyLocked()
+      }
       let row = stateLock.withLock { () -> IndexRow in
         var r = e.row
         r.pool = .cache

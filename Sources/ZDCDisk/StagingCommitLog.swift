@@ -29,6 +29,12 @@ final class StagingCommitLog: @unchecked Sendable {
   private let fd: Int32
   /// The epoch of the records written now.
   private var epoch: UInt64
+  /// The highest epoch found in the file (any record, the header): the next emptying goes
+  /// past it, so that no older record can pass for one of the new epoch (after a damaged
+  /// header made the epoch a record's, or unknown).
+  private var highestEpoch: UInt64 = 0
+  /// The header must be written before the next record (the file has none, or a damaged one).
+  private var headerNeeded = false
   /// Where the next record goes.
   private var end: UInt64
   /// The file's length: header, records and the zeros after them.
@@ -68,13 +74,21 @@ final class StagingCommitLog: @unchecked Sendable {
       epoch = 1
       end = Self.headerSize
       // The header goes in with the first record (the file's length changes then anyway).
-    } else if let (epoch, count) = Self.scan(bytes) {
-      self.epoch = epoch
-      end = Self.headerSize + UInt64(count * Self.recordSize)
-    } else {
+    } else if Self.isLegacy(bytes) {
       legacy = Self.legacyRecords(bytes)
       epoch = 1
       end = Self.headerSize
+    } else {
+      let (epoch, count) = Self.scan(bytes)
+      highestEpoch = Self.highestEpoch(bytes)
+      self.epoch = epoch
+      end = Self.headerSize + UInt64(count * Self.recordSize)
+      if count == 0 && !Self.headerIsValid(bytes) {
+        // No epoch known: the first record starts one past every epoch in the file, with a
+        // header naming it.
+        self.epoch = highestEpoch &+ 1
+        headerNeeded = true
+      }
     }
   }
 
@@ -84,7 +98,7 @@ final class StagingCommitLog: @unchecked Sendable {
   func records() -> [Record] {
     if let legacy { return legacy }
     let bytes = Self.readAll(fd)
-    guard let (_, count) = Self.scan(bytes) else { return [] }
+    let (_, count) = Self.scan(bytes)
     return (0..<count).map { i in
       let at = Int(Self.headerSize) + i * Self.recordSize
       return bytes.withUnsafeBytes { b in
@@ -111,8 +125,9 @@ final class StagingCommitLog: @unchecked Sendable {
       throw DiskError.io("staging file name of unexpected length in the commit log")
     }
     if legacy != nil { try restart() }
-    if fileLength < Self.headerSize {
-      try write(header(), at: 0)
+    if fileLength < Self.headerSize || headerNeeded {
+      try write(header(epoch: epoch), at: 0)
+      headerNeeded = false
     }
     if end + UInt64(Self.recordSize) > fileLength {
       let target = LogRoom.target(after: end)
@@ -171,15 +186,22 @@ final class StagingCommitLog: @unchecked Sendable {
       try restart()
       return
     }
-    flushPrepared = false
-    guard end > Self.headerSize else { return }
-    epoch &+= 1
+    guard end > Self.headerSize else {
+      flushPrepared = false
+      return
+    }
+    // The new epoch is written before anything changes here: when it cannot be, the records
+    // stay (and the next records follow them, in their epoch).
+    let next = max(epoch, highestEpoch) &+ 1
+    try write(header(epoch: next), at: 0)
+    epoch = next
+    highestEpoch = next
     end = Self.headerSize
+    flushPrepared = false
     flushState.withLock { s in
       s.flushed = 0
       s.emptyings += 1
     }
-    try write(header(), at: 0)
   }
 
   /// Replaces a log in the older format (its records adopted) with an empty one in this format.
@@ -198,7 +220,7 @@ final class StagingCommitLog: @unchecked Sendable {
     }
   }
 
-  private func header() -> [UInt8] {
+  private func header(epoch: UInt64) -> [UInt8] {
     var h = [UInt8](repeating: 0, count: Int(Self.headerSize))
     h.withUnsafeMutableBytes { b in
       Self.magic.withUnsafeBytes { b.copyMemory(from: $0) }
@@ -242,40 +264,73 @@ final class StagingCommitLog: @unchecked Sendable {
     return bytes
   }
 
-  /// The epoch and the count of valid records of a log in this format, or `nil` when `bytes`
-  /// are not one. A damaged header (torn by a power loss) gives way to the first record's
-  /// epoch.
-  private static func scan(_ bytes: [UInt8]) -> (epoch: UInt64, count: Int)? {
-    bytes.withUnsafeBytes { b -> (UInt64, Int)? in
-      guard b.count >= Int(headerSize) else { return nil }
+  private static func headerIsValid(_ bytes: [UInt8]) -> Bool {
+    bytes.count >= Int(headerSize)
+      && bytes.withUnsafeBytes { b in
+        let header = UnsafeRawBufferPointer(rebasing: b[0..<Int(headerSize)])
+        return header.prefix(magic.count).elementsEqual(magic)
+          && load(header, 56) == checksum(UnsafeRawBufferPointer(rebasing: header[0..<56]))
+      }
+  }
+
+  /// The epoch and the count of valid records of a log in this format. A damaged header (torn
+  /// by a power loss, or its magic lost) gives way to the first record's epoch.
+  private static func scan(_ bytes: [UInt8]) -> (epoch: UInt64, count: Int) {
+    bytes.withUnsafeBytes { b -> (UInt64, Int) in
+      guard b.count >= Int(headerSize) else { return (0, 0) }
       let header = UnsafeRawBufferPointer(rebasing: b[0..<Int(headerSize)])
       let headerValid =
         header.prefix(magic.count).elementsEqual(magic)
         && load(header, 56) == checksum(UnsafeRawBufferPointer(rebasing: header[0..<56]))
-      let recordsFrom = Int(headerSize)
-      func valid(_ i: Int) -> UInt64? {
-        let at = recordsFrom + i * recordSize
-        guard at + recordSize <= b.count else { return nil }
-        let r = UnsafeRawBufferPointer(rebasing: b[at..<(at + recordSize)])
-        guard load(r, 56) == checksum(UnsafeRawBufferPointer(rebasing: r[0..<56])),
-          r[0..<nameLength].allSatisfy({ isHexDigit($0) })
-        else { return nil }
-        return load(r, 48)
-      }
       let epoch: UInt64
       if headerValid {
         epoch = load(header, 8)
-      } else if header.prefix(magic.count).elementsEqual(magic), let first = valid(0) {
+      } else if let first = recordEpoch(b, at: Int(headerSize)) {
         epoch = first
-      } else if header.prefix(magic.count).elementsEqual(magic) {
-        return (0, 0)
       } else {
-        return nil
+        return (0, 0)
       }
       var count = 0
-      while valid(count) == epoch { count += 1 }
+      while recordEpoch(b, at: Int(headerSize) + count * recordSize) == epoch { count += 1 }
       return (epoch, count)
     }
+  }
+
+  /// The epoch of the record at `at`, or `nil` when there is no valid record there.
+  private static func recordEpoch(_ b: UnsafeRawBufferPointer, at: Int) -> UInt64? {
+    guard at + recordSize <= b.count else { return nil }
+    let r = UnsafeRawBufferPointer(rebasing: b[at..<(at + recordSize)])
+    guard load(r, 56) == checksum(UnsafeRawBufferPointer(rebasing: r[0..<56])),
+      r[0..<nameLength].allSatisfy({ isHexDigit($0) })
+    else { return nil }
+    return load(r, 48)
+  }
+
+  /// The highest epoch of the valid header and records anywhere in `bytes`.
+  private static func highestEpoch(_ bytes: [UInt8]) -> UInt64 {
+    bytes.withUnsafeBytes { b -> UInt64 in
+      guard b.count >= Int(headerSize) else { return 0 }
+      let header = UnsafeRawBufferPointer(rebasing: b[0..<Int(headerSize)])
+      var highest: UInt64 = 0
+      if header.prefix(magic.count).elementsEqual(magic),
+        load(header, 56) == checksum(UnsafeRawBufferPointer(rebasing: header[0..<56]))
+      {
+        highest = load(header, 8)
+      }
+      var at = Int(headerSize)
+      while at + recordSize <= b.count {
+        if let e = recordEpoch(b, at: at) { highest = max(highest, e) }
+        at += recordSize
+      }
+      return highest
+    }
+  }
+
+  /// Whether `bytes` are a log in the older text format: a first line of 32 hexadecimal digits
+  /// and a space.
+  private static func isLegacy(_ bytes: [UInt8]) -> Bool {
+    bytes.count > nameLength && bytes[nameLength] == UInt8(ascii: " ")
+      && bytes[0..<nameLength].allSatisfy(isHexDigit)
   }
 
   private static func isHexDigit(_ c: UInt8) -> Bool {

@@ -374,6 +374,59 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(try StagingCommitLog(path: crashed.path("state/staging.log").path).records().isEmpty)
   }
 
+  /// A version's row leaving the staging pool (its upload) empties the commit log first: a
+  /// record of it that outlived its row would bring back, after a crash, the file a new version
+  /// was being written in place of it (uncommitted), or an older version a reader kept open.
+  @Test func anUploadLeavesNoCommitLogRecordBehind() throws {
+    let size = Int(DiskManager.inPlaceMinimumSize) + 10_000
+    // The next version written in place of the uploaded one, uncommitted at the crash.
+    do {
+      let tmp = try TemporaryDirectory("disk")
+      let crashed = try TemporaryDirectory("disk-crashed")
+      let disk = try DiskManager(
+        directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
+        insertFlushDelay: 3600)
+      let s = try disk.stagingFile(forNode: 5)
+      try s.write(marked("committed", count: size), at: 0)
+      try disk.commitStaging(s)
+      s.close()
+      try disk.makeDurable(nodeID: 5)
+      let next = try disk.stagingFile(forNode: 5)
+      try next.write(marked("UNCOMMITTED", count: 1_000), at: 0)
+      // As an upload does: it reads the committed version (its copy made whole) first.
+      #expect(disk.stagedData(forNode: 5, exporting: true)?.version == 1)
+      #expect(try disk.markUploaded(nodeID: 5, version: 1, cloudID: "c5", eTag: "e"))
+      try FileManager.default.copyItem(at: tmp.path("state"), to: crashed.path("state"))
+      next.close()
+      let recovered = try makeDisk(crashed, key: key)
+      #expect(recovered.stagedData(forNode: 5) == nil)
+      #expect(
+        try #require(recovered.cachedFile(cloudID: "c5", eTag: "e")).readAll()
+          == marked("committed", count: size))
+    }
+    // An older version a reader keeps open, superseded, and the newer one uploaded.
+    do {
+      let tmp = try TemporaryDirectory("disk")
+      let crashed = try TemporaryDirectory("disk-crashed")
+      let disk = try DiskManager(
+        directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
+        insertFlushDelay: 3600)
+      try commitVersion(disk, 6, "old")
+      try disk.makeDurable(nodeID: 6)
+      let reader = try #require(try disk.openStaged(forNode: 6))
+      try commitVersion(disk, 6, "new")
+      try disk.makeDurable(nodeID: 6)
+      #expect(try disk.markUploaded(nodeID: 6, cloudID: "c6", eTag: "e"))
+      try FileManager.default.copyItem(at: tmp.path("state"), to: crashed.path("state"))
+      reader.close()
+      let recovered = try makeDisk(crashed, key: key)
+      #expect(recovered.stagedData(forNode: 6) == nil)
+      #expect(
+        try #require(recovered.cachedFile(cloudID: "c6", eTag: "e")).readAll()
+          == marked("new", count: 1_000))
+    }
+  }
+
   /// Versions removed while their rows wait for the index (the last one committed, and one
   /// before it) never reach it, and the others do.
   @Test func versionsRemovedBeforeTheirRowsNeverReachTheIndex() throws {

@@ -79,6 +79,31 @@ import ZDCTestSupport
     #expect(try StagingCommitLog(path: path).records().isEmpty)
   }
 
+  /// A header and first record both damaged leave no epoch known: nothing is read, and the next
+  /// records start an epoch past every one in the file, so that no older record passes for one
+  /// of them.
+  @Test func aLogWithoutAKnownEpochStartsPastEveryEpochInIt() throws {
+    let tmp = try TemporaryDirectory("commitlog")
+    let path = tmp.path("staging.log").path
+    do {
+      let log = try StagingCommitLog(path: path)
+      try append(log, Array(written[0..<4]))
+      try log.clear()
+      try append(log, [written[4]])
+      try log.clear()
+      try append(log, [written[5]])
+    }
+    // Header and first record torn; the records of the two older epochs are intact after them.
+    overwrite(path, at: 0, with: [UInt8](repeating: 0, count: 128))
+    let log = try StagingCommitLog(path: path)
+    #expect(log.records().isEmpty)
+    try append(log, [written[1]])
+    #expect(try StagingCommitLog(path: path).records() == [written[1]])
+    try log.clear()
+    try append(log, [written[2], written[3]])
+    #expect(try StagingCommitLog(path: path).records() == [written[2], written[3]])
+  }
+
   @Test func flushesNeedOnlyTheDataOnceTheLengthIsDurable() throws {
     let tmp = try TemporaryDirectory("commitlog")
     let path = tmp.path("staging.log").path
