@@ -301,14 +301,7 @@ struct JournalReader {
 
   init(_ data: Data) { self.init(ArraySlice(data)) }
 
-  static func fnv1a(_ bytes: ArraySlice<UInt8>) -> UInt64 {
-    var h: UInt64 = 0xcbf2_9ce4_8422_2325
-    for b in bytes {
-      h ^= UInt64(b)
-      h &*= 0x0000_0100_0000_01b3
-    }
-    return h
-  }
+  static func fnv1a(_ bytes: ArraySlice<UInt8>) -> UInt64 { FNV1a.hash(bytes) }
 
   var atEnd: Bool { offset >= bytes.endIndex }
 

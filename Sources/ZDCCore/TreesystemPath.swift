@@ -158,12 +158,5 @@ public enum CaseVariant {
   }
 
   /// The 64-bit FNV-1a hash of `bytes`.
-  public static func fnv1a(_ bytes: [UInt8]) -> UInt64 {
-    var h: UInt64 = 0xcbf2_9ce4_8422_2325
-    for b in bytes {
-      h ^= UInt64(b)
-      h = h &* 0x100_0000_01b3
-    }
-    return h
-  }
+  public static func fnv1a(_ bytes: [UInt8]) -> UInt64 { FNV1a.hash(bytes) }
 }

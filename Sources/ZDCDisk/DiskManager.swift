@@ -1780,9 +1780,7 @@ public final class DiskManager: @unchecked Sendable {
       // reader still holds) would bring back a staged version the store has, or the file
       // written in place of it, uncommitted. So the log is emptied first (after the index is
       // flushed, when an `fsync` flushed records).
-      if stateLock.withLock({ e.id < 0 }) || commitLog.count > 0 {
-        try flushInsertsDurablyLocked()
-      }
+      try flushInsertsDurablyLocked()
       let row = stateLock.withLock { () -> IndexRow in
         var r = e.row
         r.pool = .cache

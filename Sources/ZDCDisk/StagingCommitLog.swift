@@ -79,14 +79,15 @@ final class StagingCommitLog: @unchecked Sendable {
       epoch = 1
       end = Self.headerSize
     } else {
-      let (epoch, count) = Self.scan(bytes)
-      highestEpoch = Self.highestEpoch(bytes)
-      self.epoch = epoch
-      end = Self.headerSize + UInt64(count * Self.recordSize)
-      if count == 0 && !Self.headerIsValid(bytes) {
+      let contents = Self.scan(bytes, highest: true)
+      highestEpoch = contents.highest
+      end = Self.headerSize + UInt64(contents.count * Self.recordSize)
+      if let known = contents.epoch {
+        epoch = known
+      } else {
         // No epoch known: the first record starts one past every epoch in the file, with a
         // header naming it.
-        self.epoch = highestEpoch &+ 1
+        epoch = contents.highest &+ 1
         headerNeeded = true
       }
     }
@@ -98,8 +99,7 @@ final class StagingCommitLog: @unchecked Sendable {
   func records() -> [Record] {
     if let legacy { return legacy }
     let bytes = Self.readAll(fd)
-    let (_, count) = Self.scan(bytes)
-    return (0..<count).map { i in
+    return (0..<Self.scan(bytes).count).map { i in
       let at = Int(Self.headerSize) + i * Self.recordSize
       return bytes.withUnsafeBytes { b in
         Record(
@@ -141,7 +141,7 @@ final class StagingCommitLog: @unchecked Sendable {
       Self.store(UInt64(bitPattern: nodeID), b, 32)
       Self.store(UInt64(bitPattern: version), b, 40)
       Self.store(epoch, b, 48)
-      Self.store(Self.checksum(UnsafeRawBufferPointer(rebasing: b[0..<56])), b, 56)
+      Self.store(Self.checksum(UnsafeRawBufferPointer(b)), b, 56)
     }
     try write(record, at: end)
     end += UInt64(Self.recordSize)
@@ -225,7 +225,7 @@ final class StagingCommitLog: @unchecked Sendable {
     h.withUnsafeMutableBytes { b in
       Self.magic.withUnsafeBytes { b.copyMemory(from: $0) }
       Self.store(epoch, b, 8)
-      Self.store(Self.checksum(UnsafeRawBufferPointer(rebasing: b[0..<56])), b, 56)
+      Self.store(Self.checksum(UnsafeRawBufferPointer(b)), b, 56)
     }
     return h
   }
@@ -264,66 +264,41 @@ final class StagingCommitLog: @unchecked Sendable {
     return bytes
   }
 
-  private static func headerIsValid(_ bytes: [UInt8]) -> Bool {
-    bytes.count >= Int(headerSize)
-      && bytes.withUnsafeBytes { b in
-        let header = UnsafeRawBufferPointer(rebasing: b[0..<Int(headerSize)])
-        return header.prefix(magic.count).elementsEqual(magic)
-          && load(header, 56) == checksum(UnsafeRawBufferPointer(rebasing: header[0..<56]))
-      }
-  }
-
-  /// The epoch and the count of valid records of a log in this format. A damaged header (torn
-  /// by a power loss, or its magic lost) gives way to the first record's epoch.
-  private static func scan(_ bytes: [UInt8]) -> (epoch: UInt64, count: Int) {
-    bytes.withUnsafeBytes { b -> (UInt64, Int) in
-      guard b.count >= Int(headerSize) else { return (0, 0) }
+  /// What a log in this format holds: the epoch of its records (`nil` when none is known), how
+  /// many valid records of it follow the header, and, with `highest`, the highest epoch of the
+  /// header and of any record in the file (else 0). A damaged header (torn by a power loss, or
+  /// its magic lost) gives way to the first record's epoch.
+  private static func scan(_ bytes: [UInt8], highest wanted: Bool = false) -> (
+    epoch: UInt64?, count: Int, highest: UInt64
+  ) {
+    bytes.withUnsafeBytes { b in
+      guard b.count >= Int(headerSize) else { return (nil, 0, 0) }
       let header = UnsafeRawBufferPointer(rebasing: b[0..<Int(headerSize)])
-      let headerValid =
-        header.prefix(magic.count).elementsEqual(magic)
-        && load(header, 56) == checksum(UnsafeRawBufferPointer(rebasing: header[0..<56]))
-      let epoch: UInt64
-      if headerValid {
-        epoch = load(header, 8)
-      } else if let first = recordEpoch(b, at: Int(headerSize)) {
-        epoch = first
-      } else {
-        return (0, 0)
+      let headerEpoch =
+        header.prefix(magic.count).elementsEqual(magic) && load(header, 56) == checksum(header)
+        ? load(header, 8) : nil
+      let slots = (b.count - Int(headerSize)) / recordSize
+      func slotEpoch(_ i: Int) -> UInt64? {
+        let at = Int(headerSize) + i * recordSize
+        return recordEpoch(UnsafeRawBufferPointer(rebasing: b[at..<(at + recordSize)]))
       }
+      let epoch = headerEpoch ?? (slots > 0 ? slotEpoch(0) : nil)
       var count = 0
-      while recordEpoch(b, at: Int(headerSize) + count * recordSize) == epoch { count += 1 }
-      return (epoch, count)
+      if let epoch {
+        while count < slots, slotEpoch(count) == epoch { count += 1 }
+      }
+      var highest = headerEpoch ?? 0
+      if wanted {
+        for i in 0..<slots { highest = max(highest, slotEpoch(i) ?? 0) }
+      }
+      return (epoch, count, highest)
     }
   }
 
-  /// The epoch of the record at `at`, or `nil` when there is no valid record there.
-  private static func recordEpoch(_ b: UnsafeRawBufferPointer, at: Int) -> UInt64? {
-    guard at + recordSize <= b.count else { return nil }
-    let r = UnsafeRawBufferPointer(rebasing: b[at..<(at + recordSize)])
-    guard load(r, 56) == checksum(UnsafeRawBufferPointer(rebasing: r[0..<56])),
-      r[0..<nameLength].allSatisfy({ isHexDigit($0) })
-    else { return nil }
+  /// The epoch of a record, or `nil` when it is not a valid one.
+  private static func recordEpoch(_ r: UnsafeRawBufferPointer) -> UInt64? {
+    guard load(r, 56) == checksum(r), r[0..<nameLength].allSatisfy(isHexDigit) else { return nil }
     return load(r, 48)
-  }
-
-  /// The highest epoch of the valid header and records anywhere in `bytes`.
-  private static func highestEpoch(_ bytes: [UInt8]) -> UInt64 {
-    bytes.withUnsafeBytes { b -> UInt64 in
-      guard b.count >= Int(headerSize) else { return 0 }
-      let header = UnsafeRawBufferPointer(rebasing: b[0..<Int(headerSize)])
-      var highest: UInt64 = 0
-      if header.prefix(magic.count).elementsEqual(magic),
-        load(header, 56) == checksum(UnsafeRawBufferPointer(rebasing: header[0..<56]))
-      {
-        highest = load(header, 8)
-      }
-      var at = Int(headerSize)
-      while at + recordSize <= b.count {
-        if let e = recordEpoch(b, at: at) { highest = max(highest, e) }
-        at += recordSize
-      }
-      return highest
-    }
   }
 
   /// Whether `bytes` are a log in the older text format: a first line of 32 hexadecimal digits
@@ -356,14 +331,12 @@ final class StagingCommitLog: @unchecked Sendable {
 
   // MARK: Encoding
 
-  private static func checksum(_ bytes: UnsafeRawBufferPointer) -> UInt64 {
-    // FNV-1a, offset by a constant so that zeros never pass.
-    var h: UInt64 = 0xcbf2_9ce4_8422_2325 ^ 0x5a44_4353_4c4f_4732
-    for byte in bytes {
-      h ^= UInt64(byte)
-      h &*= 0x0000_0100_0000_01b3
-    }
-    return h
+  /// The checksum of a header or record (64 bytes): FNV-1a of its first 56, from a basis of
+  /// this format's own, so that zeros never pass.
+  private static func checksum(_ block: UnsafeRawBufferPointer) -> UInt64 {
+    FNV1a.hash(
+      UnsafeRawBufferPointer(rebasing: block[0..<56]),
+      basis: FNV1a.offsetBasis ^ 0x5a44_4353_4c4f_4732)
   }
 
   private static func store(_ v: UInt64, _ b: UnsafeMutableRawBufferPointer, _ at: Int) {

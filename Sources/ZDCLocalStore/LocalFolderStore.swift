@@ -119,12 +119,7 @@ public final class LocalFolderStore: StreamingPutStore {
 
   /// The lock file guarding a key: a stable hash (FNV-1a) of the key picks one of the stripes.
   func lockPath(for key: String) -> String {
-    var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-    for b in key.utf8 {
-      hash ^= UInt64(b)
-      hash = hash &* 0x100_0000_01b3
-    }
-    let n = Int(hash % UInt64(Self.lockStripes))
+    let n = Int(FNV1a.hash(key.utf8) % UInt64(Self.lockStripes))
     return locksPath + (n < 10 ? "/0\(n)" : "/\(n)")
   }
 

@@ -213,9 +213,18 @@ func flipByte(at offset: UInt64, of url: URL) throws {
   /// Rows of removed entries leave the index in batches: shortly after, and at the latest when
   /// the manager goes; a restart then finds neither them nor anything lost.
   /// Stages 1,000 bytes marked with `text` for `node` and commits them.
-  func commitVersion(_ disk: DiskManager, _ node: NodeID, _ text: String) throws {
+  /// A disk manager whose committed versions' rows wait for the index until a flush.
+  func makeDiskHoldingRows(_ tmp: TemporaryDirectory) throws -> DiskManager {
+    try DiskManager(
+      directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
+      insertFlushDelay: 3600)
+  }
+
+  func commitVersion(_ disk: DiskManager, _ node: NodeID, _ text: String, count: Int = 1_000)
+    throws
+  {
     let s = try disk.stagingFile(forNode: node)
-    try s.write(marked(text, count: 1_000), at: 0)
+    try s.write(marked(text, count: count), at: 0)
     try disk.commitStaging(s)
     s.close()
   }
@@ -262,9 +271,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     let tmp = try TemporaryDirectory("disk")
     var before: DiskUsage
     do {
-      let disk = try DiskManager(
-        directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
-        insertFlushDelay: 3600)
+      let disk = try makeDiskHoldingRows(tmp)
       for node in Int64(1)...5 {
         for version in 1...2 {
           let s = try disk.stagingFile(forNode: node)
@@ -345,13 +352,8 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     }
     let size = Int(DiskManager.inPlaceMinimumSize) + 10_000
     do {
-      let disk = try DiskManager(
-        directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
-        insertFlushDelay: 3600)
-      let s = try disk.stagingFile(forNode: 7)
-      try s.write(marked("durable", count: size), at: 0)
-      try disk.commitStaging(s)
-      s.close()
+      let disk = try makeDiskHoldingRows(tmp)
+      try commitVersion(disk, 7, "durable", count: size)
       #expect(try disk.makeDurable(nodeID: 7) >= 2)
       #expect(try indexRows() == 0)
       #expect(try StagingCommitLog(path: log).records().map(\.nodeID) == [7])
@@ -383,13 +385,8 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     do {
       let tmp = try TemporaryDirectory("disk")
       let crashed = try TemporaryDirectory("disk-crashed")
-      let disk = try DiskManager(
-        directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
-        insertFlushDelay: 3600)
-      let s = try disk.stagingFile(forNode: 5)
-      try s.write(marked("committed", count: size), at: 0)
-      try disk.commitStaging(s)
-      s.close()
+      let disk = try makeDiskHoldingRows(tmp)
+      try commitVersion(disk, 5, "committed", count: size)
       try disk.makeDurable(nodeID: 5)
       let next = try disk.stagingFile(forNode: 5)
       try next.write(marked("UNCOMMITTED", count: 1_000), at: 0)
@@ -408,9 +405,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     do {
       let tmp = try TemporaryDirectory("disk")
       let crashed = try TemporaryDirectory("disk-crashed")
-      let disk = try DiskManager(
-        directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
-        insertFlushDelay: 3600)
+      let disk = try makeDiskHoldingRows(tmp)
       try commitVersion(disk, 6, "old")
       try disk.makeDurable(nodeID: 6)
       let reader = try #require(try disk.openStaged(forNode: 6))
@@ -638,9 +633,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     let crashed = try TemporaryDirectory("disk-crashed")
     let legacy = try TemporaryDirectory("disk-legacy")
     do {
-      let disk = try DiskManager(
-        directory: tmp.path("state"), key: key, capBytes: 1 << 40, automaticEviction: false,
-        insertFlushDelay: 3600)
+      let disk = try makeDiskHoldingRows(tmp)
       let s = try disk.stagingFile(forNode: 9)
       try s.write(marked("nine", count: 70_000), at: 0)
       try disk.commitStaging(s)
