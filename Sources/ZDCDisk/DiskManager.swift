@@ -1230,8 +1230,13 @@ public final class DiskManager: @unchecked Sendable {
   /// is the copy, and the new version, uncommitted, goes. The row keeps the old file's name
   /// (`origin`): a copy a power loss left incomplete falls back to it at start-up. A version
   /// never made durable gains nothing from it (nothing is flushed; a file appended to and
-  /// closed again and again would pay the index's write for nothing), and is copied as before,
-  /// as is one smaller than ``inPlaceMinimumSize``.
+  /// closed again and again would pay the index's write for nothing), and is copied as before.
+  /// Small files too: a database's rollback journal, written again after its first `fsync`,
+  /// otherwise had its second `fsync` flush a new file (allocating its blocks: a journal
+  /// commit of the file system), one device flush more per transaction. (With a whole copy
+  /// per exchange and the index's rows inserted by each `fsync`, files under 256 KiB were once
+  /// left out: four writers at once, each writing 100 B of its own 100 KB file and `fsync`ing,
+  /// were slower in place. Now they take 1.7–2.1 ms per round in place against 2.6–3.5 ms.)
   private func writeInPlace(
     _ latest: StagingFile, copy: CryptoFile?, copyName: String, copyMadeAt: UInt64,
     base: StagingBase?, copying: CopyBeforeWrite? = nil
@@ -1295,14 +1300,6 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
-  /// The smallest committed version a new version is written in place of (see
-  /// `writeInPlace`). Below it, the index's write that records the exchange, made under the
-  /// lock every new version takes, costs writers running at once more than the copy saves:
-  /// dbench with 4 clients (small files, each `fsync`ed and written again) took 1.71 ms per
-  /// `fsync` with every file written in place against 1.53 ms with this minimum, though one
-  /// writer's 100 B `pwrite` + `fdatasync` on a 100 KB file took 650 µs against 760 µs.
-  public static let inPlaceMinimumSize: UInt64 = 256 << 10
-
   /// ``writeInPlace`` with the copy made as it is needed (``CopyBeforeWrite``): the committed
   /// version's new file, `copy`, starts as holes; each block the new version is about to
   /// change in the old file is copied to it first, and the rest when something reads the
@@ -1350,7 +1347,7 @@ public final class DiskManager: @unchecked Sendable {
   /// with `pins` handles expected on it. The caller holds `stateLock`.
   private func inPlaceEligible(_ e: Entry, pins: Int) -> Bool {
     !e.removed && e.row.committed && e.row.pool == .staging && e.flushed && !e.exported
-      && e.row.size >= Self.inPlaceMinimumSize && e.copying?.isFinished != false && e.pins == pins
+      && e.copying?.isFinished != false && e.pins == pins
       && stagingEntries[e.row.nodeID ?? 0]?.last === e
   }
 

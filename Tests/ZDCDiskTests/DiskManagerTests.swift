@@ -147,8 +147,8 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(try disk.makeDurable(nodeID: 7) == (entries ? 3 : 4))
     #expect(try disk.makeDurable(nodeID: 7) == 0)
     s = try disk.stagingFile(forNode: 7)
-    // The committed version's file: a file this small is copied, not written in place (see
-    // `DiskManager.inPlaceMinimumSize`); the commit below supersedes it.
+    // The committed version's file, now the copy (the new version is written in place of
+    // it); the commit below supersedes it.
     let first = try #require(disk.stagedData(forNode: 7)).url
     #expect(s.url != first)
     try s.write(marked("two", count: 100), at: 50)
@@ -350,7 +350,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     func indexRows() throws -> Int {
       try DiskIndex(path: tmp.path("state/disk.sqlite").path).allRows().count
     }
-    let size = Int(DiskManager.inPlaceMinimumSize) + 10_000
+    let size = 100_000
     do {
       let disk = try makeDiskHoldingRows(tmp)
       try commitVersion(disk, 7, "durable", count: size)
@@ -380,7 +380,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
   /// record of it that outlived its row would bring back, after a crash, the file a new version
   /// was being written in place of it (uncommitted), or an older version a reader kept open.
   @Test func anUploadLeavesNoCommitLogRecordBehind() throws {
-    let size = Int(DiskManager.inPlaceMinimumSize) + 10_000
+    let size = 100_000
     // The next version written in place of the uploaded one, uncommitted at the crash.
     do {
       let tmp = try TemporaryDirectory("disk")
