@@ -124,8 +124,8 @@ final class DiskIndex: Sendable {
       let stmt = try db.cachedStatement(
         sql: """
           INSERT INTO entries (pool, nodeID, version, cloudID, eTag, fileName, size, diskBytes,
-            lastAccess, dirty, committed, complete, chunks)
-          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            lastAccess, dirty, committed, complete, chunks, origin, copiedAsNeeded)
+          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
           """)
       var ids: [Int64] = []
       for row in rows {
@@ -133,7 +133,7 @@ final class DiskIndex: Sendable {
         try stmt.runRaw([
           row.pool.rawValue, row.nodeID, row.version, row.cloudID, row.eTag, row.fileName,
           Int64(bitPattern: row.size), Int64(bitPattern: row.diskBytes), row.lastAccess,
-          row.dirty, row.committed, row.complete, row.chunks,
+          row.dirty, row.committed, row.complete, row.chunks, row.origin, row.copiedAsNeeded,
         ]) { _ in false }
         ids.append(db.lastInsertedRowID)
       }

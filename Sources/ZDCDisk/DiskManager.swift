@@ -496,10 +496,23 @@ public final class DiskManager: @unchecked Sendable {
     for e in keep where e.row.pool == .staging && e.row.committed {
       if let node = e.row.nodeID { indexed[node] = max(indexed[node] ?? .min, e.row.version) }
     }
+    // An exchange moves the version its node's record before it named to the copy's file, that
+    // file becoming the version's origin (see `writeInPlace`).
+    var named: [NodeVersion: String] = [:]
+    var exchanged: [NodeVersion: (name: String, origin: String?, asNeeded: Bool)] = [:]
     for r in commitLog.records() where files[.staging]?.contains(r.name) == true {
       if let v = indexed[r.nodeID], v >= r.version { continue }
-      committed[r.name] = (r.nodeID, r.version)
+      let key = NodeVersion(nodeID: r.nodeID, version: r.version)
+      if r.exchange {
+        let origin = named.removeValue(forKey: key)
+        if let origin { committed[origin] = nil }
+        exchanged[key] = (r.name, origin, r.copiedAsNeeded)
+      } else {
+        committed[r.name] = (r.nodeID, r.version)
+        named[key] = r.name
+      }
     }
+    keep += try adoptExchanges(exchanged, files: &files)
     // A version whose file went on as the next version's, written in place, is its copy; with
     // the next version never committed, that file is left over. A copy a power loss cut short
     // gives way to it (see `writeInPlace`).
@@ -577,6 +590,50 @@ public final class DiskManager: @unchecked Sendable {
       logger.info(
         "disk index reconciled: \(drop.count) rows dropped, \(files.values.map(\.count).reduce(0, +)) stray files deleted"
       )
+    }
+  }
+
+  /// A staging version, by node and version.
+  private struct NodeVersion: Hashable {
+    var nodeID: NodeID
+    var version: Int64
+  }
+
+  /// Rows (in the index, in one transaction) for the exchanges the commit log recorded of
+  /// versions whose rows never reached the index: each names its copy, with the file the version
+  /// had as its origin, for the start-up's check of the copy. An exchange whose version's own
+  /// record is gone (its file missing) keeps a complete copy, and loses one made as needed.
+  private func adoptExchanges(
+    _ exchanged: [NodeVersion: (name: String, origin: String?, asNeeded: Bool)],
+    files: inout [DiskPool: Set<String>]
+  ) throws -> [Entry] {
+    var rows: [IndexRow] = []
+    for (key, x) in exchanged {
+      if x.origin == nil && x.asNeeded {
+        logger.error(
+          "staged content of node \(key.nodeID) version \(key.version) is missing: its copy is incomplete and the file it was copied from is gone"
+        )
+        lost.append(key.nodeID)
+        continue
+      }
+      let path = url(pool: .staging, fileName: x.name)
+      guard let (chunkShift, size) = try? CryptoFile.layout(ofFileAt: path) else { continue }
+      rows.append(
+        IndexRow(
+          id: 0, pool: .staging, nodeID: key.nodeID, version: key.version, cloudID: nil,
+          eTag: nil, fileName: x.name, size: size,
+          diskBytes: Self.diskBytes(size: size, bitmap: nil, chunkShift: chunkShift),
+          lastAccess: 0, dirty: true, committed: true, complete: true, chunks: nil,
+          origin: x.origin, copiedAsNeeded: x.asNeeded))
+      files[.staging]?.remove(x.name)
+    }
+    guard !rows.isEmpty else { return [] }
+    let ids: [Int64]
+    do { ids = try index.insert(rows) } catch { throw DiskError.from(error, "") }
+    return zip(rows, ids).map { row, id in
+      var r = row
+      r.id = id
+      return Entry(row: r)
     }
   }
 
@@ -1164,7 +1221,7 @@ public final class DiskManager: @unchecked Sendable {
             latest.file, at: self.path(of: latest.entry), replacing: file, at: path)
           if !cloned {
             try copy(from: { try latest.read(into: $0, at: $1) }, size: latest.size, to: file)
-          } else if let inPlace = try writeInPlace(
+          } else if let inPlace = writeInPlace(
             latest, copy: file, copyName: name, copyMadeAt: madeAt, base: base)
           {
             return inPlace
@@ -1225,8 +1282,10 @@ public final class DiskManager: @unchecked Sendable {
   /// writes the chunks written since, not the whole file (a database in the mount, each of
   /// whose transactions writes a few pages and `fsync`s them, wrote the whole database per
   /// transaction), while the copy is written back by the kernel at leisure and usually deleted
-  /// first (superseded at the next commit). The exchange is in the index (the version's row
-  /// names the copy) before anything writes the old file in place: after a crash the version
+  /// first (superseded at the next commit). The exchange is recorded (the version's row names
+  /// the copy; or, while the row waits for the index, a record in the commit log after the
+  /// version's own: no index write per exchange) before anything writes the old file in
+  /// place: after a crash the version
   /// is the copy, and the new version, uncommitted, goes. The row keeps the old file's name
   /// (`origin`): a copy a power loss left incomplete falls back to it at start-up. A version
   /// never made durable gains nothing from it (nothing is flushed; a file appended to and
@@ -1240,20 +1299,16 @@ public final class DiskManager: @unchecked Sendable {
   private func writeInPlace(
     _ latest: StagingFile, copy: CryptoFile?, copyName: String, copyMadeAt: UInt64,
     base: StagingBase?, copying: CopyBeforeWrite? = nil
-  ) throws -> StagingFile? {
+  ) -> StagingFile? {
     let e = latest.entry
     let nodeID = latest.nodeID
     // Handles on the version besides `latest`: the caller's `base` (the same version).
     var expectedPins = 1
     if case .staged(let b) = base, b.entry === e { expectedPins += 1 }
-    return try mutationLock.withLock { () -> StagingFile? in
+    return mutationLock.withLock { () -> StagingFile? in
       // Caller holds `stateLock`.
       func eligible() -> Bool { inPlaceEligible(e, pins: expectedPins) }
       guard stateLock.withLock(eligible) else { return nil }
-      if e.id < 0 {
-        try flushInsertsLocked()
-        guard e.id > 0, stateLock.withLock(eligible) else { return nil }
-      }
       // The version's open lock, then the state lock (the order of `openFile` and `unpin`),
       // held from the last look at its handles to the exchange: a handle taken meanwhile
       // opens the copy.
@@ -1262,8 +1317,16 @@ public final class DiskManager: @unchecked Sendable {
           guard eligible() else { return nil }
           let original = e.row.fileName
           do {
-            try index.moveFile(
-              id: e.id, to: copyName, origin: original, copiedAsNeeded: copying != nil)
+            if e.id < 0 {
+              // Its row waits for the index and its commit is in the log: so is the exchange
+              // (the row goes in with it; no index write here).
+              try commitLog.append(
+                name: copyName, nodeID: nodeID, version: e.row.version, exchange: true,
+                copiedAsNeeded: copying != nil)
+            } else {
+              try index.moveFile(
+                id: e.id, to: copyName, origin: original, copiedAsNeeded: copying != nil)
+            }
           } catch {
             logger.warning("cannot write a staged version in place: \(error)")
             return nil
@@ -1337,7 +1400,7 @@ public final class DiskManager: @unchecked Sendable {
       logger.warning("cannot copy a staged version as needed: \(error)")
       return nil
     }
-    next = try writeInPlace(
+    next = writeInPlace(
       latest, copy: nil, copyName: copyName, copyMadeAt: copyMadeAt, base: base,
       copying: copying)
     return next

@@ -7,10 +7,13 @@ import ZDCSQLite
 
 /// The staging commit log (see `DiskManager.commitLog`): one record per committed staging
 /// version whose row the index may not hold yet — the file's name (random hex: nothing of a
-/// node's name or content), the node id, the version.
+/// node's name or content), the node id, the version —, and one per such version that the next
+/// version was then written in place of (an exchange: the version moved to its copy's file,
+/// the file it had becoming its `origin`; see `DiskManager.writeInPlace`).
 ///
 /// Layout: a 64-byte header (`ZDCSLOG2`, the log's epoch, an FNV-1a checksum), then 64-byte
-/// records (the name's 32 characters, node id, version, epoch, checksum), little-endian. Each
+/// records (the name's 32 characters, node id, version with the record's flags in its top
+/// byte, epoch, checksum), little-endian. Each
 /// record is written with one `pwrite(2)` into room made ahead with zeros (``LogRoom``), so it
 /// survives a crash of the process as soon as the commit returns, and a flush of new records
 /// (an `fsync` of a file in the mount) needs only their data written: the log's length and
@@ -62,7 +65,17 @@ final class StagingCommitLog: @unchecked Sendable {
     var name: String
     var nodeID: NodeID
     var version: Int64
+    /// An exchange: the version an earlier record of this log named (same node and version)
+    /// is now in this file, the earlier record's file its origin.
+    var exchange = false
+    /// (An exchange.) The copy is made as it is needed (`CopyBeforeWrite`).
+    var copiedAsNeeded = false
   }
+
+  /// The record's flags, in the top byte of its version.
+  private static let exchangeFlag: UInt64 = 1 << 56
+  private static let copiedAsNeededFlag: UInt64 = 1 << 57
+  private static let versionMask: UInt64 = (1 << 56) - 1
 
   init(path: String) throws {
     self.path = path
@@ -102,10 +115,13 @@ final class StagingCommitLog: @unchecked Sendable {
     return (0..<Self.scan(bytes).count).map { i in
       let at = Int(Self.headerSize) + i * Self.recordSize
       return bytes.withUnsafeBytes { b in
-        Record(
+        let word = Self.load(b, at + 40)
+        return Record(
           name: String(decoding: b[at..<(at + Self.nameLength)], as: UTF8.self),
           nodeID: NodeID(bitPattern: Self.load(b, at + 32)),
-          version: Int64(bitPattern: Self.load(b, at + 40)))
+          version: Int64(bitPattern: word & Self.versionMask),
+          exchange: word & Self.exchangeFlag != 0,
+          copiedAsNeeded: word & Self.copiedAsNeededFlag != 0)
       }
     }
   }
@@ -119,11 +135,19 @@ final class StagingCommitLog: @unchecked Sendable {
   var mayHaveDurableRecords: Bool { legacy != nil || flushPrepared }
 
   /// Appends a record: on disk (in the page cache) when it returns. `name` is a staging file's
-  /// name (32 hexadecimal digits).
-  func append(name: String, nodeID: NodeID, version: Int64) throws {
+  /// name (32 hexadecimal digits). An exchange (see ``Record/exchange``) follows the record of
+  /// its version in the same epoch.
+  func append(
+    name: String, nodeID: NodeID, version: Int64, exchange: Bool = false,
+    copiedAsNeeded: Bool = false
+  ) throws {
     guard name.utf8.count == Self.nameLength else {
       throw DiskError.io("staging file name of unexpected length in the commit log")
     }
+    guard version >= 0, UInt64(version) <= Self.versionMask else {
+      throw DiskError.io("staging version out of the commit log's range")
+    }
+    let flags = (exchange ? Self.exchangeFlag : 0) | (copiedAsNeeded ? Self.copiedAsNeededFlag : 0)
     if legacy != nil { try restart() }
     if fileLength < Self.headerSize || headerNeeded {
       try write(header(epoch: epoch), at: 0)
@@ -139,7 +163,7 @@ final class StagingCommitLog: @unchecked Sendable {
       var name = name
       name.withUTF8 { u in b.copyMemory(from: UnsafeRawBufferPointer(u)) }
       Self.store(UInt64(bitPattern: nodeID), b, 32)
-      Self.store(UInt64(bitPattern: version), b, 40)
+      Self.store(UInt64(version) | flags, b, 40)
       Self.store(epoch, b, 48)
       Self.store(Self.checksum(UnsafeRawBufferPointer(b)), b, 56)
     }

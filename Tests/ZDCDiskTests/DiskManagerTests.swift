@@ -358,12 +358,12 @@ func flipByte(at offset: UInt64, of url: URL) throws {
       #expect(try indexRows() == 0)
       #expect(try StagingCommitLog(path: log).records().map(\.nodeID) == [7])
       try FileManager.default.copyItem(at: tmp.path("state"), to: crashed.path("state"))
-      // The next version, written in place of this one, needs its row: inserted, the index not
-      // flushed, the record kept.
+      // The next version, written in place of this one: the exchange is a record after the
+      // version's, the row still waits.
       let next = try disk.stagingFile(forNode: 7)
       try next.write(marked("next", count: 100), at: 10)
-      #expect(try indexRows() == 1)
-      #expect(try StagingCommitLog(path: log).records().map(\.nodeID) == [7])
+      #expect(try indexRows() == 0)
+      #expect(try StagingCommitLog(path: log).records().map(\.nodeID) == [7, 7])
       disk.discardStaging(next)
       disk.flush()
       #expect(try StagingCommitLog(path: log).records().isEmpty)
@@ -374,6 +374,60 @@ func flipByte(at offset: UInt64, of url: URL) throws {
       try CryptoFile.open(at: staged.url, key: key).read(offset: 0, count: size)
         == marked("durable", count: size))
     #expect(try StagingCommitLog(path: crashed.path("state/staging.log").path).records().isEmpty)
+  }
+
+  /// The next version written in place of a version whose row waits for the index: the
+  /// exchange (the version now in its copy, the file it had its origin) is a commit-log record
+  /// after the version's own, no index write. A crash then (the copy's holes kept) leaves the
+  /// version as committed, its copy completed from the blocks the new version did not change; a
+  /// crash after the new version's commit leaves that one. The rows inserted later carry the
+  /// exchange.
+  @Test func anExchangeOfAVersionWhoseRowWaitsIsACommitLogRecord() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let exchanged = try TemporaryDirectory("disk-exchanged")
+    let committed = try TemporaryDirectory("disk-committed")
+    let log = tmp.path("state/staging.log").path
+    let size = 100_000
+    let durable = marked("durable", count: size)
+    var edited = durable
+    edited.replaceSubrange(10..<110, with: marked("next", count: 100))
+    func crashCopy(to target: TemporaryDirectory) throws {
+      let cp = try ChildProcess(
+        "/bin/cp", ["-a", "--sparse=always", tmp.path("state").path, target.path("state").path])
+      #expect(cp.wait() == 0)
+    }
+    do {
+      let disk = try makeDiskHoldingRows(tmp)
+      try commitVersion(disk, 7, "durable", count: size)
+      try disk.makeDurable(nodeID: 7)
+      let first = try #require(disk.committedFile(forNode: 7)).lastPathComponent
+      let next = try disk.stagingFile(forNode: 7)
+      try next.write(marked("next", count: 100), at: 10)
+      try next.file.flushBuffer()
+      let records = try StagingCommitLog(path: log).records()
+      #expect(records.map(\.nodeID) == [7, 7])
+      #expect(records.map(\.version) == [1, 1])
+      #expect(records.map(\.exchange) == [false, true])
+      #expect(records[0].name == first && records[1].name != first)
+      #expect(try DiskIndex(path: tmp.path("state/disk.sqlite").path).allRows().isEmpty)
+      try crashCopy(to: exchanged)
+      try disk.commitStaging(next)
+      next.close()
+      try crashCopy(to: committed)
+      #expect(try stagedContent(disk, 7) == edited)
+      disk.flush()
+      #expect(try StagingCommitLog(path: log).records().isEmpty)
+    }
+    let afterExchange = try makeDisk(exchanged, key: key)
+    #expect(afterExchange.lostStagedNodes.isEmpty)
+    #expect(afterExchange.stagedData(forNode: 7)?.version == 1)
+    #expect(try stagedContent(afterExchange, 7) == durable)
+    // The row the start-up inserted names the copy, with the origin.
+    let rows = try DiskIndex(path: exchanged.path("state/disk.sqlite").path).allRows()
+    #expect(rows.count == 1 && rows.first?.origin != nil)
+    let afterCommit = try makeDisk(committed, key: key)
+    #expect(afterCommit.stagedData(forNode: 7)?.version == 2)
+    #expect(try stagedContent(afterCommit, 7) == edited)
   }
 
   /// A version's row leaving the staging pool (its upload) empties the commit log first: a

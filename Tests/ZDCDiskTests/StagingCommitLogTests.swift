@@ -6,7 +6,8 @@ import ZDCTestSupport
 
 @testable import ZDCDisk
 
-/// The staging commit log's records read back as written — any node id and version, in order —;
+/// The staging commit log's records read back as written — any node id, any version up to
+/// 2^56 - 1, exchanges, in order —;
 /// what a crash or a power loss leaves after them (a torn record, an older epoch's records,
 /// zeros) is not read; emptying it starts a new epoch; its flushes need only its data written
 /// once its length is on stable storage; a log in the older text format is still read.
@@ -15,13 +16,21 @@ import ZDCTestSupport
     .init(name: String(repeating: "0", count: 32), nodeID: 0, version: 0),
     .init(name: "0123456789abcdef0123456789abcdef", nodeID: 7, version: 1),
     .init(name: "ffffffffffffffffffffffffffffffff", nodeID: 10, version: 99),
-    .init(name: "a1b2c3d4e5f60718293a4b5c6d7e8f90", nodeID: .max, version: .max),
-    .init(name: "00000000000000000000000000000001", nodeID: 1_000_000_007, version: -12),
-    .init(name: "00000000000000000000000000000002", nodeID: .min, version: .min),
+    .init(name: "a1b2c3d4e5f60718293a4b5c6d7e8f90", nodeID: .max, version: (1 << 56) - 1),
+    .init(name: "00000000000000000000000000000001", nodeID: 1_000_000_007, version: 12),
+    .init(name: "00000000000000000000000000000002", nodeID: .min, version: 0),
+    .init(
+      name: "0123456789abcdef0123456789abcde0", nodeID: 7, version: 1, exchange: true,
+      copiedAsNeeded: true),
+    .init(name: "ffffffffffffffffffffffffffffffe0", nodeID: 10, version: 99, exchange: true),
   ]
 
   func append(_ log: StagingCommitLog, _ records: [StagingCommitLog.Record]) throws {
-    for r in records { try log.append(name: r.name, nodeID: r.nodeID, version: r.version) }
+    for r in records {
+      try log.append(
+        name: r.name, nodeID: r.nodeID, version: r.version, exchange: r.exchange,
+        copiedAsNeeded: r.copiedAsNeeded)
+    }
   }
 
   func overwrite(_ path: String, at offset: Int, with bytes: [UInt8]) {
@@ -54,6 +63,12 @@ import ZDCTestSupport
     #expect(try StagingCommitLog(path: path).records() == written + [more])
     // A name of another length is refused, and nothing is written.
     #expect(throws: DiskError.self) { try reopened.append(name: "short", nodeID: 1, version: 1) }
+    // So is a version whose top byte the flags take (or a negative one).
+    for version in [Int64(1) << 56, -1, .max] {
+      #expect(throws: DiskError.self) {
+        try reopened.append(name: more.name, nodeID: 1, version: version)
+      }
+    }
     #expect(try StagingCommitLog(path: path).records() == written + [more])
   }
 
