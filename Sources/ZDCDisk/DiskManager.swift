@@ -443,6 +443,9 @@ public final class DiskManager: @unchecked Sendable {
     }
     var drop: [Int64] = []
     var keep: [Entry] = []
+    // Committed staged versions whose files are gone: superseded (rows go in batches after
+    // files), their node deleted, or lost.
+    var missing: [IndexRow] = []
     for row in rows {
       let path = url(pool: row.pool, fileName: row.fileName)
       let other: DiskPool = row.pool == .cache ? .staging : .cache
@@ -455,13 +458,7 @@ public final class DiskManager: @unchecked Sendable {
         files[row.pool]?.insert(row.fileName)
       }
       guard files[row.pool]?.remove(row.fileName) != nil else {
-        if row.pool == .staging && row.dirty {
-          // (Or its node was deleted just before a crash: rows go in batches after files.)
-          logger.error(
-            "staged content of node \(row.nodeID ?? 0) version \(row.version) is missing: lost, unless the node was deleted"
-          )
-          lost.append(row.nodeID ?? 0)
-        }
+        if row.pool == .staging && row.dirty && row.committed { missing.append(row) }
         drop.append(row.id)
         continue
       }
@@ -496,21 +493,30 @@ public final class DiskManager: @unchecked Sendable {
     for e in keep where e.row.pool == .staging && e.row.committed {
       if let node = e.row.nodeID { indexed[node] = max(indexed[node] ?? .min, e.row.version) }
     }
-    // An exchange moves the version its node's record before it named to the copy's file, that
-    // file becoming the version's origin (see `writeInPlace`).
+    // An exchange moves its version from the file it had (its record's, or an earlier
+    // exchange's: a version whose next version was dropped uncommitted stays in its copy, and
+    // may be exchanged again) to the copy's, that file becoming the version's origin (see
+    // `writeInPlace`).
+    // A file a later record names holds that record's version (a copy goes on as the next
+    // version's file when that one is written in place of it in turn).
     var named: [NodeVersion: String] = [:]
     var exchanged: [NodeVersion: (name: String, origin: String?, asNeeded: Bool)] = [:]
     for r in commitLog.records() where files[.staging]?.contains(r.name) == true {
       if let v = indexed[r.nodeID], v >= r.version { continue }
       let key = NodeVersion(nodeID: r.nodeID, version: r.version)
+      if let earlier = exchanged.first(where: { $0.value.name == r.name })?.key {
+        exchanged[earlier] = nil
+      }
       if r.exchange {
-        let origin = named.removeValue(forKey: key)
-        if let origin { committed[origin] = nil }
+        let origin = named[key]
+        if let origin, let c = committed[origin], c == (r.nodeID, r.version) {
+          committed[origin] = nil
+        }
         exchanged[key] = (r.name, origin, r.copiedAsNeeded)
       } else {
         committed[r.name] = (r.nodeID, r.version)
-        named[key] = r.name
       }
+      named[key] = r.name
     }
     keep += try adoptExchanges(exchanged, files: &files)
     // A version whose file went on as the next version's, written in place, is its copy; with
@@ -574,6 +580,7 @@ public final class DiskManager: @unchecked Sendable {
       keep.append(Entry(row: r))
     }
     let adopted = adoptedRows.count
+    reportLost(missing, kept: keep)
     for (pool, names) in files {
       for name in names { unlink(url(pool: pool, fileName: name)) }
     }
@@ -593,6 +600,31 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
+  /// Whether the page of `fd` at `offset` holds data (not a hole), as `SEEK_DATA` reports it
+  /// (a file system that does not report holes has none).
+  private static func isData(_ fd: Int32, at offset: off_t) -> Bool {
+    // SEEK_DATA (Glibc's module leaves it out).
+    Glibc.lseek(fd, offset, 3) == offset
+  }
+
+  /// Reports the committed staged versions whose files are gone, of nodes with no later
+  /// committed version kept (a version superseded just before a crash had its file deleted
+  /// before its row): lost, unless the node was deleted just before the crash.
+  private func reportLost(_ missing: [IndexRow], kept: [Entry]) {
+    var newest: [NodeID: Int64] = [:]
+    for e in kept where e.row.pool == .staging && e.row.committed {
+      if let node = e.row.nodeID { newest[node] = max(newest[node] ?? .min, e.row.version) }
+    }
+    for row in missing {
+      let node = row.nodeID ?? 0
+      if let v = newest[node], v > row.version { continue }
+      logger.error(
+        "staged content of node \(node) version \(row.version) is missing: lost, unless the node was deleted"
+      )
+      lost.append(node)
+    }
+  }
+
   /// A staging version, by node and version.
   private struct NodeVersion: Hashable {
     var nodeID: NodeID
@@ -602,20 +634,14 @@ public final class DiskManager: @unchecked Sendable {
   /// Rows (in the index, in one transaction) for the exchanges the commit log recorded of
   /// versions whose rows never reached the index: each names its copy, with the file the version
   /// had as its origin, for the start-up's check of the copy. An exchange whose version's own
-  /// record is gone (its file missing) keeps a complete copy, and loses one made as needed.
+  /// record is not read (its file is gone) has a whole copy: the file a copy is made from as
+  /// needed is deleted only after the copy is completed (the new version dropped) or with it.
   private func adoptExchanges(
     _ exchanged: [NodeVersion: (name: String, origin: String?, asNeeded: Bool)],
     files: inout [DiskPool: Set<String>]
   ) throws -> [Entry] {
     var rows: [IndexRow] = []
     for (key, x) in exchanged {
-      if x.origin == nil && x.asNeeded {
-        logger.error(
-          "staged content of node \(key.nodeID) version \(key.version) is missing: its copy is incomplete and the file it was copied from is gone"
-        )
-        lost.append(key.nodeID)
-        continue
-      }
       let path = url(pool: .staging, fileName: x.name)
       guard let (chunkShift, size) = try? CryptoFile.layout(ofFileAt: path) else { continue }
       rows.append(
@@ -624,7 +650,7 @@ public final class DiskManager: @unchecked Sendable {
           eTag: nil, fileName: x.name, size: size,
           diskBytes: Self.diskBytes(size: size, bitmap: nil, chunkShift: chunkShift),
           lastAccess: 0, dirty: true, committed: true, complete: true, chunks: nil,
-          origin: x.origin, copiedAsNeeded: x.asNeeded))
+          origin: x.origin, copiedAsNeeded: x.origin != nil && x.asNeeded))
       files[.staging]?.remove(x.name)
     }
     guard !rows.isEmpty else { return [] }
@@ -638,10 +664,14 @@ public final class DiskManager: @unchecked Sendable {
   }
 
   /// Whether `copy` holds what `original` held when it was copied, as far as a power loss
-  /// can tell: a CryptoFile of `size` bytes whose last chunk authenticates, and no 4 KiB page
-  /// of zeros (a block the device never got) where `original` has bytes — `original` has
-  /// been written in place since only where the next version wrote, and falling back to it
-  /// gives the version some of that version's writes, which no `fsync` had acknowledged.
+  /// can tell: a CryptoFile of `size` bytes whose last chunk authenticates, and no 4 KiB hole
+  /// (a block the device never got) where `original` has bytes — `original` has been written
+  /// in place since only where the next version wrote, and falling back to it gives the
+  /// version some of that version's writes, which no `fsync` had acknowledged. Zeros the copy
+  /// holds as data are not such a block: a chunk of zeros is a hole in a CryptoFile, which
+  /// copies (`CopyBeforeWrite`, `copy_file_range(2)` on ext4) write as zeros; the next version
+  /// may have written there since. (Counting them made a `kill -9` after a write into such a
+  /// chunk give the version the file written in place.)
   static func isIntactCopy(_ copy: String, of original: String, size: UInt64, key: Data) -> Bool {
     guard let f = try? CryptoFile.open(path: copy, key: key) else { return false }
     let plaintext = f.size
@@ -669,7 +699,9 @@ public final class DiskManager: @unchecked Sendable {
       var p = 0
       while p < n {
         let end = min(p + page, n)
-        if x[p..<end].allSatisfy({ $0 == 0 }), p < m, !y[p..<min(end, m)].allSatisfy({ $0 == 0 }) {
+        if x[p..<end].allSatisfy({ $0 == 0 }), p < m, !y[p..<min(end, m)].allSatisfy({ $0 == 0 }),
+          !isData(a, at: offset + off_t(p))
+        {
           return false
         }
         p = end
@@ -1285,11 +1317,11 @@ public final class DiskManager: @unchecked Sendable {
   /// first (superseded at the next commit). The exchange is recorded (the version's row names
   /// the copy; or, while the row waits for the index, a record in the commit log after the
   /// version's own: no index write per exchange) before anything writes the old file in
-  /// place: after a crash the version
-  /// is the copy, and the new version, uncommitted, goes. The row keeps the old file's name
-  /// (`origin`): a copy a power loss left incomplete falls back to it at start-up. A version
-  /// never made durable gains nothing from it (nothing is flushed; a file appended to and
-  /// closed again and again would pay the index's write for nothing), and is copied as before.
+  /// place: after a crash the version is the copy, and the new version, uncommitted, goes. The
+  /// row keeps the old file's name (`origin`): a copy a power loss left incomplete falls back
+  /// to it at start-up. A version never made durable gains nothing from it (nothing is
+  /// flushed; a file appended to and closed again and again would pay for the exchange for
+  /// nothing), and is copied as before.
   /// Small files too: a database's rollback journal, written again after its first `fsync`,
   /// otherwise had its second `fsync` flush a new file (allocating its blocks: a journal
   /// commit of the file system), one device flush more per transaction. (With a whole copy
@@ -1797,6 +1829,12 @@ public final class DiskManager: @unchecked Sendable {
         url(pool: .staging, fileName: $0.row.fileName)
       }
     }
+  }
+
+  /// Runs `body` while nothing else changes the manager's files: the maintenance queue and every
+  /// mutation wait (tests: a copy of the state directory as a crash would leave it).
+  func quiesced<T>(_ body: () throws -> T) rethrows -> T {
+    try background.sync { try mutationLock.withLock { try body() } }
   }
 
   /// Whether a node has an uncommitted staged version (tests: one closed unwritten is dropped

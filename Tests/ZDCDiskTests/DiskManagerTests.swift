@@ -391,10 +391,8 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     let durable = marked("durable", count: size)
     var edited = durable
     edited.replaceSubrange(10..<110, with: marked("next", count: 100))
-    func crashCopy(to target: TemporaryDirectory) throws {
-      let cp = try ChildProcess(
-        "/bin/cp", ["-a", "--sparse=always", tmp.path("state").path, target.path("state").path])
-      #expect(cp.wait() == 0)
+    func crashCopy(_ disk: DiskManager, to target: TemporaryDirectory) throws {
+      try disk.quiesced { try copyAsACrashLeavesIt(tmp.path("state"), to: target.path("state")) }
     }
     do {
       let disk = try makeDiskHoldingRows(tmp)
@@ -410,10 +408,10 @@ func flipByte(at offset: UInt64, of url: URL) throws {
       #expect(records.map(\.exchange) == [false, true])
       #expect(records[0].name == first && records[1].name != first)
       #expect(try DiskIndex(path: tmp.path("state/disk.sqlite").path).allRows().isEmpty)
-      try crashCopy(to: exchanged)
+      try crashCopy(disk, to: exchanged)
       try disk.commitStaging(next)
       next.close()
-      try crashCopy(to: committed)
+      try crashCopy(disk, to: committed)
       #expect(try stagedContent(disk, 7) == edited)
       disk.flush()
       #expect(try StagingCommitLog(path: log).records().isEmpty)
@@ -428,6 +426,96 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     let afterCommit = try makeDisk(committed, key: key)
     #expect(afterCommit.stagedData(forNode: 7)?.version == 2)
     #expect(try stagedContent(afterCommit, 7) == edited)
+  }
+
+  /// A committed version with chunks of zeros (holes in its file, zeros in its copy), the next
+  /// version written in place into them, then a crash: start-up keeps the copy, and the
+  /// version as committed. (It took the copy's zeros for blocks a power loss had lost, and gave
+  /// the version the file written in place.)
+  @Test func aCrashAfterAWriteIntoChunksOfZerosKeepsTheVersion() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let crashed = try TemporaryDirectory("disk-crashed")
+    var committed = Data(count: 250_000)
+    committed.append(marked("tail", count: 10_000))
+    do {
+      let disk = try makeDisk(tmp, key: key)
+      let s = try disk.stagingFile(forNode: 4)
+      try s.write(marked("tail", count: 10_000), at: 250_000)
+      try disk.commitStaging(s)
+      s.close()
+      try disk.makeDurable(nodeID: 4)
+      let next = try disk.stagingFile(forNode: 4)
+      try next.write(marked("unacknowledged", count: 20_000), at: 100_000)
+      try next.file.flushBuffer()
+      try disk.quiesced { try copyAsACrashLeavesIt(tmp.path("state"), to: crashed.path("state")) }
+      next.close()
+    }
+    let recovered = try makeDisk(crashed, key: key)
+    #expect(try stagedContent(recovered, 4) == committed)
+  }
+
+  /// Random writes, commits, flushes, discards and emptyings of the log on a few nodes, the rows
+  /// held back (so that exchanges go to the commit log) or not, with copies of the state
+  /// directory (what a `kill -9` leaves, holes kept) at random moments: each copy starts with
+  /// every node's last committed content, exactly, and nothing lost.
+  @Test(arguments: [false, true])
+  func aCrashAtAnyMomentLeavesTheLastCommittedContent(holdingRows: Bool) throws {
+    let tmp = try TemporaryDirectory("disk")
+    var rng = SplitMix64(seed: holdingRows ? 56 : 65)
+    func random(_ n: Int) -> Int { Int(rng.next() % UInt64(n)) }
+    var committed: [NodeID: Data] = [:]
+    var open: [NodeID: (file: StagingFile, content: Data)] = [:]
+    var crashes: [(TemporaryDirectory, [NodeID: Data])] = []
+    do {
+      let disk = holdingRows ? try makeDiskHoldingRows(tmp) : try makeDisk(tmp, key: key)
+      for step in 0..<400 {
+        let node = NodeID(1 + random(3))
+        switch random(10) {
+        case 0..<4:
+          var o = try open[node] ?? (disk.stagingFile(forNode: node), committed[node] ?? Data())
+          let offset = random(60_000)
+          let bytes = Data(
+            (0..<(1 + random(9_000))).map { _ in UInt8(truncatingIfNeeded: rng.next()) })
+          try o.file.write(bytes, at: UInt64(offset))
+          if o.content.count < offset { o.content.append(Data(count: offset - o.content.count)) }
+          o.content.replaceSubrange(
+            offset..<min(o.content.count, offset + bytes.count), with: bytes)
+          open[node] = o
+        case 4..<6:
+          guard let o = open.removeValue(forKey: node) else { continue }
+          try disk.commitStaging(o.file)
+          o.file.close()
+          committed[node] = o.content
+        case 6..<8:
+          try disk.makeDurable(nodeID: node)
+        case 8:
+          if let o = open.removeValue(forKey: node) {
+            disk.discardStaging(o.file)
+            o.file.close()
+          } else if random(3) == 0 {
+            disk.flush()
+          }
+        default:
+          for o in open.values { try o.file.file.flushBuffer() }
+          let copy = try TemporaryDirectory("disk-crash-\(step)")
+          try disk.quiesced { try copyAsACrashLeavesIt(tmp.path("state"), to: copy.path("state")) }
+          crashes.append((copy, committed))
+        }
+      }
+      for o in open.values { o.file.close() }
+    }
+    #expect(crashes.count > 10)
+    for (copy, expected) in crashes {
+      let recovered = try makeDisk(copy, key: key)
+      #expect(recovered.lostStagedNodes.isEmpty)
+      for node in NodeID(1)...3 {
+        if let content = expected[node] {
+          #expect(try stagedContent(recovered, node) == content)
+        } else {
+          #expect(recovered.stagedData(forNode: node) == nil)
+        }
+      }
+    }
   }
 
   /// A version's row leaving the staging pool (its upload) empties the commit log first: a
@@ -602,9 +690,7 @@ func flipByte(at offset: UInt64, of url: URL) throws {
       try FileManager.default.attributesOfItem(atPath: copy.path)[.size] as? Int
         == Int(CryptoFile.physicalSize(plaintextSize: 2_000_000)))
     // What a crash now leaves (holes kept).
-    let cp = try ChildProcess(
-      "/bin/cp", ["-a", "--sparse=always", tmp.path("state").path, crashed.path("state").path])
-    #expect(cp.wait() == 0)
+    try disk.quiesced { try copyAsACrashLeavesIt(tmp.path("state"), to: crashed.path("state")) }
     // Reading the committed version completes its copy; later writes copy nothing more.
     #expect(try stagedContent(disk, 7) == original)
     #expect(try allocated(copy) >= Int(CryptoFile.physicalSize(plaintextSize: 2_000_000)))
@@ -657,29 +743,52 @@ func flipByte(at offset: UInt64, of url: URL) throws {
   }
 
   /// A power loss after a version's file went on in place can leave its copy without some of
-  /// its blocks (pages of zeros): start-up then takes the file written in place for it.
+  /// its blocks (holes where it had data): such a copy is not intact, and start-up then
+  /// completes it from the file written in place, or takes that file for it. Zeros a copy
+  /// holds as data are a chunk of zeros of the file it was copied from (a hole there), not a
+  /// lost block.
   @Test func aCopyAPowerLossCutShortGivesWayToTheFileWrittenInPlace() throws {
     let tmp = try TemporaryDirectory("disk")
     let crashed = try TemporaryDirectory("disk-crashed")
     let original = marked("db", count: 300_000)
     var copyName = ""
+    var originalName = ""
     do {
       let disk = try makeDisk(tmp, key: key)
       try commit(disk, 5, original)
       let s = try disk.stagingFile(forNode: 5)
+      originalName = s.url.lastPathComponent
       copyName = try #require(disk.stagedData(forNode: 5)).url.lastPathComponent
-      try FileManager.default.copyItem(at: tmp.path("state"), to: crashed.path("state"))
+      try disk.quiesced {
+        try copyAsACrashLeavesIt(tmp.path("state"), to: crashed.path("state"))
+      }
       s.close()
     }
-    let copy = crashed.path("state/staging").appendingPathComponent(copyName)
-    let h = try FileHandle(forUpdating: copy)
-    try h.seek(toOffset: 8192)
-    h.write(Data(count: 4096))
-    try h.close()
+    let staging = crashed.path("state/staging")
+    let copy = staging.appendingPathComponent(copyName).path
+    let file = staging.appendingPathComponent(originalName).path
+    let size = CryptoFile.physicalSize(plaintextSize: 300_000)
+    // The copy made as needed, completed (as start-up does).
+    try CopyBeforeWrite.fillHoles(copy: copy, from: file)
+    #expect(DiskManager.isIntactCopy(copy, of: file, size: 300_000, key: key))
+    func loseBlock() {
+      copyKeepingHoles(copy, to: copy + ".lost", hole: 8192..<12288)
+      #expect(rename(copy + ".lost", copy) == 0)
+    }
+    // A block the device never got: a hole.
+    loseBlock()
+    #expect(!DiskManager.isIntactCopy(copy, of: file, size: 300_000, key: key))
+    // Zeros written: data.
+    let fd = open(copy, O_RDWR)
+    let zeros = [UInt8](repeating: 0, count: 4096)
+    #expect(pwrite(fd, zeros, 4096, 8192) == 4096)
+    close(fd)
+    #expect(DiskManager.isIntactCopy(copy, of: file, size: 300_000, key: key))
+    // The lost block again; its copy was made as needed, so start-up fills it from the file.
+    loseBlock()
+    #expect(size > 12288)
     let recovered = try makeDisk(crashed, key: key)
     #expect(try stagedContent(recovered, 5) == original)
-    #expect(try #require(recovered.stagedData(forNode: 5)).url.lastPathComponent != copyName)
-    #expect(!FileManager.default.fileExists(atPath: copy.path))
   }
 
   @Test func committedVersionsSurviveACrashBeforeTheirRows() throws {
@@ -1270,4 +1379,62 @@ final class Counter: @unchecked Sendable {
   private var n = 0
   func increment() { lock.withLock { n += 1 } }
   var value: Int { lock.withLock { n } }
+}
+
+/// Copies a directory tree as a crash of the process leaves it: each file's data as data (zeros
+/// written included) and its holes as holes. (`cp --sparse` also turns blocks of zeros into
+/// holes, which a crash never does: a copy made as needed (`CopyBeforeWrite`) writes a chunk of
+/// zeros, a hole of the file it copies, as data, and a hole in it means "not copied yet".)
+func copyAsACrashLeavesIt(_ from: URL, to: URL) throws {
+  let fm = FileManager.default
+  try fm.createDirectory(at: to, withIntermediateDirectories: true)
+  for name in try fm.contentsOfDirectory(atPath: from.path) {
+    let source = from.appendingPathComponent(name)
+    let target = to.appendingPathComponent(name)
+    var directory: ObjCBool = false
+    _ = fm.fileExists(atPath: source.path, isDirectory: &directory)
+    if directory.boolValue {
+      try copyAsACrashLeavesIt(source, to: target)
+    } else {
+      copyKeepingHoles(source.path, to: target.path)
+    }
+  }
+}
+
+/// Copies a file, its holes kept as holes, and `hole` (a range of whole blocks) made one too.
+func copyKeepingHoles(_ source: String, to target: String, hole: Range<off_t>? = nil) {
+  let s = open(source, O_RDONLY)
+  let d = open(target, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+  defer {
+    close(s)
+    close(d)
+  }
+  #expect(s >= 0 && d >= 0)
+  let size = lseek(s, 0, SEEK_END)
+  var buffer = [UInt8](repeating: 0, count: 1 << 16)
+  var at: off_t = 0
+  while at < size {
+    // SEEK_DATA, SEEK_HOLE (Glibc's module leaves them out).
+    let data = lseek(s, at, 3)
+    guard data >= 0 else { break }
+    let end = lseek(s, data, 4)
+    var p = data
+    while p < end {
+      var n = min(buffer.count, Int(end - p))
+      if let hole, p < hole.upperBound, p + off_t(n) > hole.lowerBound {
+        if p >= hole.lowerBound {
+          p = min(hole.upperBound, end)
+          continue
+        }
+        n = Int(hole.lowerBound - p)
+      }
+      let got = pread(s, &buffer, n, p)
+      #expect(got > 0)
+      guard got > 0 else { break }
+      #expect(pwrite(d, buffer, got, p) == got)
+      p += off_t(got)
+    }
+    at = end
+  }
+  #expect(ftruncate(d, size) == 0)
 }
