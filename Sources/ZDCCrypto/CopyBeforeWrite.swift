@@ -88,6 +88,12 @@ public final class CopyBeforeWrite: Sendable {
 
   static let exactHoles: Set<Int> = [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994]
 
+  /// Whether the block of `fd` at `offset` holds data, not a hole (on a file system that does
+  /// not report holes, everything is data).
+  public static func holdsData(_ fd: Int32, at offset: Int64) -> Bool {
+    lseek(fd, off_t(offset), seekData) == off_t(offset)
+  }
+
   /// Copies the blocks `count` bytes at `offset` of the file touch, those not copied yet,
   /// before the file is written there.
   public func willWrite(at offset: UInt64, count: Int) throws {

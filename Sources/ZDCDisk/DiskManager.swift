@@ -600,13 +600,6 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
-  /// Whether the page of `fd` at `offset` holds data (not a hole), as `SEEK_DATA` reports it
-  /// (a file system that does not report holes has none).
-  private static func isData(_ fd: Int32, at offset: off_t) -> Bool {
-    // SEEK_DATA (Glibc's module leaves it out).
-    Glibc.lseek(fd, offset, 3) == offset
-  }
-
   /// Reports the committed staged versions whose files are gone, of nodes with no later
   /// committed version kept (a version superseded just before a crash had its file deleted
   /// before its row): lost, unless the node was deleted just before the crash.
@@ -700,7 +693,7 @@ public final class DiskManager: @unchecked Sendable {
       while p < n {
         let end = min(p + page, n)
         if x[p..<end].allSatisfy({ $0 == 0 }), p < m, !y[p..<min(end, m)].allSatisfy({ $0 == 0 }),
-          !isData(a, at: offset + off_t(p))
+          !CopyBeforeWrite.holdsData(a, at: Int64(offset) + Int64(p))
         {
           return false
         }
