@@ -489,10 +489,7 @@ public final class DiskManager: @unchecked Sendable {
     // A record whose version (or a later one) of the node has its row is stale: the row was
     // inserted after it, and may name another file since (the version's copy, when the next
     // version was written in place of it; its file is the next version's).
-    var indexed: [NodeID: Int64] = [:]
-    for e in keep where e.row.pool == .staging && e.row.committed {
-      if let node = e.row.nodeID { indexed[node] = max(indexed[node] ?? .min, e.row.version) }
-    }
+    let indexed = Self.newestCommitted(keep, [])
     // An exchange moves its version from the file it had (its record's, or an earlier
     // exchange's: a version whose next version was dropped uncommitted stays in its copy, and
     // may be exchanged again) to the copy's, that file becoming the version's origin (see
@@ -519,12 +516,16 @@ public final class DiskManager: @unchecked Sendable {
       named[key] = r.name
     }
     keep += try adoptExchanges(exchanged, files: &files)
+    let newest = Self.newestCommitted(keep, committed.values)
     // A version whose file went on as the next version's, written in place, is its copy; with
     // the next version never committed, that file is left over. A copy a power loss cut short
-    // gives way to it (see `writeInPlace`).
+    // gives way to it (see `writeInPlace`). A version a later committed one superseded is left
+    // as it is (deleted soon): its origin may be the later version's origin too, written in
+    // place since, and falling back to it would leave the later version's copy unfilled.
     for e in keep where e.row.pool == .staging && e.row.committed {
       guard let origin = e.row.origin, committed[origin] == nil,
-        files[.staging]?.contains(origin) == true
+        files[.staging]?.contains(origin) == true,
+        e.row.version >= newest[e.row.nodeID ?? 0] ?? .min
       else { continue }
       let copy = url(pool: .staging, fileName: e.row.fileName).path
       let original = url(pool: .staging, fileName: origin).path
@@ -580,7 +581,7 @@ public final class DiskManager: @unchecked Sendable {
       keep.append(Entry(row: r))
     }
     let adopted = adoptedRows.count
-    reportLost(missing, kept: keep)
+    reportLost(missing, newest: Self.newestCommitted(keep, []))
     for (pool, names) in files {
       for name in names { unlink(url(pool: pool, fileName: name)) }
     }
@@ -603,11 +604,7 @@ public final class DiskManager: @unchecked Sendable {
   /// Reports the committed staged versions whose files are gone, of nodes with no later
   /// committed version kept (a version superseded just before a crash had its file deleted
   /// before its row): lost, unless the node was deleted just before the crash.
-  private func reportLost(_ missing: [IndexRow], kept: [Entry]) {
-    var newest: [NodeID: Int64] = [:]
-    for e in kept where e.row.pool == .staging && e.row.committed {
-      if let node = e.row.nodeID { newest[node] = max(newest[node] ?? .min, e.row.version) }
-    }
+  private func reportLost(_ missing: [IndexRow], newest: [NodeID: Int64]) {
     for row in missing {
       let node = row.nodeID ?? 0
       if let v = newest[node], v > row.version { continue }
@@ -616,6 +613,18 @@ public final class DiskManager: @unchecked Sendable {
       )
       lost.append(node)
     }
+  }
+
+  /// The newest committed staging version of each node among `kept` and `adopted`.
+  private static func newestCommitted(
+    _ kept: [Entry], _ adopted: some Sequence<(NodeID, Int64)>
+  ) -> [NodeID: Int64] {
+    var newest: [NodeID: Int64] = [:]
+    for e in kept where e.row.pool == .staging && e.row.committed {
+      if let node = e.row.nodeID { newest[node] = max(newest[node] ?? .min, e.row.version) }
+    }
+    for (node, version) in adopted { newest[node] = max(newest[node] ?? .min, version) }
+    return newest
   }
 
   /// A staging version, by node and version.
@@ -1824,10 +1833,12 @@ public final class DiskManager: @unchecked Sendable {
     }
   }
 
-  /// Runs `body` while nothing else changes the manager's files: the maintenance queue and every
-  /// mutation wait (tests: a copy of the state directory as a crash would leave it).
+  /// Runs `body` while no mutation changes the index, the commit log or what they name (tests: a
+  /// copy of the state directory as a crash would leave it). The maintenance queue goes on:
+  /// the deletions of files superseded or removed before may happen meanwhile, or not, as a
+  /// crash may come before or after each.
   func quiesced<T>(_ body: () throws -> T) rethrows -> T {
-    try background.sync { try mutationLock.withLock { try body() } }
+    try mutationLock.withLock { try body() }
   }
 
   /// Whether a node has an uncommitted staged version (tests: one closed unwritten is dropped

@@ -454,6 +454,47 @@ func flipByte(at offset: UInt64, of url: URL) throws {
     #expect(try stagedContent(recovered, 4) == committed)
   }
 
+  /// A version superseded just before a crash, its copy not deleted yet, shares its origin with
+  /// the later version's copy (the later version was written in place of it in turn): start-up
+  /// leaves the superseded copy as it is and completes the later one's from the file. (Falling
+  /// back to the origin for the superseded one left the later copy unfilled.)
+  @Test func aSupersededCopyLeftByACrashLeavesTheOriginToTheLaterVersion() throws {
+    let tmp = try TemporaryDirectory("disk")
+    let early = try TemporaryDirectory("disk-early")
+    let crashed = try TemporaryDirectory("disk-crashed")
+    let size = 100_000
+    var second = marked("first", count: size)
+    second.replaceSubrange(0..<4_000, with: marked("second", count: 4_000))
+    var firstCopy = ""
+    do {
+      let disk = try makeDiskHoldingRows(tmp)
+      try commitVersion(disk, 6, "first", count: size)
+      try disk.makeDurable(nodeID: 6)
+      let next = try disk.stagingFile(forNode: 6)
+      try next.write(marked("second", count: 4_000), at: 0)
+      try next.file.flushBuffer()
+      firstCopy = try #require(disk.committedFile(forNode: 6)).lastPathComponent
+      try disk.quiesced { try copyAsACrashLeavesIt(tmp.path("state"), to: early.path("state")) }
+      try disk.commitStaging(next)
+      next.close()
+      try disk.makeDurable(nodeID: 6)
+      // The third version rewrites the first's last chunk and goes past it.
+      let third = try disk.stagingFile(forNode: 6)
+      try third.write(marked("third", count: 30_000), at: UInt64(size - 1_000))
+      try third.file.flushBuffer()
+      try disk.quiesced { try copyAsACrashLeavesIt(tmp.path("state"), to: crashed.path("state")) }
+      third.close()
+    }
+    // The first version's copy, not deleted yet at the crash.
+    copyKeepingHoles(
+      early.path("state/staging").appendingPathComponent(firstCopy).path,
+      to: crashed.path("state/staging").appendingPathComponent(firstCopy).path)
+    let records = try StagingCommitLog(path: crashed.path("state/staging.log").path).records()
+    #expect(records.map(\.exchange) == [false, true, false, true])
+    let recovered = try makeDisk(crashed, key: key)
+    #expect(try stagedContent(recovered, 6) == second)
+  }
+
   /// Random writes, commits, flushes, discards and emptyings of the log on a few nodes, the rows
   /// held back (so that exchanges go to the commit log) or not, with copies of the state
   /// directory (what a `kill -9` leaves, holes kept) at random moments: each copy starts with
@@ -1381,8 +1422,8 @@ final class Counter: @unchecked Sendable {
   var value: Int { lock.withLock { n } }
 }
 
-/// Copies a directory tree as a crash of the process leaves it: each file's data as data (zeros
-/// written included) and its holes as holes. (`cp --sparse` also turns blocks of zeros into
+/// Copies a directory tree as a crash of the process leaves it (files deleted meanwhile are left
+/// out): each file's data as data (zeros written included) and its holes as holes. (`cp --sparse` also turns blocks of zeros into
 /// holes, which a crash never does: a copy made as needed (`CopyBeforeWrite`) writes a chunk of
 /// zeros, a hole of the file it copies, as data, and a hole in it means "not copied yet".)
 func copyAsACrashLeavesIt(_ from: URL, to: URL) throws {
@@ -1404,6 +1445,8 @@ func copyAsACrashLeavesIt(_ from: URL, to: URL) throws {
 /// Copies a file, its holes kept as holes, and `hole` (a range of whole blocks) made one too.
 func copyKeepingHoles(_ source: String, to target: String, hole: Range<off_t>? = nil) {
   let s = open(source, O_RDONLY)
+  // Deleted meanwhile (as it may be before a crash).
+  if s < 0 && errno == ENOENT { return }
   let d = open(target, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
   defer {
     close(s)
