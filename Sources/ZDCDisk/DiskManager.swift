@@ -493,9 +493,8 @@ public final class DiskManager: @unchecked Sendable {
     // An exchange moves its version from the file it had (its record's, or an earlier
     // exchange's: a version whose next version was dropped uncommitted stays in its copy, and
     // may be exchanged again) to the copy's, that file becoming the version's origin (see
-    // `writeInPlace`).
-    // A file a later record names holds that record's version (a copy goes on as the next
-    // version's file when that one is written in place of it in turn).
+    // `writeInPlace`). A file a later record names holds that record's version (a copy goes on
+    // as the next version's file when that one is written in place of it in turn).
     var named: [NodeVersion: String] = [:]
     var exchanged: [NodeVersion: (name: String, origin: String?, asNeeded: Bool)] = [:]
     for r in commitLog.records() where files[.staging]?.contains(r.name) == true {
