@@ -497,18 +497,19 @@ public final class DiskManager: @unchecked Sendable {
     // as the next version's file when that one is written in place of it in turn).
     var named: [NodeVersion: String] = [:]
     var exchanged: [NodeVersion: (name: String, origin: String?, asNeeded: Bool)] = [:]
+    var exchangedTo: [String: NodeVersion] = [:]
     for r in commitLog.records() where files[.staging]?.contains(r.name) == true {
       if let v = indexed[r.nodeID], v >= r.version { continue }
       let key = NodeVersion(nodeID: r.nodeID, version: r.version)
-      if let earlier = exchanged.first(where: { $0.value.name == r.name })?.key {
-        exchanged[earlier] = nil
-      }
+      if let earlier = exchangedTo.removeValue(forKey: r.name) { exchanged[earlier] = nil }
       if r.exchange {
         let origin = named[key]
         if let origin, let c = committed[origin], c == (r.nodeID, r.version) {
           committed[origin] = nil
         }
+        if let replaced = exchanged[key]?.name { exchangedTo[replaced] = nil }
         exchanged[key] = (r.name, origin, r.copiedAsNeeded)
+        exchangedTo[r.name] = key
       } else {
         committed[r.name] = (r.nodeID, r.version)
       }
