@@ -515,7 +515,17 @@ public final class DiskManager: @unchecked Sendable {
       }
       named[key] = r.name
     }
-    keep += try adoptExchanges(exchanged, files: &files)
+    // Rows for the exchanges, with their origins, before the copies are checked. An exchange
+    // whose version's own record is not read (its file is gone) has a whole copy: the file a
+    // copy is made from as needed is deleted only after the copy is completed (the new version
+    // dropped) or with it.
+    keep += try adopt(
+      exchanged.map { key, x in
+        (
+          name: x.name, nodeID: key.nodeID, version: key.version,
+          origin: x.origin.map { (name: $0, asNeeded: x.asNeeded) }
+        )
+      }, files: &files)
     let newest = Self.newestCommitted(keep, committed.values)
     // A version whose file went on as the next version's, written in place, is its copy; with
     // the next version never committed, that file is left over. A copy a power loss cut short
@@ -558,28 +568,10 @@ public final class DiskManager: @unchecked Sendable {
         e.row.size = layout.plaintextSize
       }
     }
-    var adoptedRows: [IndexRow] = []
-    for (name, (nodeID, version)) in committed {
-      let path = url(pool: .staging, fileName: name)
-      guard let (chunkShift, size) = try? CryptoFile.layout(ofFileAt: path) else { continue }
-      adoptedRows.append(
-        IndexRow(
-          id: 0, pool: .staging, nodeID: nodeID, version: version, cloudID: nil, eTag: nil,
-          fileName: name, size: size,
-          diskBytes: Self.diskBytes(size: size, bitmap: nil, chunkShift: chunkShift),
-          lastAccess: 0, dirty: true, committed: true, complete: true, chunks: nil))
-      files[.staging]?.remove(name)
-    }
-    // One index transaction for all of them (none when there are none).
-    var adoptedIDs: [Int64] = []
-    if !adoptedRows.isEmpty {
-      do { adoptedIDs = try index.insert(adoptedRows) } catch { throw DiskError.from(error, "") }
-    }
-    for (row, id) in zip(adoptedRows, adoptedIDs) {
-      var r = row
-      r.id = id
-      keep.append(Entry(row: r))
-    }
+    let adoptedRows = try adopt(
+      committed.map { (name: $0.key, nodeID: $0.value.0, version: $0.value.1, origin: nil) },
+      files: &files)
+    keep += adoptedRows
     let adopted = adoptedRows.count
     reportLost(missing, newest: Self.newestCommitted(keep, []))
     for (pool, names) in files {
@@ -633,27 +625,28 @@ public final class DiskManager: @unchecked Sendable {
     var version: Int64
   }
 
-  /// Rows (in the index, in one transaction) for the exchanges the commit log recorded of
-  /// versions whose rows never reached the index: each names its copy, with the file the version
-  /// had as its origin, for the start-up's check of the copy. An exchange whose version's own
-  /// record is not read (its file is gone) has a whole copy: the file a copy is made from as
-  /// needed is deleted only after the copy is completed (the new version dropped) or with it.
-  private func adoptExchanges(
-    _ exchanged: [NodeVersion: (name: String, origin: String?, asNeeded: Bool)],
+  /// Rows, in the index (one transaction for all of them, none when there are none), for
+  /// committed staged versions found at start-up without one: each a dirty version of its
+  /// node, with the file it had before when an exchange recorded one (`origin`, and whether its
+  /// copy is made as needed). A file whose layout cannot be read gets none.
+  private func adopt(
+    _ versions: [(
+      name: String, nodeID: NodeID, version: Int64, origin: (name: String, asNeeded: Bool)?
+    )],
     files: inout [DiskPool: Set<String>]
   ) throws -> [Entry] {
     var rows: [IndexRow] = []
-    for (key, x) in exchanged {
-      let path = url(pool: .staging, fileName: x.name)
+    for v in versions {
+      let path = url(pool: .staging, fileName: v.name)
       guard let (chunkShift, size) = try? CryptoFile.layout(ofFileAt: path) else { continue }
       rows.append(
         IndexRow(
-          id: 0, pool: .staging, nodeID: key.nodeID, version: key.version, cloudID: nil,
-          eTag: nil, fileName: x.name, size: size,
+          id: 0, pool: .staging, nodeID: v.nodeID, version: v.version, cloudID: nil, eTag: nil,
+          fileName: v.name, size: size,
           diskBytes: Self.diskBytes(size: size, bitmap: nil, chunkShift: chunkShift),
           lastAccess: 0, dirty: true, committed: true, complete: true, chunks: nil,
-          origin: x.origin, copiedAsNeeded: x.origin != nil && x.asNeeded))
-      files[.staging]?.remove(x.name)
+          origin: v.origin?.name, copiedAsNeeded: v.origin?.asNeeded ?? false))
+      files[.staging]?.remove(v.name)
     }
     guard !rows.isEmpty else { return [] }
     let ids: [Int64]
