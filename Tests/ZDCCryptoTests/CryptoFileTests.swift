@@ -174,6 +174,8 @@ let testedChunkShifts: [UInt8] = [CryptoFile.defaultChunkShift, 16]
     #expect(FileSizeLimit.probe(directory: dir.path + "/missing", upTo: 99) == 99)
     #expect(FileSizeLimit.directory(of: "/a/b/c") == "/a/b")
     #expect(FileSizeLimit.directory(of: "/c") == "/" && FileSizeLimit.directory(of: "c") == ".")
+    #expect(FileSizeLimit.directory(of: "/tmp/caf\u{E9}/\u{1F600}/x") == "/tmp/caf\u{E9}/\u{1F600}")
+    #expect(FileSizeLimit.directory(of: "a/b") == "a" && FileSizeLimit.directory(of: "a/") == "a")
   }
 
   @Test(arguments: testedChunkShifts) func emptyFileHasOneChunkAndReopens(shift: UInt8) throws {
