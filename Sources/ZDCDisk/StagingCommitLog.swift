@@ -158,16 +158,16 @@ final class StagingCommitLog: @unchecked Sendable {
       fileLength = max(fileLength, LogRoom.writeZeros(fd, from: fileLength, to: target))
       guard end + UInt64(Self.recordSize) <= fileLength else { throw DiskError.noSpace }
     }
-    var record = [UInt8](repeating: 0, count: Self.recordSize)
-    record.withUnsafeMutableBytes { b in
+    // On the stack: a record is written on every close of a file written to.
+    try withUnsafeTemporaryAllocation(byteCount: Self.recordSize, alignment: 8) { b in
       var name = name
       name.withUTF8 { u in b.copyMemory(from: UnsafeRawBufferPointer(u)) }
       Self.store(UInt64(bitPattern: nodeID), b, 32)
       Self.store(UInt64(version) | flags, b, 40)
       Self.store(epoch, b, 48)
       Self.store(Self.checksum(UnsafeRawBufferPointer(b)), b, 56)
+      try write(UnsafeRawBufferPointer(b), at: end)
     }
-    try write(record, at: end)
     end += UInt64(Self.recordSize)
   }
 
@@ -255,11 +255,13 @@ final class StagingCommitLog: @unchecked Sendable {
   }
 
   private func write(_ bytes: [UInt8], at offset: UInt64) throws {
+    try bytes.withUnsafeBytes { try write($0, at: offset) }
+  }
+
+  private func write(_ bytes: UnsafeRawBufferPointer, at offset: UInt64) throws {
     var done = 0
     while done < bytes.count {
-      let n = bytes.withUnsafeBytes {
-        pwrite(fd, $0.baseAddress! + done, $0.count - done, off_t(offset) + off_t(done))
-      }
+      let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset) + off_t(done))
       if n < 0 && errno == EINTR { continue }
       guard n > 0 else {
         let code = n < 0 ? errno : EIO
