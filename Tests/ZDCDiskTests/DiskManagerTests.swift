@@ -1423,9 +1423,10 @@ final class Counter: @unchecked Sendable {
 }
 
 /// Copies a directory tree as a crash of the process leaves it (files deleted meanwhile are left
-/// out): each file's data as data (zeros written included) and its holes as holes. (`cp --sparse` also turns blocks of zeros into
-/// holes, which a crash never does: a copy made as needed (`CopyBeforeWrite`) writes a chunk of
-/// zeros, a hole of the file it copies, as data, and a hole in it means "not copied yet".)
+/// out): each file's data as data (zeros written included) and its holes as holes.
+/// (`cp --sparse` also turns blocks of zeros into holes, which a crash never does: a copy made
+/// as needed (`CopyBeforeWrite`) writes a chunk of zeros, a hole of the file it copies, as data,
+/// and a hole in it means "not copied yet".)
 func copyAsACrashLeavesIt(_ from: URL, to: URL) throws {
   let fm = FileManager.default
   try fm.createDirectory(at: to, withIntermediateDirectories: true)
