@@ -449,17 +449,21 @@ public final class CloudTransaction {
     -> Set<NodeID>
   {
     guard let first = children.first?.id, let last = children.last?.id else { return [] }
-    let stmt = try db.cachedStatement(
-      sql: """
-        SELECT p.id FROM nodes p
-        WHERE p.parentID = ? AND p.id BETWEEN ? AND ? AND p.localUserID = ?
-          AND EXISTS (SELECT 1 FROM nodes c WHERE c.parentID = p.id)
-        """)
-    let parents = Set(try NodeID.fetchAll(stmt, arguments: [parentID, first, last, userID]))
+    var parents = Set<NodeID>()
+    try rawQuery(Self.childrenWithChildrenSQL, [parentID, first, last, userID]) { s in
+      parents.insert(RawColumn.int(s, 0))
+      return true
+    }
     // What an `rm -r` asks next of each entry it unlinks.
     sharedNodes?.noteChildless(children.lazy.map(\.id).filter { !parents.contains($0) })
     return parents
   }
+  private static let childrenWithChildrenSQL = CatalogSQL(
+    """
+    SELECT p.id FROM nodes p
+    WHERE p.parentID = ? AND p.id BETWEEN ? AND ? AND p.localUserID = ?
+      AND EXISTS (SELECT 1 FROM nodes c WHERE c.parentID = p.id)
+    """)
 
   /// True when `parentID` has at least one child.
   public func hasChildren(_ parentID: NodeID) throws -> Bool {
@@ -481,10 +485,10 @@ public final class CloudTransaction {
 
   /// The number of children of `parentID`.
   public func childCount(of parentID: NodeID) throws -> Int {
-    let stmt = try db.cachedStatement(
-      sql: "SELECT COUNT(*) FROM nodes WHERE parentID = ? AND localUserID = ?")
-    return try Int.fetchOne(stmt, arguments: [parentID, userID]) ?? 0
+    Int(try rawInt(Self.childCountSQL, [parentID, userID]) ?? 0)
   }
+  private static let childCountSQL = CatalogSQL(
+    "SELECT COUNT(*) FROM nodes WHERE parentID = ? AND localUserID = ?")
 
   /// The node at a path, or `nil`.
   public func node(path: TreesystemPath) throws -> Node? {

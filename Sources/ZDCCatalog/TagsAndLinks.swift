@@ -43,16 +43,20 @@ extension CloudTransaction {
 
   /// The tag `identifier` of a node, or `nil`.
   public func tag(forNodeID nodeID: NodeID, identifier: String) throws -> TagValue? {
-    let stmt = try db.cachedStatement(
-      sql: """
-        SELECT t.value FROM nodeTags t JOIN nodes n ON n.id = t.nodeID
-        WHERE t.nodeID = ? AND t.identifier = ? AND n.localUserID = ?
-        """)
-    guard let row = try Row.fetchOne(stmt, arguments: [nodeID, identifier, userID]) else {
-      return nil
+    // A directory's listing and removal ask for its sections' tags, which most nodes lack.
+    if try isBare(nodeID) { return nil }
+    var value: DatabaseValue?
+    try rawQuery(Self.tagSQL, [nodeID, identifier, userID]) { s in
+      value = DatabaseValue(sqliteStatement: s, index: 0)
+      return false
     }
-    return try tagValue(row[0])
+    return try value.flatMap(tagValue)
   }
+  private static let tagSQL = CatalogSQL(
+    """
+    SELECT t.value FROM nodeTags t JOIN nodes n ON n.id = t.nodeID
+    WHERE t.nodeID = ? AND t.identifier = ? AND n.localUserID = ?
+    """)
 
   /// Every tag of a node, by identifier.
   public func tags(forNodeID nodeID: NodeID) throws -> [String: TagValue] {
