@@ -62,6 +62,7 @@ let package = Package(
         "CLinux",
         .product(name: "GRDB", package: "GRDB.swift"),
         .product(name: "GRDBSQLite", package: "GRDB.swift"),
+        .product(name: "Logging", package: "swift-log"),
       ],
       swiftSettings: strict),
     .target(
@@ -159,7 +160,7 @@ let package = Package(
     .testTarget(
       name: "ZDCCatalogTests",
       dependencies: [
-        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCTestSupport",
+        "ZDCCore", "ZDCCrypto", "ZDCCatalog", "ZDCSQLite", "ZDCTestSupport",
         .product(name: "GRDB", package: "GRDB.swift"),
       ],
       swiftSettings: strict),

@@ -47,6 +47,9 @@ final class RedoJournal: @unchecked Sendable {
   private var openLog: OpenLog?
   /// The highest sequence number written (or found).
   private(set) var lastSeq: UInt64
+  /// A flush of entries was prepared (``flush()``) since the journal was last emptied: an
+  /// `fsync` may rely on them.
+  private(set) var flushPrepared = false
 
   /// An entry read back.
   struct Entry {
@@ -152,6 +155,7 @@ final class RedoJournal: @unchecked Sendable {
       ($0.flushed, $0.durableLength, $0.emptyings)
     }
     guard end > flushed else { return .none }
+    flushPrepared = true
     if openLog == nil { openLog = OpenLog.duplicating(fd) }
     if end <= durableLength, let log = openLog {
       _ = zdc_start_writeback(log.fd)
@@ -216,6 +220,7 @@ final class RedoJournal: @unchecked Sendable {
     guard fileLength > 0 else { return }
     guard ftruncate(fd, 0) == 0 else { throw Failure.io("truncate \(path)", errno) }
     size = 0
+    flushPrepared = false
     lengthChanged(to: 0)
   }
 

@@ -80,6 +80,7 @@ final class DiskIndex: Sendable {
     _ = zdc_sqlite_tune_process()
     self.path = path
     walFlush = WALFlush(path: path)
+    checkpointer = WALCheckpointer(path: path, synchronous: "NORMAL")
     var config = Configuration()
     config.busyMode = .timeout(10)
     config.prepareDatabase { db in
@@ -88,11 +89,18 @@ final class DiskIndex: Sendable {
     }
     queue = try DatabaseQueue(path: path, configuration: config)
     try Self.migrator.migrate(queue)
+    // A checkpoint on the writer would hold the disk manager's lock through its flushes, and
+    // with it every commit of a closed file.
+    queue.inDatabase { checkpointer.install(on: $0) }
   }
+
+  deinit { queue.inDatabase { checkpointer.uninstall(from: $0) } }
 
   /// Commits are `synchronous=NORMAL`: they survive a crash of the process, and wait in the
   /// write-ahead log for power-loss safety.
   private let walFlush: WALFlush
+  /// Makes the checkpoints of the index's log beside its writer.
+  private let checkpointer: WALCheckpointer
 
   /// The flush that makes every commit so far durable (nothing when one already did).
   func pendingFlush() -> PendingFlush {

@@ -3,6 +3,7 @@ import Testing
 @_spi(Testing) import ZDCCatalog
 import ZDCCore
 import ZDCCrypto
+import ZDCSQLite
 
 @Suite struct SchemaTests {
   @Test func migrationsAppliedAndReopen() throws {
@@ -100,6 +101,71 @@ import ZDCCrypto
     try catalog.write("alice", commit: .soon) { _ = try $0.createNode(path: p("e")) }
     try catalog.makeDurable()
     #expect(try catalog.prepareDurable().isEmpty)
+  }
+
+  /// A redo journal past its size threshold is emptied at the next commit without a flush of
+  /// the log on the writer, unless an `fsync` may rely on its entries: the flush is then owed to
+  /// the next `fsync`, and a crash of the process loses none of the commits.
+  @Test func theJournalIsEmptiedWithoutAFlushUnlessAnFsyncReliesOnIt() throws {
+    let catalog = try Catalog.temporary(options: .init(durability: .normal))
+    try catalog.createLocalUser(makeUser("alice"))
+    let path = try #require(catalog.path)
+    let wal = path + "-wal"
+    let redo = path + ".redo"
+    func size(_ file: String) throws -> Int {
+      try #require(try FileManager.default.attributesOfItem(atPath: file)[.size] as? Int)
+    }
+    func isLog(_ flush: PendingFlush) -> Bool {
+      var onDisk = stat()
+      var held = stat()
+      if flush.paths == [wal] { return true }
+      guard let fd = flush.dataOnly.first?.fd else { return false }
+      return stat(wal, &onDisk) == 0 && fstat(fd, &held) == 0 && onDisk.st_ino == held.st_ino
+    }
+    let id = try catalog.write("alice") { try $0.createNode(path: p("n")).id }
+    try catalog.makeDurable()
+    /// `.soon` writes until the journal passes its threshold; their batch left open.
+    func fillJournal(_ round: Int) throws {
+      for i in 0..<80 {
+        try catalog.write("alice", commit: .soon) { tx in
+          try tx.setTag(
+            .data(Data(repeating: UInt8(i), count: 16 << 10)), forNodeID: id,
+            identifier: "t\(round).\(i)")
+        }
+      }
+      #expect(try size(redo) >= 1 << 20)
+    }
+
+    // No `fsync` relied on the entries: emptied at the commit, the log's flush left to the next
+    // `fsync` (the journal no longer holds the commits).
+    try fillJournal(1)
+    try catalog.commitPending()
+    #expect(try size(redo) == 0)
+    let owed = try catalog.prepareDurable()
+    #expect(isLog(owed))
+    try LocalDurability.sync(
+      paths: owed.paths, dataOnlyDescriptors: owed.dataOnly.map(\.descriptor))
+    owed.done()
+    #expect(try catalog.prepareDurable().isEmpty)
+
+    // An `fsync` flushed entries: the commit flushes the log before it empties the journal.
+    try fillJournal(2)
+    try catalog.makeDurable()
+    try catalog.write("alice", commit: .soon) { tx in
+      try tx.setTag(.int(1), forNodeID: id, identifier: "last")
+    }
+    try catalog.commitPending()
+    #expect(try size(redo) == 0)
+    #expect(try catalog.prepareDurable().isEmpty)
+
+    // What a crash of the process leaves (the log as written) holds every commit.
+    let dir = try #require(
+      catalog.path.map { URL(fileURLWithPath: $0).deletingLastPathComponent() })
+    let copy = try crashCopy(dir)
+    defer { try? FileManager.default.removeItem(at: copy) }
+    let reopened = try Catalog(path: copy.appendingPathComponent("catalog.sqlite").path)
+    let tags = try reopened.read("alice") { try $0.tags(forNodeID: id) }
+    #expect(tags.count == 161)
   }
 
   /// A log lengthened with zeros past its last frame (see `WALFlush`) loses nothing: a copy of
