@@ -80,12 +80,12 @@ final class DiskIndex: Sendable {
     _ = zdc_sqlite_tune_process()
     self.path = path
     walFlush = WALFlush(path: path)
-    checkpointer = WALCheckpointer(path: path, synchronous: "NORMAL")
+    checkpointer = WALCheckpointer(path: path, synchronous: Self.synchronous)
     var config = Configuration()
     config.busyMode = .timeout(10)
     config.prepareDatabase { db in
       try db.execute(sql: "PRAGMA journal_mode = WAL")
-      try db.execute(sql: "PRAGMA synchronous = NORMAL")
+      try db.execute(sql: "PRAGMA synchronous = \(Self.synchronous)")
     }
     queue = try DatabaseQueue(path: path, configuration: config)
     try Self.migrator.migrate(queue)
@@ -95,6 +95,9 @@ final class DiskIndex: Sendable {
   }
 
   deinit { queue.inDatabase { checkpointer.uninstall(from: $0) } }
+
+  /// The index's connections' `synchronous` level.
+  private static let synchronous = "NORMAL"
 
   /// Commits are `synchronous=NORMAL`: they survive a crash of the process, and wait in the
   /// write-ahead log for power-loss safety.
