@@ -42,19 +42,7 @@ import ZDCSQLite
   @Test func makeDurableFlushesTheLogOnlyAfterAChange() throws {
     let catalog = try Catalog.temporary(options: .init(durability: .normal))
     try catalog.createLocalUser(makeUser("alice"))
-    let path = try #require(catalog.path)
-    let wal = path + "-wal"
-    let redo = path + ".redo"
-    func size(_ file: String) throws -> Int {
-      try #require(try FileManager.default.attributesOfItem(atPath: file)[.size] as? Int)
-    }
-    func sameFile(_ file: String, _ fd: Int32?) -> Bool {
-      var onDisk = stat()
-      var held = stat()
-      guard let fd else { return false }
-      return stat(file, &onDisk) == 0 && fstat(fd, &held) == 0
-        && onDisk.st_ino == held.st_ino && onDisk.st_dev == held.st_dev
-    }
+    let (wal, redo) = try logPaths(catalog)
     let first = try catalog.prepareDurable()
     #expect(first.paths == [wal] && first.dataOnly.isEmpty)
     try LocalDurability.sync(paths: first.paths)
@@ -109,18 +97,9 @@ import ZDCSQLite
   @Test func theJournalIsEmptiedWithoutAFlushUnlessAnFsyncReliesOnIt() throws {
     let catalog = try Catalog.temporary(options: .init(durability: .normal))
     try catalog.createLocalUser(makeUser("alice"))
-    let path = try #require(catalog.path)
-    let wal = path + "-wal"
-    let redo = path + ".redo"
-    func size(_ file: String) throws -> Int {
-      try #require(try FileManager.default.attributesOfItem(atPath: file)[.size] as? Int)
-    }
+    let (wal, redo) = try logPaths(catalog)
     func isLog(_ flush: PendingFlush) -> Bool {
-      var onDisk = stat()
-      var held = stat()
-      if flush.paths == [wal] { return true }
-      guard let fd = flush.dataOnly.first?.fd else { return false }
-      return stat(wal, &onDisk) == 0 && fstat(fd, &held) == 0 && onDisk.st_ino == held.st_ino
+      flush.paths == [wal] || sameFile(wal, flush.dataOnly.first?.fd)
     }
     let id = try catalog.write("alice") { try $0.createNode(path: p("n")).id }
     try catalog.makeDurable()
@@ -324,4 +303,23 @@ import ZDCSQLite
       #expect(try tx.operationCount() == 0)
     }
   }
+}
+
+/// A catalog's write-ahead log and redo journal.
+private func logPaths(_ catalog: Catalog) throws -> (wal: String, redo: String) {
+  let path = try #require(catalog.path)
+  return (path + "-wal", path + ".redo")
+}
+
+private func size(_ file: String) throws -> Int {
+  try #require(try FileManager.default.attributesOfItem(atPath: file)[.size] as? Int)
+}
+
+/// Whether `fd` is open on the file at `file`.
+private func sameFile(_ file: String, _ fd: Int32?) -> Bool {
+  var onDisk = stat()
+  var held = stat()
+  guard let fd else { return false }
+  return stat(file, &onDisk) == 0 && fstat(fd, &held) == 0
+    && onDisk.st_ino == held.st_ino && onDisk.st_dev == held.st_dev
 }
