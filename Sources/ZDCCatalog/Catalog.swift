@@ -118,14 +118,16 @@ public final class Catalog: Sendable {
 
   /// A catalog in memory (tests): one connection, nothing on disk.
   public static func inMemory() throws -> Catalog {
-    let queue = try DatabaseQueue(configuration: configuration(Options(durability: .normal)))
+    let options = Options(durability: .normal)
+    let queue = try DatabaseQueue(configuration: configuration(options))
     return try Catalog(
-      writer: queue, path: nil, temporaryDirectory: nil, batchWindow: Catalog.batchWindow)
+      writer: queue, path: nil, temporaryDirectory: nil, batchWindow: Catalog.batchWindow,
+      durability: options.durability)
   }
 
   private init(
     writer: any DatabaseWriter, path: String?, temporaryDirectory: URL?, batchWindow: Double,
-    durability: Durability = .normal, fieldKey: Data? = nil,
+    durability: Durability, fieldKey: Data? = nil,
     sealingLevel: Int = Catalog.fieldSealingLevel
   ) throws {
     self.writer = writer
