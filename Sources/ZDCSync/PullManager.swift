@@ -425,12 +425,14 @@ public final class PullManager: @unchecked Sendable {
       }
       var next: [String] = []
       var toFetch: [(rcrdKey: String, dataInfo: ObjectInfo?, headData: Bool)] = []
-      var dataOnly: [(entry: SyncIndexEntry, data: ObjectInfo?)] = []
       for c in candidates {
-        if let e = byKey[c.key], e.eTagRcrd == c.rcrd.eTag {
+        // A DATA change beside a known RCRD is fetched with that RCRD and applied as an
+        // incremental pull applies it: the node takes the size the RCRD describes. The node's
+        // own size may not be that one — e.g. this device's RCRD upload found another device's
+        // DATA beside it and was written again to describe it (randomized S3 seed 102).
+        if let e = byKey[c.key], e.eTagRcrd == c.rcrd.eTag, e.eTagData == c.data?.eTag {
           seen.insert(e.cloudID)
           if visitedPrefixes.insert(e.dirPrefix).inserted { next.append(e.dirPrefix) }
-          if e.eTagData != c.data?.eTag { dataOnly.append((e, c.data)) }
         } else {
           toFetch.append((c.key, c.data, false))
         }
@@ -483,16 +485,6 @@ public final class PullManager: @unchecked Sendable {
             // Not placed here (its parent unknown here, or it would close a loop with a move
             // of this device's that the store does not show yet): a later scan places it.
             if result.skipped > skipped { notApplied.append(item.rcrdKey) }
-          }
-        }
-        i += config.fullScanBatch
-      }
-      i = 0
-      while i < dataOnly.count {
-        let batch = dataOnly[i..<min(dataOnly.count, i + config.fullScanBatch)]
-        try context.catalog.write(context.userID) { tx in
-          for d in batch {
-            try self.applyData(nodeID: d.entry.id, info: d.data, tx: tx, result: &result)
           }
         }
         i += config.fullScanBatch
@@ -1380,21 +1372,6 @@ public final class PullManager: @unchecked Sendable {
         metadata: ["key": "\(key)", "error": "\(error)"])
       return nil
     }
-  }
-
-  /// Applies a DATA change found by a listing (RCRD unchanged).
-  private func applyData(
-    nodeID: NodeID, info: ObjectInfo?, tx: CloudTransaction, result: inout PullResult
-  ) throws {
-    guard var n = try tx.node(id: nodeID), n.eTagData != info?.eTag else { return }
-    if try tx.outstandingKinds(ofNodeID: nodeID).contains(.putData) { return }
-    n.eTagData = info?.eTag
-    n.lastModifiedData = info?.lastModified
-    n.cloudDataInfo = nil
-    try tx.applyRemoteNode(n, cloudName: try tx.cloudName(of: nodeID))
-    context.delegate.didDiscoverModifiedNode(
-      n, change: .data, at: try tx.path(of: nodeID), transaction: tx)
-    result.modifiedNodes += 1
   }
 
   /// Applies remote deletions (one transaction each); dirty subtrees are kept and re-uploaded.

@@ -385,7 +385,13 @@ struct PushExecutor {
             "RCRD upload: the DATA beside it was replaced meanwhile; the RCRD describes it",
             metadata: ["node": "\(node.id)"])
         } catch StoreError.preconditionFailed {
-          // Changed again since: its writer describes the DATA it knows.
+          // Changed again since: its writer describes the DATA it knows. Unless the answer was
+          // spurious (the RCRD is still the one written above): left, it would describe the
+          // version replaced, and be logged as this device's write. The upload runs again.
+          if try context.headIfExists(loc.rcrdKey)?.eTag == eTag {
+            throw StoreError.transient(
+              "spurious precondition failure rewriting the RCRD of node \(node.id)")
+          }
         }
       }
       try write { tx in

@@ -19,6 +19,7 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
   private var skipAfter = 0
   private var lost: Set<String> = []
   private var lostSuffix: String?
+  private var refused: (suffix: String, skipping: Int)?
   private let arrived = DispatchSemaphore(value: 0)
   private let released = DispatchSemaphore(value: 0)
 
@@ -46,6 +47,24 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
   /// The next put of a key ending with `suffix` happens, then reports a transient failure (once).
   func loseNextAnswer(ofKeysEndingWith suffix: String) { lock.withLock { lostSuffix = suffix } }
 
+  /// The next put of a key ending with `suffix` (after `skipping` such puts) is answered with a
+  /// spurious 412, without happening (once).
+  func refuseNextPut(ofKeysEndingWith suffix: String, skipping: Int = 0) {
+    lock.withLock { refused = (suffix, skipping) }
+  }
+
+  private func refuses(_ key: String) -> Bool {
+    lock.withLock {
+      guard let r = refused, key.hasSuffix(r.suffix) else { return false }
+      if r.skipping > 0 {
+        refused = (r.suffix, r.skipping - 1)
+        return false
+      }
+      refused = nil
+      return true
+    }
+  }
+
   private func losesAnswer(_ key: String) -> Bool {
     lock.withLock {
       if let s = lostSuffix, key.hasSuffix(s) {
@@ -66,6 +85,7 @@ final class GatedStore: ForwardingStore, @unchecked Sendable {
       arrived.signal()
       _ = released.wait(timeout: .now() + 30)
     }
+    if refuses(key) { throw StoreError.preconditionFailed(key: key) }
     let eTag = try inner.put(key: key, body: body, condition: condition)
     let holdAfter = lock.withLock { () -> Bool in
       guard let s = armedAfter, key.hasSuffix(s) else { return false }

@@ -374,6 +374,56 @@ import ZDCTestSupport
     #expect(rcrd.meta.dataSize == 2)
   }
 
+  /// As above, but alpha next pulls by a full scan: the RCRD there is the one it wrote (known),
+  /// only the DATA beside it is not, and a scan took such a DATA change without its size —
+  /// alpha kept the size of its own edit beside beta's content for good (randomized S3 seed 102
+  /// with faults). A DATA change the scan finds is now applied with the RCRD beside it, and the
+  /// RCRD upload that described beta's version takes it at once.
+  @Test func fullScanAfterTheRcrdDescribedReplacedDataTakesItsSize() throws {
+    let s = try Scene("rcrd-after-data-scan")
+    try s.alpha.create("f.txt", "v1")
+    try s.syncBoth()
+    s.alpha.engine.pull.stop()
+    s.gated.holdNextPut(ofKeysEndingWith: ".rcrd")
+    try s.alpha.write("f.txt", "alpha edit")
+    #expect(s.gated.waitForHeldPut())
+    _ = try s.beta.engine.pull.pull(fullScan: true)
+    try s.beta.write("f.txt", "b2")
+    try s.beta.sync()
+    s.gated.release()
+    #expect(s.alpha.engine.push.waitUntilIdle(timeout: 30))
+    _ = try s.alpha.engine.pull.pull(fullScan: true)
+    try s.alpha.engine.pull.start()
+    for _ in 0..<2 { try s.syncBoth() }
+    try s.expectConverged(["/f.txt": "file:b2"])
+    for d in [s.alpha, s.beta] { #expect(try d.node("f.txt")?.dataSize == 2, "\(d.name)") }
+  }
+
+  /// As in the test before the one above, with the RCRD written again to describe beta's DATA
+  /// answered by a spurious 412: that RCRD upload took the answer for another device's write
+  /// and left its own RCRD, describing the version replaced, beside beta's DATA — and logged it,
+  /// so beta took that size too. The upload now looks: its own RCRD still there, it runs again.
+  @Test func rcrdRewriteMeetingASpurious412RunsAgain() throws {
+    let s = try Scene("rcrd-rewrite-412")
+    try s.alpha.create("f.txt", "v1")
+    try s.syncBoth()
+    s.gated.holdNextPut(ofKeysEndingWith: ".rcrd")
+    try s.alpha.write("f.txt", "alpha edit")
+    #expect(s.gated.waitForHeldPut())
+    _ = try s.beta.engine.pull.pull(fullScan: true)
+    try s.beta.write("f.txt", "b2")
+    try s.beta.sync()
+    // The held put lands; the next RCRD put (the one describing beta's DATA) is refused.
+    s.gated.refuseNextPut(ofKeysEndingWith: ".rcrd", skipping: 1)
+    s.gated.release()
+    for _ in 0..<2 { try s.syncBoth() }
+    try s.expectConverged(["/f.txt": "file:b2"])
+    for d in [s.alpha, s.beta] { #expect(try d.node("f.txt")?.dataSize == 2, "\(d.name)") }
+    let rcrd = try Rcrd.decode(
+      s.store.get(key: try s.alpha.rcrdKey("f.txt")), userID: s.user.userID, keyPair: s.user.keys)
+    #expect(rcrd.meta.dataSize == 2)
+  }
+
   /// Alpha, whose store calls go through a `HookStore`, and beta, both started.
   func hookedPair(_ backing: TestStore) throws -> (
     any CloudStore, HookStore, TestUser, Device, Device
