@@ -273,7 +273,8 @@ struct JournalWriter {
 
   mutating func data(_ d: Data) {
     u32(UInt32(d.count))
-    buffer.append(contentsOf: d)
+    // Through its bytes: appending a `Data` as a sequence cost about 1,500 instructions.
+    d.withUnsafeBytes { buffer.append(contentsOf: $0) }
   }
 
   mutating func string(_ s: String) {
